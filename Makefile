@@ -1,0 +1,44 @@
+# Two entry points for a fresh machine (see README): `make demo` and `make test`.
+# Both set up what they need, idempotently: a virtual environment in .venv with the project
+# installed editable, and (where this is Debian and we are root) the Graphviz `dot` program.
+
+PY     ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+OUT    := out
+# torch is pinned to the release this workplace keeps on disk (a CPU build); any torch >= 2.3
+# works, see pyproject.toml.
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test lint fmt system-deps clean
+
+$(STAMP): pyproject.toml setup.py
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# Graphviz's dot renders SVG/PNG; without it the project still writes DOT source (see README).
+system-deps:
+	@command -v dot >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null) \
+	      || echo "warning: could not install graphviz; tests that need dot will be skipped"; \
+	  else echo "warning: no dot program and no apt-get as root; tests that need dot will be skipped"; fi; }
+
+demo: $(STAMP) system-deps
+	mkdir -p $(OUT)
+	$(BIN)/spindle check examples/tiny_mm.spindle
+
+test: $(STAMP) system-deps
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest -q
+
+lint:
+	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) $(OUT) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""The `.spindle` grammar, shipped as package data (see ``spindle_dsl.language``)."""

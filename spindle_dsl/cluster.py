@@ -1,0 +1,153 @@
+"""Devices and clusters: the hardware a plan is made for.
+
+A ``DevicePreset`` holds the public datasheet figures a cost model rests on; a ``Cluster`` is a
+number of identical devices grouped into nodes, with any overrides from the spec or the command
+line already applied. Bandwidths are bytes per second in one direction per device, the figure
+that bounds a ring collective or a point-to-point send.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+GiB = 2**30
+GB_PER_S = 1e9
+Gb_PER_S = 1e9 / 8
+
+
+@dataclass(frozen=True)
+class DevicePreset:
+    """One accelerator model as its datasheet describes it."""
+
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s (fp32 for "cpu"); no sparsity figures
+    memory_bytes: int  # device memory as the vendor sizes it (80GB parts report 80 GiB)
+    intra_bandwidth: float  # bytes/s one direction per device inside a node (NVLink)
+    inter_bandwidth: float  # bytes/s one direction per device across nodes (network)
+    source: str  # where the figures come from
+
+
+PRESETS: dict[str, DevicePreset] = {
+    p.name.lower(): p
+    for p in (
+        DevicePreset(
+            "cpu",
+            peak_flops=5e10,
+            memory_bytes=4 * GiB,
+            intra_bandwidth=2 * GB_PER_S,
+            inter_bandwidth=1 * Gb_PER_S,
+            source="a laptop-class CPU worker process: ~50 GFLOP/s fp32, 4 GiB, gloo over "
+            "shared memory within a machine, 1 Gb/s Ethernet between machines (assumed; "
+            "`spindle profile` measures the real figures)",
+        ),
+        DevicePreset(
+            "A100-40GB",
+            peak_flops=312e12,
+            memory_bytes=40 * GiB,
+            intra_bandwidth=300 * GB_PER_S,
+            inter_bandwidth=200 * Gb_PER_S,
+            source="NVIDIA A100 datasheet (SXM): 312 TFLOP/s dense BF16, 40 GB HBM2, NVLink 3 "
+            "600 GB/s bidirectional; one HDR InfiniBand 200 Gb/s NIC per GPU",
+        ),
+        DevicePreset(
+            "A100-80GB",
+            peak_flops=312e12,
+            memory_bytes=80 * GiB,
+            intra_bandwidth=300 * GB_PER_S,
+            inter_bandwidth=200 * Gb_PER_S,
+            source="NVIDIA A100 datasheet (SXM): 312 TFLOP/s dense BF16, 80 GB HBM2e, NVLink 3 "
+            "600 GB/s bidirectional; one HDR InfiniBand 200 Gb/s NIC per GPU",
+        ),
+        DevicePreset(
+            "A800-80GB",
+            peak_flops=312e12,
+            memory_bytes=80 * GiB,
+            intra_bandwidth=200 * GB_PER_S,
+            inter_bandwidth=200 * Gb_PER_S,
+            source="NVIDIA A800 (SXM) product brief: 312 TFLOP/s dense BF16, 80 GB HBM2e, "
+            "NVLink 400 GB/s bidirectional; one HDR InfiniBand 200 Gb/s NIC per GPU",
+        ),
+        DevicePreset(
+            "H100-80GB",
+            peak_flops=989e12,
+            memory_bytes=80 * GiB,
+            intra_bandwidth=450 * GB_PER_S,
+            inter_bandwidth=400 * Gb_PER_S,
+            source="NVIDIA H100 datasheet (SXM): 989 TFLOP/s dense BF16, 80 GB HBM3, NVLink 4 "
+            "900 GB/s bidirectional; one NDR InfiniBand 400 Gb/s NIC per GPU",
+        ),
+        DevicePreset(
+            "H200-141GB",
+            peak_flops=989e12,
+            memory_bytes=141 * GiB,
+            intra_bandwidth=450 * GB_PER_S,
+            inter_bandwidth=400 * Gb_PER_S,
+            source="NVIDIA H200 datasheet (SXM): 989 TFLOP/s dense BF16, 141 GB HBM3e, NVLink 4 "
+            "900 GB/s bidirectional; one NDR InfiniBand 400 Gb/s NIC per GPU",
+        ),
+    )
+}
+
+
+def preset(name: str) -> DevicePreset:
+    """Look a preset up by name, case-insensitively; raises KeyError with the known names."""
+    try:
+        return PRESETS[name.lower()]
+    except KeyError:
+        known = ", ".join(p.name for p in PRESETS.values())
+        raise KeyError(f"unknown device preset '{name}' (known: {known})") from None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``devices`` identical devices, ``devices_per_node`` to a node, ids 0..devices-1 in order."""
+
+    devices: int
+    devices_per_node: int
+    device: DevicePreset
+
+    def __post_init__(self) -> None:
+        assert self.devices >= 1, "a cluster needs at least one device"
+        assert self.devices_per_node >= 1, "a node holds at least one device"
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.devices // self.devices_per_node)
+
+    def node_of(self, device_id: int) -> int:
+        return device_id // self.devices_per_node
+
+    def spans_nodes(self, device_ids: tuple[int, ...] | list[int]) -> bool:
+        return len({self.node_of(d) for d in device_ids}) > 1
+
+    def with_overrides(
+        self,
+        *,
+        devices: int | None = None,
+        devices_per_node: int | None = None,
+        device: str | None = None,
+        peak_flops: float | None = None,
+        memory_bytes: int | None = None,
+        intra_bandwidth: float | None = None,
+        inter_bandwidth: float | None = None,
+    ) -> Cluster:
+        """Apply command-line overrides on top of what the spec said."""
+        dev = preset(device) if device is not None else self.device
+        changes = {
+            k: v
+            for k, v in (
+                ("peak_flops", peak_flops),
+                ("memory_bytes", memory_bytes),
+                ("intra_bandwidth", intra_bandwidth),
+                ("inter_bandwidth", inter_bandwidth),
+            )
+            if v is not None
+        }
+        if changes:
+            dev = replace(dev, **changes)
+        n = devices if devices is not None else self.devices
+        per_node = devices_per_node if devices_per_node is not None else self.devices_per_node
+        return Cluster(devices=n, devices_per_node=min(per_node, n), device=dev)
+
+
+DEFAULT_CLUSTER = Cluster(devices=8, devices_per_node=8, device=PRESETS["a100-80gb"])

@@ -1,0 +1,276 @@
+"""The wave plan as values, and its JSON form (``shared/docs/plan-format.md``, version 1).
+
+A plan is what every later stage reads: the renderer draws it, the runtime executes it, users
+diff it. It is self-contained (the MetaOps carry their curves) so that a plan file can be
+validated, drawn and compared without the spec; the runtime still needs the spec for the model.
+Fields beyond the required ones are documented where they are declared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spindle_dsl.atomic import write_atomic
+from spindle_dsl.errors import PlanFormatError
+
+FORMAT = "spindle-plan"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class SpecRef:
+    path: str
+    sha256: str
+    mix: str | None
+
+
+@dataclass(frozen=True)
+class ClusterRef:
+    devices: int
+    device: str
+    devices_per_node: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class PlanMetaOp:
+    """A MetaOp as the plan records it, with its curve T_m(n) (seconds per layer)."""
+
+    id: str
+    task: str
+    module: str
+    kind: str
+    layers: int
+    batch: int
+    tokens: int
+    deps: tuple[str, ...]
+    forward_flops_per_layer: float
+    param_bytes_per_layer: int
+    seconds_per_layer: tuple[tuple[int, float], ...]  # (n, T_m(n)), n increasing
+
+    def seconds_at(self, n: int) -> float:
+        return dict(self.seconds_per_layer)[n]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Layers ``[first, end)`` of one MetaOp on ``devices`` inside one wave."""
+
+    metaop: str
+    first: int
+    end: int
+    devices: tuple[int, ...]
+    time_s: float
+
+
+@dataclass(frozen=True)
+class Wave:
+    index: int
+    start_s: float
+    duration_s: float
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    name: str  # the scheduler that made the plan: "milp", "paper", "sequential", ...
+    status: str  # "optimal", "feasible", "heuristic", ...
+    wall_s: float  # planning time
+    gap: float | None = None  # relative MIP gap where a solver reports one
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: SpecRef
+    cluster: ClusterRef
+    metaops: tuple[PlanMetaOp, ...]
+    waves: tuple[Wave, ...]
+    iteration_s: float
+    lower_bound_s: float
+    baselines: tuple[tuple[str, float], ...]  # ("sequential_s", seconds), ...
+    solver: SolverInfo
+    # Optional fields (written under these names when present):
+    breakdown: tuple[tuple[str, float], ...] = ()  # "compute_s", "transfer_s", "grad_sync_s"...
+    memory_bytes: tuple[int, ...] = ()  # predicted peak bytes per device id
+    notes: tuple[str, ...] = ()  # why a choice was made, e.g. why iteration_s > sequential_s
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def metaop(self, metaop_id: str) -> PlanMetaOp:
+        return next(m for m in self.metaops if m.id == metaop_id)
+
+    def baseline(self, name: str) -> float:
+        return dict(self.baselines)[name]
+
+    # --- JSON ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "spec": {"path": self.spec.path, "sha256": self.spec.sha256, "mix": self.spec.mix},
+            "cluster": {
+                "devices": self.cluster.devices,
+                "device": self.cluster.device,
+                "devices_per_node": self.cluster.devices_per_node,
+                "memory_bytes": self.cluster.memory_bytes,
+            },
+            "metaops": [
+                {
+                    "id": m.id,
+                    "task": m.task,
+                    "module": m.module,
+                    "kind": m.kind,
+                    "layers": m.layers,
+                    "batch": m.batch,
+                    "tokens": m.tokens,
+                    "deps": list(m.deps),
+                    "forward_flops_per_layer": m.forward_flops_per_layer,
+                    "param_bytes_per_layer": m.param_bytes_per_layer,
+                    "seconds_per_layer": {str(n): s for n, s in m.seconds_per_layer},
+                }
+                for m in self.metaops
+            ],
+            "waves": [
+                {
+                    "index": w.index,
+                    "start_s": w.start_s,
+                    "duration_s": w.duration_s,
+                    "entries": [
+                        {
+                            "metaop": e.metaop,
+                            "layers": [e.first, e.end],
+                            "devices": list(e.devices),
+                            "time_s": e.time_s,
+                        }
+                        for e in w.entries
+                    ],
+                }
+                for w in self.waves
+            ],
+            "iteration_s": self.iteration_s,
+            "lower_bound_s": self.lower_bound_s,
+            "baselines": dict(self.baselines),
+            "solver": {
+                "name": self.solver.name,
+                "status": self.solver.status,
+                "wall_s": self.solver.wall_s,
+                **({"gap": self.solver.gap} if self.solver.gap is not None else {}),
+            },
+        }
+        if self.breakdown:
+            out["breakdown"] = dict(self.breakdown)
+        if self.memory_bytes:
+            out["memory_bytes"] = list(self.memory_bytes)
+        if self.notes:
+            out["notes"] = list(self.notes)
+        out.update(self.extra)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """Write atomically: a temporary file in the same folder, then a rename."""
+        write_atomic(Path(path), self.to_json() + "\n")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        try:
+            if d.get("format") != FORMAT or d.get("version") != VERSION:
+                raise PlanFormatError(
+                    f"not a {FORMAT} version {VERSION} file "
+                    f"(format={d.get('format')!r}, version={d.get('version')!r})"
+                )
+            known = {
+                "format",
+                "version",
+                "spec",
+                "cluster",
+                "metaops",
+                "waves",
+                "iteration_s",
+                "lower_bound_s",
+                "baselines",
+                "solver",
+                "breakdown",
+                "memory_bytes",
+                "notes",
+            }
+            return cls(
+                spec=SpecRef(d["spec"]["path"], d["spec"]["sha256"], d["spec"]["mix"]),
+                cluster=ClusterRef(
+                    int(d["cluster"]["devices"]),
+                    str(d["cluster"]["device"]),
+                    int(d["cluster"]["devices_per_node"]),
+                    int(d["cluster"]["memory_bytes"]),
+                ),
+                metaops=tuple(
+                    PlanMetaOp(
+                        id=m["id"],
+                        task=m["task"],
+                        module=m["module"],
+                        kind=m["kind"],
+                        layers=int(m["layers"]),
+                        batch=int(m["batch"]),
+                        tokens=int(m["tokens"]),
+                        deps=tuple(m["deps"]),
+                        forward_flops_per_layer=float(m["forward_flops_per_layer"]),
+                        param_bytes_per_layer=int(m["param_bytes_per_layer"]),
+                        seconds_per_layer=tuple(
+                            sorted((int(n), float(s)) for n, s in m["seconds_per_layer"].items())
+                        ),
+                    )
+                    for m in d["metaops"]
+                ),
+                waves=tuple(
+                    Wave(
+                        index=int(w["index"]),
+                        start_s=float(w["start_s"]),
+                        duration_s=float(w["duration_s"]),
+                        entries=tuple(
+                            Entry(
+                                metaop=e["metaop"],
+                                first=int(e["layers"][0]),
+                                end=int(e["layers"][1]),
+                                devices=tuple(int(x) for x in e["devices"]),
+                                time_s=float(e["time_s"]),
+                            )
+                            for e in w["entries"]
+                        ),
+                    )
+                    for w in d["waves"]
+                ),
+                iteration_s=float(d["iteration_s"]),
+                lower_bound_s=float(d["lower_bound_s"]),
+                baselines=tuple((k, float(v)) for k, v in d["baselines"].items()),
+                solver=SolverInfo(
+                    d["solver"]["name"],
+                    d["solver"]["status"],
+                    float(d["solver"]["wall_s"]),
+                    d["solver"].get("gap"),
+                ),
+                breakdown=tuple((k, float(v)) for k, v in d.get("breakdown", {}).items()),
+                memory_bytes=tuple(int(x) for x in d.get("memory_bytes", ())),
+                notes=tuple(d.get("notes", ())),
+                extra={k: v for k, v in d.items() if k not in known},
+            )
+        except PlanFormatError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise PlanFormatError(f"malformed plan: {type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> Plan:
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise PlanFormatError(f"{path}: cannot read plan: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            where = f"{path}:{exc.lineno}:{exc.colno}"
+            raise PlanFormatError(f"{where}: invalid JSON: {exc.msg}") from None
+        if not isinstance(data, dict):
+            raise PlanFormatError(f"{path}: a plan is a JSON object")
+        return cls.from_dict(data)
