@@ -1,0 +1,301 @@
+"""A planning session without a kernel: settings in, plan and pictures out.
+
+The widget is a thin shell over this module, so everything a person can do with the controls
+can be done (and tested) here with plain Python. A session holds the user's current settings
+(spec text, cluster overrides, mix and weights, scheduler) and turns them into a ``View``: the
+plan, its pictures and summary, the spec's errors and warnings.
+
+Two rules shape it:
+- Unchanged inputs are never recomputed. Compiles, plans and pictures are cached by the inputs
+  that determine them, so moving a slider back to an earlier value costs a dictionary lookup.
+- A broken spec (or a plan that does not fit) never blanks the outputs. The view keeps the last
+  good result next to the error, marked stale, so the user sees what they are fixing.
+
+The stages are injected as a ``Pipeline`` so the session can be driven by fakes in unit tests
+and by the real language/cost/planner/render stages everywhere else (``pipeline.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar
+
+from spindle_dsl.errors import SpindleError
+from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.plan.model import Plan
+from spindle_dsl.widgets.mixes import MixInfo, custom_mix_text
+
+# --- values ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the user controls. ``None`` means "as the spec says"."""
+
+    text: str
+    path: str = "<string>"
+    devices: int | None = None
+    device: str | None = None  # a preset name
+    mix: str | None = None  # a mix declared in the spec (default: the spec's first)
+    weights: tuple[tuple[str, float], ...] = ()  # per-task weight overrides of that mix
+    scheduler: str = "default"
+
+    def cluster_overrides(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.devices is not None:
+            out["devices"] = self.devices
+        if self.device is not None:
+            out["device"] = self.device
+        return out
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What the session needs from the language stage."""
+
+    graph: MetaGraph
+    warnings: tuple[str, ...]  # rendered warning diagnostics
+    mixes: tuple[MixInfo, ...]  # every mix the spec declares, in order
+
+
+@dataclass(frozen=True)
+class Pictures:
+    """The drawings of one plan, as markup an HTML widget (or a browser) shows directly."""
+
+    waves: str  # SVG: the waves on the devices
+    timeline: str  # SVG: entries over time, a row per device
+    memory: str  # SVG: predicted peak memory per device against capacity
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The stages a session runs; each is a plain function so tests can pass fakes."""
+
+    compile: Callable[[str, str, str | None, dict[str, Any]], Compiled]
+    plan: Callable[[MetaGraph, str], Plan]
+    draw: Callable[[Plan, MetaGraph], Pictures]
+    schedulers: tuple[str, ...] = ("default",)
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Wall seconds of the stages this update actually ran (0 when served from the cache)."""
+
+    compile_s: float = 0.0
+    plan_s: float = 0.0
+    draw_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.compile_s + self.plan_s + self.draw_s
+
+
+@dataclass(frozen=True)
+class Result:
+    """A good outcome: the plan for ``settings`` and everything drawn from it."""
+
+    settings: Settings
+    graph: MetaGraph
+    plan: Plan
+    pictures: Pictures
+    warnings: tuple[str, ...]
+    mixes: tuple[MixInfo, ...]
+    effective_text: str  # the spec text actually compiled (with a generated mix if weighted)
+    effective_mix: str | None
+
+
+@dataclass(frozen=True)
+class View:
+    """What the outputs show after an update.
+
+    ``result`` is the newest good result: for ``settings`` itself when ``error`` is None, or the
+    last good one (``stale``) when the current settings fail.
+    """
+
+    settings: Settings
+    result: Result | None
+    error: str | None = None  # rendered diagnostics with carets
+    error_lines: tuple[int, ...] = ()  # 1-based spec lines the errors point at
+    timings: Timings = field(default_factory=Timings)
+    cached: bool = False  # True when nothing had to be recomputed
+
+    @property
+    def stale(self) -> bool:
+        return self.error is not None and self.result is not None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.result is not None
+
+
+# --- a small LRU cache -------------------------------------------------------------------------
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class LRU(Generic[K, V]):
+    """A bounded mapping that forgets the least recently used entry; counts hits for tests."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._data: OrderedDict[K, V] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: K) -> V | None:
+        if key in self._data:
+            self._data.move_to_end(key)
+            self.hits += 1
+            return self._data[key]
+        self.misses += 1
+        return None
+
+    def put(self, key: K, value: V) -> None:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self.size:
+            self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+# --- the session -------------------------------------------------------------------------------
+
+
+class PlanningSession:
+    """Turns settings into views, caching each stage and remembering the last good result."""
+
+    def __init__(self, pipeline: Pipeline, settings: Settings, *, cache_size: int = 64) -> None:
+        self.pipeline = pipeline
+        self._compiled: LRU[tuple[Any, ...], Compiled | SpindleError] = LRU(cache_size)
+        self._planned: LRU[tuple[Any, ...], tuple[Plan, Pictures] | SpindleError] = LRU(cache_size)
+        self.last_good: Result | None = None
+        self.settings = settings
+        self.view = self._evaluate(settings)
+
+    # The one way to change anything: the widget calls this for every control.
+    def update(self, **changes: Any) -> View:
+        """Apply ``changes`` (fields of ``Settings``) and return the new view."""
+        if "weights" in changes and isinstance(changes["weights"], dict):
+            changes["weights"] = tuple(sorted(changes["weights"].items()))
+        if "mix" in changes and changes["mix"] != self.settings.mix and "weights" not in changes:
+            changes["weights"] = ()  # a different mix starts from its own weights
+        self.settings = replace(self.settings, **changes)
+        self.view = self._evaluate(self.settings)
+        return self.view
+
+    @property
+    def cache_stats(self) -> dict[str, int]:
+        return {
+            "compile_hits": self._compiled.hits,
+            "compile_misses": self._compiled.misses,
+            "plan_hits": self._planned.hits,
+            "plan_misses": self._planned.misses,
+        }
+
+    # --- stages, each behind its cache ----------------------------------------------------------
+    def _compile(
+        self, text: str, path: str, mix: str | None, overrides: dict[str, Any], t: list[float]
+    ) -> Compiled:
+        key = (text, path, mix, tuple(sorted(overrides.items())))
+        hit = self._compiled.get(key)
+        if hit is None:
+            start = time.perf_counter()
+            try:
+                hit = self.pipeline.compile(text, path, mix, overrides)
+            except SpindleError as exc:
+                hit = exc
+            t[0] += time.perf_counter() - start
+            self._compiled.put(key, hit)
+        if isinstance(hit, SpindleError):
+            raise hit
+        return hit
+
+    def _plan(
+        self, key: tuple[Any, ...], graph: MetaGraph, scheduler: str, t: list[float]
+    ) -> tuple[Plan, Pictures]:
+        hit = self._planned.get(key)
+        if hit is None:
+            try:
+                start = time.perf_counter()
+                plan = self.pipeline.plan(graph, scheduler)
+                mid = time.perf_counter()
+                t[1] += mid - start
+                pictures = self.pipeline.draw(plan, graph)
+                t[2] += time.perf_counter() - mid
+                hit = (plan, pictures)
+            except SpindleError as exc:
+                hit = exc
+            self._planned.put(key, hit)
+        if isinstance(hit, SpindleError):
+            raise hit
+        return hit
+
+    def _evaluate(self, s: Settings) -> View:
+        t = [0.0, 0.0, 0.0]
+        misses_before = self._compiled.misses + self._planned.misses
+        try:
+            result = self._run(s, t)
+        except SpindleError as exc:
+            view = View(
+                settings=s,
+                result=self.last_good,
+                error=exc.render(),
+                error_lines=_error_lines(exc),
+                timings=Timings(*t),
+            )
+        else:
+            self.last_good = result
+            view = View(settings=s, result=result, timings=Timings(*t))
+        cached = self._compiled.misses + self._planned.misses == misses_before
+        return replace(view, cached=cached)
+
+    def _run(self, s: Settings, t: list[float]) -> Result:
+        overrides = s.cluster_overrides()
+        if s.scheduler not in self.pipeline.schedulers:
+            known = ", ".join(self.pipeline.schedulers)
+            raise SpindleError(f"unknown scheduler '{s.scheduler}' (known: {known})")
+        base = self._compile(s.text, s.path, s.mix, overrides, t)
+        text, mix, compiled = s.text, s.mix, base
+        if s.weights:
+            selected = _selected_mix(base, s.mix)
+            custom = custom_mix_text(
+                s.text, selected, dict(s.weights), (m.name for m in base.mixes)
+            )
+            if custom is not None:
+                text, mix = custom
+                compiled = self._compile(text, s.path, mix, overrides, t)
+        key = (text, s.path, mix, tuple(sorted(overrides.items())), s.scheduler)
+        plan, pictures = self._plan(key, compiled.graph, s.scheduler, t)
+        return Result(
+            settings=s,
+            graph=compiled.graph,
+            plan=plan,
+            pictures=pictures,
+            warnings=compiled.warnings,
+            mixes=base.mixes,
+            effective_text=text,
+            effective_mix=compiled.graph.mix,
+        )
+
+
+def _selected_mix(compiled: Compiled, name: str | None) -> MixInfo:
+    """The mix that weights override: the named one, or the one the compile selected."""
+    want = name if name is not None else compiled.graph.mix
+    for m in compiled.mixes:
+        if m.name == want:
+            return m
+    raise SpindleError(
+        "task weights can only be changed when the spec declares a mix "
+        "(add `mix NAME { global_batch = N; TASK = WEIGHT }`)"
+    )
+
+
+def _error_lines(exc: SpindleError) -> tuple[int, ...]:
+    """The spec lines that errors point at, for highlighting them next to the text area."""
+    return tuple(sorted({d.span.line for d in exc.errors if d.span is not None}))

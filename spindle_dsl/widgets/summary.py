@@ -1,0 +1,113 @@
+"""The plan in a few numbers: iteration time, speed-ups over the baselines, the bound, memory.
+
+A researcher moving a slider wants to see at once whether the plan got better, so the headline
+is the speed-up over each baseline the planner computed (``baseline_s / iteration_s``), next to
+how far the plan is from the proven lower bound. The numbers are computed here as values (for
+tests and notebooks) and formatted as a small HTML table for the widget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from html import escape
+
+from spindle_dsl.plan.model import Plan
+
+
+@dataclass(frozen=True)
+class Speedup:
+    baseline: str  # the baseline's name without the "_s" suffix, e.g. "sequential"
+    baseline_s: float
+    speedup: float  # baseline_s / iteration_s: > 1 means the plan is faster
+
+
+@dataclass(frozen=True)
+class Summary:
+    iteration_s: float
+    lower_bound_s: float
+    gap_to_bound: float  # iteration_s / lower_bound_s - 1 (0 means provably optimal)
+    speedups: tuple[Speedup, ...]
+    waves: int
+    devices: int
+    device: str
+    solver: str
+    status: str
+    planning_s: float
+    peak_memory_bytes: int | None  # the fullest device, when the plan predicts memory
+    memory_capacity_bytes: int
+
+    @property
+    def fits(self) -> bool | None:
+        if self.peak_memory_bytes is None:
+            return None
+        return self.peak_memory_bytes <= self.memory_capacity_bytes
+
+
+def summarize(plan: Plan) -> Summary:
+    speedups = tuple(
+        Speedup(name.removesuffix("_s"), secs, secs / plan.iteration_s)
+        for name, secs in plan.baselines
+        if plan.iteration_s > 0
+    )
+    gap = plan.iteration_s / plan.lower_bound_s - 1 if plan.lower_bound_s > 0 else float("nan")
+    return Summary(
+        iteration_s=plan.iteration_s,
+        lower_bound_s=plan.lower_bound_s,
+        gap_to_bound=gap,
+        speedups=speedups,
+        waves=len(plan.waves),
+        devices=plan.cluster.devices,
+        device=plan.cluster.device,
+        solver=plan.solver.name,
+        status=plan.solver.status,
+        planning_s=plan.solver.wall_s,
+        peak_memory_bytes=max(plan.memory_bytes) if plan.memory_bytes else None,
+        memory_capacity_bytes=plan.cluster.memory_bytes,
+    )
+
+
+def fmt_s(seconds: float) -> str:
+    """Seconds with a unit chosen from the value (plans span microseconds to minutes)."""
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} µs"
+
+
+def fmt_gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+def summary_html(s: Summary, *, stale: bool = False) -> str:
+    """A compact table; ``stale`` greys it out and says it is the last good plan."""
+    rows = [
+        ("iteration", f"<b>{fmt_s(s.iteration_s)}</b>"),
+        (
+            "lower bound",
+            f"{fmt_s(s.lower_bound_s)} (plan is {100 * s.gap_to_bound:.1f}% above)",
+        ),
+    ]
+    for sp in s.speedups:
+        rows.append(
+            (f"vs {escape(sp.baseline)}", f"<b>{sp.speedup:.2f}×</b> ({fmt_s(sp.baseline_s)})")
+        )
+    rows.append(("waves", str(s.waves)))
+    rows.append(("cluster", f"{s.devices} × {escape(s.device)}"))
+    if s.peak_memory_bytes is not None:
+        verdict = "fits" if s.fits else "<b style='color:#c00'>does not fit</b>"
+        rows.append(
+            (
+                "peak memory",
+                f"{fmt_gib(s.peak_memory_bytes)} of {fmt_gib(s.memory_capacity_bytes)} ({verdict})",
+            )
+        )
+    rows.append(
+        ("solver", f"{escape(s.solver)} ({escape(s.status)}, {fmt_s(s.planning_s)})"),
+    )
+    body = "".join(
+        f"<tr><td style='padding-right:1em;color:#555'>{k}</td><td>{v}</td></tr>" for k, v in rows
+    )
+    style = "opacity:0.45" if stale else ""
+    head = "<div style='color:#a60'>last good plan: the current settings have errors</div>"
+    return f"{head if stale else ''}<div style='{style}'><table>{body}</table></div>"
