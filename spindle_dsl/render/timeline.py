@@ -1,0 +1,167 @@
+"""The plan as a timeline: devices down, time across, one bar per entry, idle time hatched.
+
+Drawn with matplotlib (object API and the Agg/SVG backends only, never pyplot, so it works
+headless, in threads and inside Jupyter without touching the user's figure state). A wave
+boundary is a dashed vertical line with the wave's index above it; node boundaries are
+horizontal lines; an entry on several consecutive devices is one bar spanning their rows, with
+its module and layer range written inside when the text fits.
+"""
+
+from __future__ import annotations
+
+import io
+
+from spindle_dsl.errors import SpindleError
+from spindle_dsl.plan.model import Plan
+from spindle_dsl.render.colors import IDLE_FILL, Palette
+from spindle_dsl.render.dot_waves import plan_title
+from spindle_dsl.render.fmt import device_runs, time_unit
+from spindle_dsl.render.schedule import Idle, idle_spans, placed_entries, plan_palette
+
+TIMELINE_FORMATS = ("svg", "png", "pdf")
+WIDTH_IN = 13.0
+DPI = 110
+
+
+def _idle_runs(idle: list[Idle]) -> list[tuple[float, float, int, int]]:
+    """Merge idle spans of neighbouring devices with the same times: (start, dur, first, n)."""
+    groups: dict[tuple[int, float, float], list[int]] = {}
+    for s in idle:
+        groups.setdefault((s.wave, s.start_s, s.duration_s), []).append(s.device)
+    out = []
+    for (_, start, dur), devs in groups.items():
+        for first, n in device_runs(devs):
+            out.append((start, dur, first, n))
+    return out
+
+
+def timeline_figure(plan: Plan, colours: Palette | None = None):  # -> matplotlib Figure
+    """Build the figure (not saved): callers pick the format."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.transforms import blended_transform_factory
+
+    colours = colours or plan_palette(plan)
+    placed = placed_entries(plan)
+    devices = plan.cluster.devices
+    total = max(plan.iteration_s, sum(w.duration_s for w in plan.waves), 1e-12)
+    scale, unit = time_unit(total)
+    row_in = 0.32 if devices <= 16 else max(0.14, 9.0 / devices)
+    height = min(2.2 + devices * row_in, 18.0)
+    fig = Figure(figsize=(WIDTH_IN, height), dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_xlim(0, total * scale)
+    ax.set_ylim(devices, 0)
+    ax_width_px = WIDTH_IN * 0.85 * DPI  # the axes' share once labels take their room
+    row_px = (height - 1.6) * DPI / devices
+
+    for start, dur, first, n in _idle_runs(idle_spans(plan, placed)):
+        ax.add_patch(
+            Rectangle(
+                (start * scale, first),
+                dur * scale,
+                n,
+                facecolor=IDLE_FILL,
+                edgecolor="#c8c8c8",
+                hatch="///",
+                linewidth=0,
+                zorder=1,
+            )
+        )
+    for p in placed:
+        col = colours[p.op.task]
+        x, w = p.start_s * scale, p.entry.time_s * scale
+        for first, n in device_runs(p.entry.devices):
+            ax.add_patch(
+                Rectangle(
+                    (x, first + 0.06),
+                    w,
+                    n - 0.12,
+                    facecolor=col.base,
+                    edgecolor="white",
+                    linewidth=0.6,
+                    zorder=2,
+                )
+            )
+            bar_px = p.entry.time_s / total * ax_width_px
+            text_px = n * row_px
+            size = max(5.0, min(9.0, text_px * 0.55))
+            for text in (
+                f"{p.op.module} [{p.entry.first},{p.entry.end})",
+                f"[{p.entry.first},{p.entry.end})",
+            ):
+                if len(text) * size * 0.62 < bar_px - 4 and text_px >= size + 2:
+                    ax.text(
+                        x + w / 2,
+                        first + n / 2,
+                        text,
+                        ha="center",
+                        va="center",
+                        fontsize=size,
+                        color=col.text,
+                        clip_on=True,
+                        zorder=4,
+                    )
+                    break
+
+    top = blended_transform_factory(ax.transData, ax.transAxes)
+    waves = sorted(plan.waves, key=lambda w: w.index)
+    every = max(1, len(waves) // 30)
+    for k, wave in enumerate(waves):
+        ax.axvline(wave.start_s * scale, color="#444444", linestyle="--", linewidth=0.8)
+        if k % every == 0:
+            mid = (wave.start_s + wave.duration_s / 2) * scale
+            ax.text(
+                mid,
+                1.01,
+                f"w{wave.index}",
+                transform=top,
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                color="#444444",
+            )
+    if waves:
+        last = waves[-1]
+        ax.axvline(
+            (last.start_s + last.duration_s) * scale, color="#444444", linestyle="--", linewidth=0.8
+        )
+
+    per_node = plan.cluster.devices_per_node
+    for b in range(per_node, devices, per_node):
+        ax.axhline(b, color="#222222", linewidth=1.0, zorder=1.5)
+    if devices <= 32:
+        ticks = list(range(devices))
+        labels = [f"dev {d}" for d in ticks]
+    else:
+        ticks = list(range(0, devices, per_node))
+        labels = [f"node {d // per_node} · dev {d}" for d in ticks]
+    ax.set_yticks([t + 0.5 for t in ticks], labels, fontsize=7)
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_title(plan_title(plan), fontsize=10, pad=16)
+    handles = [Patch(facecolor=c.base, label=c.task) for c in colours.colours]
+    handles.append(Patch(facecolor=IDLE_FILL, edgecolor="#c8c8c8", hatch="///", label="idle"))
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=min(len(handles), 8),
+        fontsize=8,
+        frameon=False,
+    )
+    return fig
+
+
+def timeline_bytes(plan: Plan, fmt: str = "svg", colours: Palette | None = None) -> bytes:
+    """The timeline as SVG, PNG or PDF bytes (no ``dot`` needed)."""
+    if fmt not in TIMELINE_FORMATS:
+        raise SpindleError(
+            f"a timeline can be written as {', '.join(TIMELINE_FORMATS)}, not '{fmt}'"
+        )
+    import matplotlib
+
+    fig = timeline_figure(plan, colours)
+    buf = io.BytesIO()
+    meta = {"Date": None} if fmt == "svg" else {}
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "spindle"}):
+        fig.savefig(buf, format=fmt, metadata=meta)
+    return buf.getvalue()
