@@ -170,6 +170,12 @@ class MetaGraph:
                 out[d].append(m.id)
         return {k: tuple(v) for k, v in out.items()}
 
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
+        """Jupyter shows the MetaGraph as a picture (``spindle_dsl.render.jupyter``)."""
+        from spindle_dsl.render.jupyter import metagraph_mimebundle
+
+        return metagraph_mimebundle(self, include, exclude)
+
     @cached_property
     def sharing_groups(self) -> tuple[SharingGroup, ...]:
         """Modules run by more than one MetaOp, with the MetaOps that share their parameters."""

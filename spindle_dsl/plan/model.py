@@ -105,6 +105,12 @@ class Plan:
     def baseline(self, name: str) -> float:
         return dict(self.baselines)[name]
 
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
+        """Jupyter shows the plan as its timeline (``spindle_dsl.render.jupyter``)."""
+        from spindle_dsl.render.jupyter import plan_mimebundle
+
+        return plan_mimebundle(self, include, exclude)
+
     # --- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

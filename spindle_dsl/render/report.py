@@ -1,0 +1,239 @@
+"""One self-contained HTML page about a plan: summary, pictures, wave table, baselines, memory.
+
+Self-contained means it opens from an e-mail attachment on a machine without network: pictures
+are embedded as ``data:`` URIs (each SVG stays its own document, so the ids matplotlib and
+Graphviz write cannot collide), the CSS is inline, and there is no script and no external URL.
+Without the ``dot`` program the two Graphviz pictures are replaced by a note saying how to
+install it and by their DOT source, and the rest of the page is unchanged.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from html import escape
+from pathlib import Path
+
+from spindle_dsl import __version__
+from spindle_dsl.atomic import write_atomic
+from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.plan.model import Plan
+from spindle_dsl.render.colors import Palette
+from spindle_dsl.render.dot_metagraph import metagraph_dot
+from spindle_dsl.render.dot_waves import waves_dot
+from spindle_dsl.render.fmt import device_ranges, fmt_bytes, fmt_seconds
+from spindle_dsl.render.graphviz_tools import INSTALL_HINT, dot_available, render_dot
+from spindle_dsl.render.memory import memory_summary, memory_svg
+from spindle_dsl.render.schedule import plan_palette, utilisation
+from spindle_dsl.render.timeline import timeline_bytes
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif;
+       margin: 24px auto; max-width: 1320px; color: #222; line-height: 1.4; padding: 0 16px; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid
+#ddd; padding-bottom: 4px; } .sub { color: #666; margin-top: 0; }
+.cards { display: flex; flex-wrap: wrap; gap: 12px; margin: 16px 0; }
+.card { border: 1px solid #ddd; border-radius: 8px; padding: 10px 14px; min-width: 140px; }
+.card b { display: block; font-size: 1.35em; } .card span { color: #666; font-size: 0.85em; }
+figure { margin: 12px 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 0.9em; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 8px 0; }
+th, td { border-bottom: 1px solid #e4e4e4; padding: 3px 10px; text-align: left; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+.sw { display: inline-block; width: 0.9em; height: 0.9em; border-radius: 2px;
+      vertical-align: -0.1em; margin-right: 6px; }
+.notice { background: #fff4e5; border: 1px solid #f0b36b; border-radius: 6px; padding: 8px 12px; }
+pre { background: #f7f7f7; padding: 8px; overflow-x: auto; font-size: 0.8em; }
+.legend span { margin-right: 16px; } footer { color: #888; font-size: 0.8em; margin-top: 3em; }
+"""
+
+
+@dataclass(frozen=True)
+class Report:
+    """The page and what could not be drawn (one line each, for the command to print)."""
+
+    html: str
+    warnings: tuple[str, ...]
+
+
+def _img(data: bytes, mime: str, alt: str) -> str:
+    b64 = base64.b64encode(data).decode("ascii")
+    return f'<img alt="{escape(alt)}" src="data:{mime};base64,{b64}">'
+
+
+def _figure(title: str, body: str, caption: str) -> str:
+    return (
+        f'<figure id="{escape(title.lower().replace(" ", "-"))}">{body}'
+        f"<figcaption>{escape(caption)}</figcaption></figure>"
+    )
+
+
+def _dot_picture(graph, title: str, caption: str, warnings: list[str]) -> str:
+    if dot_available():
+        return _figure(
+            title, _img(render_dot(graph, "svg", title), "image/svg+xml", title), caption
+        )
+    warnings.append(f"{title}: Graphviz `dot` is not installed; the report shows its DOT source")
+    return (
+        f'<div class="notice"><b>{escape(title)}</b> needs the Graphviz <code>dot</code> '
+        f"program, which is not installed. {escape(INSTALL_HINT)}.</div>"
+        f"<details><summary>DOT source of the {escape(title.lower())}</summary>"
+        f"<pre>{escape(graph.source)}</pre></details>"
+    )
+
+
+def _cards(plan: Plan) -> str:
+    seq = dict(plan.baselines).get("sequential_s")
+    cards = [
+        (fmt_seconds(plan.iteration_s), "predicted iteration"),
+        (fmt_seconds(plan.lower_bound_s), "lower bound"),
+        (
+            f"{plan.iteration_s / plan.lower_bound_s:.2f}×" if plan.lower_bound_s > 0 else "-",
+            "of the lower bound",
+        ),
+        (f"{seq / plan.iteration_s:.2f}×" if seq else "-", "speed-up vs sequential"),
+        (str(len(plan.waves)), "waves"),
+        (f"{utilisation(plan):.0%}", "devices busy"),
+        (f"{plan.cluster.devices} × {plan.cluster.device}", "devices"),
+        (f"{plan.solver.name} ({plan.solver.status})", f"planned in {plan.solver.wall_s:.2f} s"),
+    ]
+    return (
+        '<div class="cards">'
+        + "".join(
+            f'<div class="card"><b>{escape(v)}</b><span>{escape(k)}</span></div>' for v, k in cards
+        )
+        + "</div>"
+    )
+
+
+def _wave_table(plan: Plan, colours: Palette) -> str:
+    rows = []
+    for w in sorted(plan.waves, key=lambda w: w.index):
+        for k, e in enumerate(w.entries):
+            col = colours[plan.metaop(e.metaop).task]
+            head = (
+                f'<td rowspan="{len(w.entries)}">{w.index}</td>'
+                f'<td class="num" rowspan="{len(w.entries)}">{escape(fmt_seconds(w.start_s))}</td>'
+                f'<td class="num" rowspan="{len(w.entries)}">{escape(fmt_seconds(w.duration_s))}'
+                "</td>"
+                if k == 0
+                else ""
+            )
+            rows.append(
+                f"<tr>{head}<td><span class='sw' style='background:{col.base}'></span>"
+                f"{escape(e.metaop)}</td><td>[{e.first}, {e.end})</td>"
+                f"<td>{escape(device_ranges(e.devices))}</td><td class='num'>{len(e.devices)}</td>"
+                f"<td class='num'>{escape(fmt_seconds(e.time_s))}</td></tr>"
+            )
+    return (
+        "<table><tr><th>wave</th><th class='num'>start</th><th class='num'>length</th>"
+        "<th>MetaOp</th><th>layers</th><th>devices</th><th class='num'>n</th>"
+        "<th class='num'>time</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def _baselines(plan: Plan) -> str:
+    rows = [("this plan", plan.iteration_s), *plan.baselines]
+    body = "".join(
+        f"<tr><td>{escape(name.removesuffix('_s'))}</td>"
+        f"<td class='num'>{escape(fmt_seconds(s))}</td>"
+        f"<td class='num'>{s / plan.iteration_s:.2f}×</td></tr>"
+        for name, s in rows
+    )
+    extra = "".join(
+        f"<tr><td>{escape(k.removesuffix('_s'))}</td><td class='num'>{escape(fmt_seconds(v))}"
+        "</td><td></td></tr>"
+        for k, v in plan.breakdown
+    )
+    out = (
+        "<table><tr><th>schedule</th><th class='num'>iteration</th>"
+        "<th class='num'>relative to this plan</th></tr>" + body + "</table>"
+    )
+    if extra:
+        out += "<h3>Where the time goes</h3><table>" + extra + "</table>"
+    return out
+
+
+def _memory(plan: Plan, warnings: list[str]) -> str:
+    summary = memory_summary(plan)
+    if summary is None:
+        warnings.append("the plan records no memory figures")
+        return "<p>The plan records no memory figures per device.</p>"
+    svg = memory_svg(plan)
+    assert svg is not None
+    cap = summary["capacity"]
+    table = (
+        "<table>"
+        + "".join(
+            f"<tr><td>{k}</td><td class='num'>{escape(fmt_bytes(v))}</td>"
+            f"<td class='num'>{v / cap:.0%} of capacity</td></tr>"
+            for k, v in summary.items()
+        )
+        + "</table>"
+    )
+    return _figure("Memory", _img(svg, "image/svg+xml", "memory per device"), "") + table
+
+
+def build_report(plan: Plan, graph: MetaGraph | None = None) -> Report:
+    """The page for ``plan``; ``graph`` (when known) gives the MetaGraph picture its modalities
+    and frozen marks, otherwise it is drawn from the MetaOps the plan records."""
+    colours = plan_palette(plan)
+    warnings: list[str] = []
+    legend = "".join(
+        f"<span><span class='sw' style='background:{c.base}'></span>{escape(c.task)}</span>"
+        for c in colours.colours
+    )
+    mg = _dot_picture(
+        metagraph_dot(graph if graph is not None else plan, colours),
+        "MetaGraph",
+        "A cluster per task; cylinders are modules whose parameters several MetaOps share.",
+        warnings,
+    )
+    wv = _dot_picture(
+        waves_dot(plan, colours),
+        "Wave plan",
+        "Waves top to bottom; grey arrows are activations that cross device groups.",
+        warnings,
+    )
+    tl = _figure(
+        "Timeline",
+        _img(timeline_bytes(plan, "svg", colours), "image/svg+xml", "timeline"),
+        "Devices down, time across; hatched areas are idle devices.",
+    )
+    notes = "".join(f"<li>{escape(n)}</li>" for n in plan.notes)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    mix = plan.spec.mix or "-"
+    html = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Spindle plan: {escape(plan.spec.path)}</title>
+<style>{CSS}</style></head><body>
+<h1>Spindle plan: {escape(Path(plan.spec.path).name)}</h1>
+<p class="sub">{escape(plan.spec.path)} · mix {escape(mix)} · {plan.cluster.devices} ×
+{escape(plan.cluster.device)} ({plan.cluster.devices_per_node} per node,
+{escape(fmt_bytes(plan.cluster.memory_bytes))} each)</p>
+{_cards(plan)}
+<p class="legend">{legend}</p>
+{"<ul>" + notes + "</ul>" if notes else ""}
+<h2>MetaGraph</h2>{mg}
+<h2>Timeline</h2>{tl}
+<h2>Wave plan</h2>{wv}
+<h2>Waves</h2>{_wave_table(plan, colours)}
+<h2>Baselines</h2>{_baselines(plan)}
+<h2>Memory per device</h2>{_memory(plan, warnings)}
+<footer>spindle-dsl {escape(__version__)} · spec sha256 {escape(plan.spec.sha256[:16])} ·
+generated {stamp}</footer>
+</body></html>
+"""
+    return Report(html, tuple(warnings))
+
+
+def write_report(
+    path: str | os.PathLike[str], plan: Plan, graph: MetaGraph | None = None
+) -> Report:
+    """Build the page and write it atomically."""
+    report = build_report(plan, graph)
+    write_atomic(Path(path), report.html)
+    return report
