@@ -1,0 +1,183 @@
+"""The analytic cost model: T_m(n) from FLOPs, datasheet peaks and link bandwidths.
+
+For each n from 1 to the cluster size, every way of running one layer of a MetaOp on n devices
+is priced and the fastest kept:
+- data parallelism over ``dp`` replicas: the batch is split as evenly as possible and the
+  largest shard (``ceil(batch / dp)``) sets the time, so no n is ever forbidden;
+- tensor parallelism of degree ``tp`` inside one node (``tp`` divides the heads, or the output
+  width of an mlp, and ``n``), paying its activation all-reduces (Megatron-style);
+- using fewer than n devices and leaving the rest idle, which is always possible, so T_m(n)
+  never rises with n.
+Compute time is a fixed per-layer overhead plus the per-device FLOPs at an efficiency that
+falls as per-device work shrinks (``eff(w) = max_eff * w / (w + half_work)``, never above 1,
+so T(n) >= FLOPs / (n * peak) always holds). A trainable layer adds the ring all-reduce of its
+gradients over the data-parallel group (NVLink inside a node, the network across nodes),
+counted in full (no overlap with backward assumed). The efficiency figures are assumptions;
+``spindle profile`` replaces the compute part with measurements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from spindle_dsl.cluster import Cluster
+from spindle_dsl.cost import comm
+from spindle_dsl.cost.base import Curve, Curves
+from spindle_dsl.cost.memory import dtype_bytes, slice_memory_bytes
+from spindle_dsl.metagraph import MetaGraph, MetaOp
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """How far below its peak a device runs one layer (assumed figures, see the docstring)."""
+
+    max_efficiency: float  # fraction of peak a large layer reaches
+    half_work_flops: float  # per-device FLOPs at which a layer reaches half of max_efficiency
+    layer_overhead_s: float  # fixed seconds per layer forward+backward (launches, dispatch)
+
+
+# GPUs: large bf16 GEMM-bound layers reach ~60% of the dense peak (typical training MFU is
+# 40-60%); a ~2 GFLOP layer (~10 us) runs at half that; ~60 us of launch/dispatch per layer.
+GPU_MODEL = DeviceModel(max_efficiency=0.6, half_work_flops=2e9, layer_overhead_s=60e-6)
+# CPU: eager PyTorch dispatch costs ~0.3 ms per layer forward+backward; small matmuls lose
+# efficiency below a few MFLOP.
+CPU_MODEL = DeviceModel(max_efficiency=0.8, half_work_flops=2e6, layer_overhead_s=3e-4)
+
+
+def device_model(cluster: Cluster) -> DeviceModel:
+    return CPU_MODEL if comm.is_cpu(cluster) else GPU_MODEL
+
+
+def backward_multiplier(op: MetaOp) -> int:
+    """Forward+backward FLOPs over forward FLOPs: 3 when training weights (input and weight
+    gradients), 2 when frozen but gradients must flow through (input gradients only), 1 with
+    no backward pass."""
+    if not op.needs_backward:
+        return 1
+    return 2 if op.frozen else 3
+
+
+# Kinds the model knows how to split by tensor parallelism: the argument whose divisors are the
+# allowed degrees, activation all-reduces per pass, and whether they carry the layer's input
+# ("in") or output ("out") tokens. Other kinds (user kinds) run data parallel only.
+_TP_RULES: dict[str, tuple[str, int, str]] = {
+    "transformer": ("heads", 2, "in"),
+    "vit": ("heads", 2, "in"),
+    "resampler": ("heads", 2, "out"),
+    "mlp": ("out", 1, "in"),
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way to run one layer on ``devices`` devices (``dp * tp`` busy, the rest idle)."""
+
+    devices: int
+    dp: int
+    tp: int
+    compute_s: float
+    tp_comm_s: float
+    grad_sync_s: float
+
+    @property
+    def used(self) -> int:
+        return self.dp * self.tp
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_s + self.tp_comm_s + self.grad_sync_s
+
+
+def tp_degrees(op: MetaOp, cluster: Cluster) -> tuple[int, ...]:
+    """Tensor-parallel degrees allowed for this op: 1, plus divisors of its split dimension
+    that fit in a node."""
+    rule = _TP_RULES.get(op.kind)
+    if rule is None:
+        return (1,)
+    dim = int(dict(op.args)[rule[0]])
+    return tuple(t for t in range(1, cluster.devices_per_node + 1) if dim % t == 0)
+
+
+def compute_seconds(flops_per_device: float, cluster: Cluster) -> float:
+    """Overhead plus FLOPs at the work-dependent efficiency."""
+    model = device_model(cluster)
+    if flops_per_device <= 0:
+        return model.layer_overhead_s
+    efficiency = (
+        model.max_efficiency * flops_per_device / (flops_per_device + model.half_work_flops)
+    )
+    return model.layer_overhead_s + flops_per_device / (cluster.device.peak_flops * efficiency)
+
+
+def price(op: MetaOp, dp: int, tp: int, cluster: Cluster) -> Config:
+    """Seconds of one layer forward+backward with ``dp`` replicas of ``tp``-way layers."""
+    shard = comm.ceil_div(op.batch, dp)
+    share = shard / op.batch if op.batch else 0.0  # a task the mix leaves out has no samples
+    work = backward_multiplier(op) * op.forward_flops_per_layer * share / tp
+    compute = compute_seconds(work, cluster)
+    tp_comm = 0.0
+    if tp > 1:
+        _, per_pass, basis = _TP_RULES[op.kind]
+        tokens = op.tokens if basis == "in" else op.out_tokens
+        message = shard * tokens * op.out_width * dtype_bytes(cluster)
+        passes = 2 if op.needs_backward else 1
+        bandwidth, latency = comm.link(cluster, crosses_nodes=False)
+        tp_comm = per_pass * passes * comm.ring_allreduce_seconds(message, tp, bandwidth, latency)
+    grad = 0.0
+    if not op.frozen and dp > 1:
+        crosses = comm.contiguous_group_spans_nodes(dp * tp, cluster)
+        bandwidth, latency = comm.link(cluster, crosses)
+        grad = comm.ring_allreduce_seconds(op.param_bytes_per_layer / tp, dp, bandwidth, latency)
+    return Config(dp * tp, dp, tp, compute, tp_comm, grad)
+
+
+@lru_cache(maxsize=4096)
+def best_configs(op: MetaOp, cluster: Cluster) -> tuple[Config, ...]:
+    """The fastest config for every n in 1..devices (index n - 1), idle devices allowed."""
+    best: list[Config] = []
+    for n in range(1, cluster.devices + 1):
+        exact = [price(op, n // tp, tp, cluster) for tp in tp_degrees(op, cluster) if n % tp == 0]
+        fastest = min(exact, key=lambda c: c.seconds)
+        if best and best[-1].seconds <= fastest.seconds:
+            fastest = Config(n, *_tail(best[-1]))
+        else:
+            fastest = Config(n, *_tail(fastest))
+        best.append(fastest)
+    return tuple(best)
+
+
+def _tail(c: Config) -> tuple[int, int, float, float, float]:
+    return (c.dp, c.tp, c.compute_s, c.tp_comm_s, c.grad_sync_s)
+
+
+class AnalyticCostModel:
+    """The ``CostModel`` built from FLOPs and datasheets alone (no measurement)."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+
+    def config(self, op: MetaOp, n: int) -> Config:
+        """How one layer of ``op`` runs on ``n`` devices (what T_m(n) assumes)."""
+        return best_configs(op, self.cluster)[n - 1]
+
+    def curves(self, graph: MetaGraph) -> Curves:
+        ns = tuple(range(1, self.cluster.devices + 1))
+        curves = tuple(
+            Curve(op.id, ns, tuple(c.seconds for c in best_configs(op, self.cluster)))
+            for op in graph.metaops
+        )
+        return Curves(curves, source="analytic")
+
+    def memory_bytes(self, op: MetaOp, n: int, layers: int) -> int:
+        c = self.config(op, n)
+        return slice_memory_bytes(op, layers, c.dp, c.tp, self.cluster)
+
+    def transfer_seconds(
+        self, nbytes: float, src: Sequence[int], dst: Sequence[int], cluster: Cluster
+    ) -> float:
+        return comm.transfer_seconds(nbytes, src, dst, cluster)
+
+    def allreduce_seconds(self, nbytes: float, devices: Sequence[int], cluster: Cluster) -> float:
+        return comm.allreduce_seconds(nbytes, devices, cluster)

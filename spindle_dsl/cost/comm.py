@@ -1,0 +1,112 @@
+"""Communication prices: ring all-reduce and activation re-sharding between device groups.
+
+Both cost models share these, since a profile on one machine cannot measure the cluster's
+links: a collective is priced from the cluster's per-device bandwidths (NVLink inside a node,
+the network across nodes) plus a fixed latency per ring step. The latencies are assumptions
+(typical NCCL/gloo small-message latencies), documented here so they are easy to revisit.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from spindle_dsl.cluster import Cluster
+
+# Seconds per point-to-point step of a collective (assumed; typical small-message latencies).
+GPU_INTRA_LATENCY_S = 5e-6  # NCCL over NVLink
+GPU_INTER_LATENCY_S = 10e-6  # NCCL over InfiniBand
+CPU_LATENCY_S = 50e-6  # gloo over TCP / shared memory
+
+
+def is_cpu(cluster: Cluster) -> bool:
+    return cluster.device.name.lower() == "cpu"
+
+
+def link(cluster: Cluster, crosses_nodes: bool) -> tuple[float, float]:
+    """(bytes/s, latency s) of one link, inside a node or across nodes."""
+    if is_cpu(cluster):
+        latency = CPU_LATENCY_S
+    else:
+        latency = GPU_INTER_LATENCY_S if crosses_nodes else GPU_INTRA_LATENCY_S
+    bandwidth = cluster.device.inter_bandwidth if crosses_nodes else cluster.device.intra_bandwidth
+    return bandwidth, latency
+
+
+def ring_allreduce_seconds(nbytes: float, group: int, bandwidth: float, latency: float) -> float:
+    """Ring all-reduce of ``nbytes`` over ``group`` ranks: reduce-scatter then all-gather, each
+    ``group - 1`` steps moving ``nbytes / group`` per rank (bandwidth-optimal)."""
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    steps = 2 * (group - 1)
+    return steps * latency + steps * (nbytes / group) / bandwidth
+
+
+def allreduce_seconds(nbytes: float, devices: Sequence[int], cluster: Cluster) -> float:
+    """All-reduce over the given device ids; the slowest link (inter-node if any) bounds it."""
+    bandwidth, latency = link(cluster, cluster.spans_nodes(list(devices)))
+    return ring_allreduce_seconds(nbytes, len(set(devices)), bandwidth, latency)
+
+
+def contiguous_group_spans_nodes(group: int, cluster: Cluster) -> bool:
+    """Whether ``group`` devices packed onto whole nodes must cross a node boundary."""
+    return group > cluster.devices_per_node
+
+
+def _shard_moves(src: Sequence[int], dst: Sequence[int]) -> dict[tuple[int, int], float]:
+    """Fraction of the batch each (src device, dst device) pair must move.
+
+    Samples are split evenly and contiguously over ``src`` (in order) and must end up split the
+    same way over ``dst``. Walking the breakpoints of both splits gives, for each stretch of
+    samples, which device holds it and which needs it; stretches that stay put cost nothing.
+    """
+    cuts = sorted(
+        {i / len(src) for i in range(len(src) + 1)} | {j / len(dst) for j in range(len(dst) + 1)}
+    )
+    moves: dict[tuple[int, int], float] = {}
+    for lo, hi in itertools.pairwise(cuts):
+        mid = (lo + hi) / 2
+        s = src[min(int(mid * len(src)), len(src) - 1)]
+        d = dst[min(int(mid * len(dst)), len(dst) - 1)]
+        if s != d:
+            moves[(s, d)] = moves.get((s, d), 0.0) + (hi - lo)
+    return moves
+
+
+def transfer_seconds(
+    nbytes: float, src: Sequence[int], dst: Sequence[int], cluster: Cluster
+) -> float:
+    """Re-shard ``nbytes`` of activations from ``src`` to ``dst``; 0 when nothing moves.
+
+    Each device sends and receives its pieces one after the other over its own link; devices
+    work in parallel, so the busiest device's send or receive time bounds the transfer.
+    """
+    if not src or not dst or nbytes <= 0:
+        return 0.0
+    moves = _shard_moves(list(src), list(dst))
+    if not moves:
+        return 0.0
+    busy: dict[tuple[str, int], float] = {}
+    worst_latency = 0.0
+    for (s, d), fraction in moves.items():
+        bandwidth, latency = link(cluster, cluster.node_of(s) != cluster.node_of(d))
+        seconds = fraction * nbytes / bandwidth
+        busy[("send", s)] = busy.get(("send", s), 0.0) + seconds
+        busy[("recv", d)] = busy.get(("recv", d), 0.0) + seconds
+        worst_latency = max(worst_latency, latency)
+    return worst_latency + max(busy.values())
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+__all__ = [
+    "allreduce_seconds",
+    "ceil_div",
+    "contiguous_group_spans_nodes",
+    "is_cpu",
+    "link",
+    "ring_allreduce_seconds",
+    "transfer_seconds",
+]
