@@ -1,0 +1,1 @@
+"""The .spindle language front end."""
