@@ -1,0 +1,81 @@
+"""Communication pricing and the piecewise alpha-beta fit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from spindle_dsl.cost.comm import allreduce_seconds, ring_allreduce_seconds, transfer_seconds
+from spindle_dsl.cost.fit import fit_piecewise
+
+
+def test_ring_allreduce_formula() -> None:
+    assert ring_allreduce_seconds(1e9, 1, 1e9, 1e-5) == 0.0
+    # 4 ranks: 6 steps, each moving a quarter of the buffer.
+    assert ring_allreduce_seconds(4e9, 4, 1e9, 1e-5) == pytest.approx(6e-5 + 6.0)
+
+
+def test_allreduce_uses_network_when_group_crosses_nodes(cluster) -> None:
+    c = cluster(16)
+    inside = allreduce_seconds(1e9, range(8), c)
+    across = allreduce_seconds(1e9, range(4, 12), c)
+    assert inside == pytest.approx(ring_allreduce_seconds(1e9, 8, c.device.intra_bandwidth, 5e-6))
+    assert across == pytest.approx(ring_allreduce_seconds(1e9, 8, c.device.inter_bandwidth, 1e-5))
+    assert across > inside
+
+
+def test_transfer_is_free_on_the_same_devices_and_priced_otherwise(cluster) -> None:
+    c = cluster(16)
+    assert transfer_seconds(1e9, [0, 1], [0, 1], c) == 0.0
+    # Two devices hand their halves to two others in the same node: each sends 0.5 GB.
+    t = transfer_seconds(1e9, [0, 1], [2, 3], c)
+    assert t == pytest.approx(5e-6 + 0.5e9 / c.device.intra_bandwidth)
+    # Across nodes the network bounds it.
+    assert transfer_seconds(1e9, [0, 1], [8, 9], c) == pytest.approx(
+        1e-5 + 0.5e9 / c.device.inter_bandwidth
+    )
+    # Growing [0, 1] to [0, 1, 2, 3]: samples [0, 1/4) stay on device 0; [1/4, 1/2) go 0 -> 1,
+    # [1/2, 3/4) go 1 -> 2 and [3/4, 1) go 1 -> 3, so device 1 is busiest, sending a half.
+    grow = transfer_seconds(1e9, [0, 1], [0, 1, 2, 3], c)
+    assert grow == pytest.approx(5e-6 + 0.5e9 / c.device.intra_bandwidth)
+    # Shrinking [0, 1, 2, 3] to [0, 1]: [1/4, 1/2) go 1 -> 0, [1/2, 3/4) go 2 -> 1 and
+    # [3/4, 1) go 3 -> 1, so device 1 is busiest, receiving a half.
+    shrink = transfer_seconds(1e9, [0, 1, 2, 3], [0, 1], c)
+    assert shrink == pytest.approx(5e-6 + 0.5e9 / c.device.intra_bandwidth)
+
+
+def test_fit_recovers_a_line_exactly() -> None:
+    samples = [(x, 2e-4 + 3e-9 * x) for x in (1e5, 2e5, 4e5, 8e5, 1.6e6)]
+    fit = fit_piecewise(samples)
+    assert len(fit.segments) == 1
+    seg = fit.segments[0]
+    assert seg.alpha_s == pytest.approx(2e-4, rel=1e-6)
+    assert seg.beta_s_per_flop == pytest.approx(3e-9, rel=1e-6)
+    assert fit.predict(3e6) == pytest.approx(2e-4 + 3e-9 * 3e6, rel=1e-6)
+
+
+def test_fit_finds_two_regimes() -> None:
+    # Overhead-bound for small work, then a steeper slope: one line cannot fit both.
+    small = [(x, 1e-3 + 1e-10 * x) for x in (1e4, 2e4, 4e4)]
+    large = [(x, 5e-9 * x) for x in (1e6, 2e6, 4e6)]
+    fit = fit_piecewise(small + large)
+    assert len(fit.segments) == 2
+    for x, t in small + large:
+        assert fit.predict(x) == pytest.approx(t, rel=1e-6)
+    # The hand-over lies between the regimes; the ends are open.
+    assert 4e4 < fit.segments[0].to_flops < 1e6
+    assert fit.segments[0].from_flops == 0.0 and math.isinf(fit.segments[-1].to_flops)
+
+
+def test_fit_coefficients_stay_non_negative() -> None:
+    # Noisy timings that fall with work would give a negative slope; clamp it to 0.
+    fit = fit_piecewise([(1.0, 3.0), (2.0, 2.0), (3.0, 1.0)], max_segments=1)
+    seg = fit.segments[0]
+    assert seg.alpha_s >= 0 and seg.beta_s_per_flop >= 0
+    assert fit.predict(10.0) > 0
+
+
+def test_fit_needs_a_positive_timing() -> None:
+    with pytest.raises(ValueError):
+        fit_piecewise([(1.0, 0.0)])

@@ -1,0 +1,118 @@
+"""The profile file, the profiled cost model and the profiler on real (tiny) layers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spindle_dsl.cost import make_cost_model
+from spindle_dsl.cost.fit import PiecewiseFit, Segment
+from spindle_dsl.cost.profile import Profile, ProfiledCostModel, ProfileEntry, Sample, shape_key
+from spindle_dsl.cost.profiler import TimingBudget, planned_batches, profile_graph, time_layer
+from spindle_dsl.errors import SpindleError
+from spindle_dsl.metagraph import MetaGraph
+
+MLP = {"in": 16, "out": 16, "hidden": 32}
+
+
+def graph(cluster, *ops) -> MetaGraph:
+    return MetaGraph(tuple(ops), (), (), (), cluster, None, 4)
+
+
+def synthetic_profile(op, alpha: float, beta: float) -> Profile:
+    kind, args, tokens, mode = shape_key(op)
+    entry = ProfileEntry(
+        kind=kind,
+        args=args,
+        tokens=tokens,
+        mode=mode,  # type: ignore[arg-type]
+        metaops=(op.id,),
+        samples=(Sample(1, 1.0, alpha + beta),),
+        fit=PiecewiseFit((Segment(0.0, float("inf"), alpha, beta),)),
+    )
+    return Profile("cpu", "cpu", "x", 1, "float32", "s.spindle", (entry,))
+
+
+def test_planned_batches_span_the_needed_range() -> None:
+    assert planned_batches(24, 4) == (6, 8, 12, 24)
+    many = planned_batches(1000, 64, points=5)
+    assert len(many) == 5 and many[0] == 16 and many[-1] == 1000
+
+
+def test_profiled_curve_uses_the_fit_the_largest_shard_and_grad_sync(build_op, cluster) -> None:
+    c = cluster(4, "cpu")
+    op = build_op("mlp", MLP, batch=10, tokens=8, dtype_bytes=4)
+    model = ProfiledCostModel(c, synthetic_profile(op, 1e-3, 1e-9))
+    curve = model.curves(graph(c, op))[op.id]
+    per_sample = 3 * op.forward_flops_per_layer / 10
+    assert curve.at(1) == pytest.approx(1e-3 + 1e-9 * per_sample * 10)
+    # Three devices: the largest shard has 4 samples; plus the ring all-reduce of the grads.
+    from spindle_dsl.cost.comm import ring_allreduce_seconds
+
+    sync = ring_allreduce_seconds(op.param_bytes_per_layer, 3, c.device.intra_bandwidth, 5e-5)
+    exact3 = 1e-3 + 1e-9 * per_sample * 4 + sync
+    assert curve.at(3) == pytest.approx(min(exact3, curve.at(2)))
+    assert list(curve.seconds) == sorted(curve.seconds, reverse=True)
+
+
+def test_profile_round_trips_through_json(tmp_path, build_op, cluster) -> None:
+    op = build_op("mlp", MLP, batch=10, tokens=8, dtype_bytes=4)
+    profile = synthetic_profile(op, 2e-3, 3e-9)
+    path = tmp_path / "p.json"
+    profile.write(path)
+    assert Profile.read(path) == profile
+    model = make_cost_model(cluster(2, "cpu"), path)
+    assert isinstance(model, ProfiledCostModel)
+    assert model.curves(graph(cluster(2, "cpu"), op)).source == str(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("{not json", "invalid JSON"),
+        ('{"format": "spindle-plan", "version": 1}', "not a spindle profile"),
+        ('{"format": "spindle-profile", "version": 1, "device": "cpu"}', "malformed"),
+    ],
+)
+def test_bad_profile_files_give_clear_errors(tmp_path, cluster, text, words) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    with pytest.raises(SpindleError, match=words):
+        make_cost_model(cluster(2, "cpu"), path)
+    with pytest.raises(SpindleError, match="cannot read profile"):
+        make_cost_model(cluster(2, "cpu"), tmp_path / "missing.json")
+
+
+def test_profile_without_a_metaop_says_which(build_op, cluster) -> None:
+    op = build_op("mlp", MLP, batch=10, tokens=8, dtype_bytes=4)
+    other = build_op("mlp", MLP, batch=10, tokens=9, dtype_bytes=4, op_id="t/other")
+    model = ProfiledCostModel(cluster(2, "cpu"), synthetic_profile(op, 1e-3, 0.0))
+    with pytest.raises(SpindleError, match="t/other"):
+        model.curves(graph(cluster(2, "cpu"), op, other))
+
+
+QUICK = TimingBudget(warmup=1, min_repeats=3, max_repeats=5, min_seconds=0.0)
+
+
+@pytest.mark.parametrize("mode", ["train", "input_grad", "forward"])
+def test_time_layer_runs_each_mode(mode) -> None:
+    assert time_layer("mlp", dict(MLP), 8, mode, 4, budget=QUICK) > 0
+
+
+def test_profiler_fits_every_shape_once(tmp_path, build_op, cluster) -> None:
+    c = cluster(4, "cpu")
+    a = build_op("mlp", MLP, batch=12, tokens=8, dtype_bytes=4, op_id="a/m")
+    b = build_op("mlp", MLP, batch=6, tokens=8, dtype_bytes=4, op_id="b/m")  # same shape
+    frozen = build_op("mlp", MLP, batch=6, tokens=8, dtype_bytes=4, frozen=True, op_id="c/m")
+    lines: list[str] = []
+    profile = profile_graph(graph(c, a, b, frozen), points=3, budget=QUICK, progress=lines.append)
+    assert [e.metaops for e in profile.entries] == [("a/m", "b/m"), ("c/m",)]
+    assert [s.batch for s in profile.entries[0].samples] == [3, 6, 12]
+    assert len(lines) == 3 + 3 and lines[0].startswith("[1/2] a/m")
+    path = tmp_path / "p.json"
+    profile.write(path)
+    data = json.loads(path.read_text())
+    assert data["format"] == "spindle-profile" and data["entries"][1]["mode"] == "input_grad"
+    curves = make_cost_model(c, path).curves(graph(c, a, b, frozen))
+    assert all(t > 0 for curve in curves for _, t in curve.items())
