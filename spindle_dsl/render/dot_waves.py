@@ -100,7 +100,7 @@ def waves_dot(plan: Plan, colours: Palette | None = None) -> graphviz.Digraph:
             if idle or not mine:
                 sub.node(
                     f"w{wave.index}/idle",
-                    f"idle\ndevices {device_ranges(idle)} ({len(idle)})",
+                    f"<idle<br/>devices {escape(device_ranges(idle))} ({len(idle)})>",
                     fillcolor=IDLE_FILL,
                     color="#aaaaaa",
                     fontcolor="#666666",

@@ -16,7 +16,7 @@ from pathlib import Path
 import graphviz
 
 from spindle_dsl.atomic import write_atomic
-from spindle_dsl.errors import SpindleError
+from spindle_dsl.errors import Diagnostic, SpindleError
 
 DOT_FORMATS = ("svg", "png", "pdf")
 
@@ -34,8 +34,12 @@ class DotMissingError(SpindleError):
         self.dot_path = dot_path
         wrote = f"; wrote the DOT source to {dot_path} instead" if dot_path else ""
         super().__init__(
-            f"cannot draw {what}: the Graphviz `dot` program is not installed "
-            f"(not found on PATH){wrote}.\n    hint: {INSTALL_HINT}"
+            Diagnostic(
+                "error",
+                f"cannot draw {what}: the Graphviz `dot` program is not installed "
+                f"(not found on PATH){wrote}",
+                hint=INSTALL_HINT,
+            )
         )
 
 

@@ -168,7 +168,7 @@ def _memory(plan: Plan, warnings: list[str]) -> str:
         "<table>"
         + "".join(
             f"<tr><td>{k}</td><td class='num'>{escape(fmt_bytes(v))}</td>"
-            f"<td class='num'>{v / cap:.0%} of capacity</td></tr>"
+            f"<td class='num'>{'' if k == 'capacity' else f'{v / cap:.0%} of capacity'}</td></tr>"
             for k, v in summary.items()
         )
         + "</table>"

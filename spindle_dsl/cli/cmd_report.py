@@ -1,0 +1,32 @@
+"""``spindle report``: one self-contained HTML page about a plan (made from a spec, or read
+from a plan file): summary, pictures, wave table, baselines and memory per device."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from spindle_dsl.cli.cmd_render import add_input_arguments, load_plan
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_input_arguments(parser)
+    parser.add_argument(
+        "-o", "--output", metavar="FILE", default="report.html", help="default: report.html"
+    )
+    parser.add_argument("--plan-out", metavar="PLAN.json", help="also write the plan it shows")
+
+
+def run(args: argparse.Namespace) -> int:
+    from spindle_dsl.render.report import write_report
+
+    plan, graph = load_plan(args)
+    if args.plan_out:
+        plan.write(args.plan_out)
+    report = write_report(args.output, plan, graph)
+    for w in report.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    size = Path(args.output).stat().st_size
+    print(f"wrote {args.output} ({size / 1024:.0f} KiB)")
+    return 0
