@@ -21,12 +21,18 @@ $(STAMP): pyproject.toml setup.py
 	touch $(STAMP)
 
 # Graphviz's dot renders SVG/PNG; without it the project still writes DOT source (see README).
+# Chromium (headless) lets a test open the HTML report as a browser would.
 system-deps:
 	@command -v dot >/dev/null 2>&1 || { \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null) \
 	      || echo "warning: could not install graphviz; tests that need dot will be skipped"; \
 	  else echo "warning: no dot program and no apt-get as root; tests that need dot will be skipped"; fi; }
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "warning: could not install chromium; the report's browser test will be skipped"; \
+	  else echo "warning: no chromium and no apt-get as root; the report's browser test will be skipped"; fi; }
 
 demo: $(STAMP) system-deps
 	mkdir -p $(OUT)

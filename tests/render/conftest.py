@@ -24,7 +24,6 @@ from spindle_dsl.plan.model import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO / ".." / "shared"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 
 
@@ -197,13 +196,6 @@ def graph() -> MetaGraph:
 @pytest.fixture
 def plan() -> Plan:
     return make_plan()
-
-
-@pytest.fixture
-def shared_dir() -> Path:
-    if not SHARED.is_dir():
-        pytest.skip("../shared (the spec fixtures) is not present")
-    return SHARED.resolve()
 
 
 @pytest.fixture
