@@ -29,6 +29,12 @@ from spindle_dsl.widgets.summary import summarize, summary_html
 
 DEFAULT_MAX_DEVICES = 64
 
+# Styles the widget's own parts only (every selector starts with a spindle- class).
+CSS = (
+    ".spindle-spec textarea{font-family:monospace;font-size:12px;white-space:pre}"
+    ".spindle-waves img,.spindle-timeline img{max-width:100%}"
+)
+
 
 def read_spec(path: str | os.PathLike[str]) -> str:
     """The spec file's text, or a SpecError a user can act on."""
@@ -95,7 +101,7 @@ class PlannerWidget(w.VBox):
         self.spec_text = w.Textarea(
             value=text,
             continuous_update=True,
-            layout=w.Layout(width="100%", height="320px", font_family="monospace"),
+            layout=w.Layout(width="100%", height="320px"),
         )
         self.spec_text.add_class("spindle-spec")
         self.errors = w.HTML()
@@ -126,7 +132,9 @@ class PlannerWidget(w.VBox):
         self.mix.observe(self._on_mix, "value")
         self.spec_text.observe(lambda _ch: self._debouncer.trigger(), "value")
 
-        title = w.HTML(f"<h3 style='margin:0'>Spindle planner: {escape(path)}</h3>")
+        title = w.HTML(
+            f"<style>{CSS}</style><h3 style='margin:0'>Spindle planner: {escape(path)}</h3>"
+        )
         controls = w.VBox(
             [
                 self.devices,

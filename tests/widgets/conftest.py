@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,20 +19,10 @@ from spindle_dsl.plan.model import ClusterRef, Plan, SolverInfo, SpecRef
 from spindle_dsl.widgets.mixes import MixInfo
 from spindle_dsl.widgets.state import Compiled, Pictures, Pipeline
 
-SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
-
 MIXES = (
     MixInfo("default", 32, (("a", 3.0), ("b", 1.0))),
     MixInfo("even", 32, (("a", 1.0), ("b", 1.0))),
 )
-
-
-@pytest.fixture
-def shared_spec() -> Path:
-    folder = SHARED / "spec"
-    if not folder.is_dir():
-        pytest.skip("the shared fixtures (../shared/spec) are not present")
-    return folder
 
 
 @dataclass

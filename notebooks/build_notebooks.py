@@ -1,0 +1,221 @@
+"""Write the project's notebooks from this one script, without outputs.
+
+Notebooks are JSON that is hard to review and easy to commit with stale outputs; generating them
+from readable Python keeps diffs small and guarantees they are stored clean. The tests check
+that the stored ``.ipynb`` files equal what this script writes, then execute them.
+
+    python notebooks/build_notebooks.py          # rewrite the notebooks
+    python notebooks/build_notebooks.py --check  # exit 1 if a stored notebook is out of date
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+
+# Every notebook starts by finding the repository root, so it runs from `notebooks/`, from the
+# root, or under nbclient/Voila with either as the working directory.
+FIND_ROOT = """\
+from pathlib import Path
+
+import spindle_dsl
+
+# the checkout this notebook belongs to: the working directory or a parent of it, else the
+# checkout the package was installed from (pip install -e .)
+ROOT = next(
+    (p for p in (Path.cwd(), *Path.cwd().parents) if (p / "examples").is_dir()),
+    Path(spindle_dsl.__file__).resolve().parents[1],
+)
+EXAMPLES = ROOT / "examples\""""
+
+
+def md(text: str):
+    return new_markdown_cell(text.strip())
+
+
+def code(text: str):
+    return new_code_cell(text.strip())
+
+
+def quickstart():
+    return [
+        md("""
+# Spindle-DSL quickstart
+
+Load a `.spindle` spec, check it, plan it with Spindle's wavefront scheduler, and draw the plan.
+Everything here is also a CLI command (`spindle check`, `spindle plan`, `spindle render`).
+"""),
+        code(FIND_ROOT),
+        md(
+            "## Load and check a spec\n`compile_file` parses, checks and lowers the spec to a "
+            "MetaGraph: MetaOps (layers of one module for one task), their dependencies and "
+            "MetaLevels."
+        ),
+        code("""
+from spindle_dsl.language import compile_file
+
+compiled = compile_file(EXAMPLES / "tiny_mm.spindle")
+graph = compiled.graph
+print(compiled.render_warnings() or "no warnings")
+for op in graph.metaops:
+    print(f"level {op.level}  {op.id:28} L={op.layers:<3} batch={op.batch:<4} tokens={op.tokens}")
+assert graph.mix == "default" and sum(t.batch for t in graph.tasks) == 32
+"""),
+        md("In Jupyter a MetaGraph draws itself: a cluster per task, shared modules as cylinders."),
+        code("graph"),
+        md(
+            "## Errors point at the line\nA broken spec raises `SpecError` with every error "
+            "found, each with its line, column and a caret."
+        ),
+        code("""
+from spindle_dsl.errors import SpecError
+from spindle_dsl.language import compile_text
+
+broken = (EXAMPLES / "tiny_mm.spindle").read_text().replace("-> vision ->", "-> visoin ->", 1)
+try:
+    compile_text(broken, "tiny_mm_typo.spindle")
+except SpecError as err:
+    print(err.render())
+    assert "visoin" in err.render()
+else:
+    raise AssertionError("the typo should have been reported")
+"""),
+        md(
+            "## Plan\nThe analytic cost model gives each MetaOp's time curve T_m(n); the "
+            "planner allocates devices per MetaLevel and cuts the work into waves."
+        ),
+        code("""
+from spindle_dsl.cost import make_cost_model
+from spindle_dsl.plan.validate import validate_plan
+from spindle_dsl.planner import make_plan
+
+cost = make_cost_model(graph.cluster)
+plan = make_plan(graph, cost)
+assert validate_plan(plan) == [], validate_plan(plan)
+print(f"iteration {plan.iteration_s * 1e3:.2f} ms, lower bound {plan.lower_bound_s * 1e3:.2f} ms")
+for name, secs in plan.baselines:
+    print(f"  {name:24} {secs * 1e3:8.2f} ms  speed-up {secs / plan.iteration_s:.2f}x")
+"""),
+        code("plan"),
+        md(
+            "## Render\nThe wave picture (Graphviz), the timeline (matplotlib) and a Chrome "
+            "trace that opens in Perfetto."
+        ),
+        code("""
+from IPython.display import SVG, display
+
+from spindle_dsl.render.dot_waves import waves_dot
+from spindle_dsl.render.graphviz_tools import dot_available, render_dot
+from spindle_dsl.render.timeline import timeline_bytes
+
+if dot_available():
+    display(SVG(render_dot(waves_dot(plan), "svg")))
+else:
+    print("install Graphviz (`dot`) to draw the waves")
+display(SVG(timeline_bytes(plan, "svg")))
+"""),
+        md(
+            "## Save the plan\n`plan.json` is the public plan format; `spindle train --plan` "
+            "runs it."
+        ),
+        code("""
+import tempfile
+
+from spindle_dsl.plan import Plan
+from spindle_dsl.render.trace import plan_trace, write_trace
+
+out = Path(tempfile.mkdtemp(prefix="spindle-quickstart-"))
+plan.write(out / "plan.json")
+write_trace(out / "trace.json", plan_trace(plan))
+assert Plan.read(out / "plan.json") == plan
+print(sorted(p.name for p in out.iterdir()))
+"""),
+    ]
+
+
+def interactive_planning():
+    return [
+        md("""
+# Interactive planning
+
+Move the sliders and the plan redraws: devices, device type, scheduler, the data mix and each
+task's weight. Edit the spec below the controls; errors show as you type, and the last good
+plan stays on screen until the spec is fixed. **Export** writes the plan JSON, a Chrome trace
+and an HTML report.
+"""),
+        code(FIND_ROOT),
+        code("""
+from spindle_dsl.widgets import PlannerWidget
+
+planner = PlannerWidget.from_file(EXAMPLES / "multitask_clip.spindle", export_dir="spindle-export")
+planner
+"""),
+        md("""
+## The same session from code
+
+The widget is a shell over `PlanningSession`, which needs no kernel: sweep a setting and
+tabulate the result. Its caches make repeated settings free.
+"""),
+        code("""
+from spindle_dsl.widgets import PlanningSession, Settings
+from spindle_dsl.widgets.pipeline import real_pipeline
+
+spec = EXAMPLES / "multitask_clip.spindle"
+session = PlanningSession(real_pipeline(), Settings(spec.read_text(), str(spec)))
+print(f"{'devices':>8} {'iteration':>12} {'vs sequential':>14} {'re-plan':>9}")
+for n in (8, 16, 32, 64):
+    view = session.update(devices=n)
+    plan = view.result.plan
+    speedup = plan.baseline("sequential_s") / plan.iteration_s
+    print(f"{n:8} {plan.iteration_s:11.3f}s {speedup:13.2f}x {view.timings.total_s:8.3f}s")
+"""),
+    ]
+
+
+NOTEBOOKS = {
+    "quickstart.ipynb": quickstart,
+    "interactive_planning.ipynb": interactive_planning,
+}
+
+
+def build(name: str):
+    nb = new_notebook(cells=NOTEBOOKS[name]())
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nb.metadata["language_info"] = {"name": "python"}
+    # nbformat gives every cell a random id; fixed ids keep the stored files reproducible.
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"{Path(name).stem[:20]}-{i}"
+    return nb
+
+
+def render(name: str) -> str:
+    return nbformat.writes(build(name)) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    for name in NOTEBOOKS:
+        path = HERE / name
+        text = render(name)
+        if "--check" in argv:
+            if not path.is_file() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print("out of date (run python notebooks/build_notebooks.py):", ", ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

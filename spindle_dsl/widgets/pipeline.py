@@ -1,0 +1,93 @@
+"""The real stages behind a planning session: language, cost model, planner, pictures.
+
+Kept apart from ``state.py`` so the session logic depends on nothing but plain functions, and
+so this is the one place that knows which library calls the widget makes. Pictures are embedded
+as ``data:`` URIs in ``<img>`` tags: each SVG stays its own document, so the element ids that
+Graphviz and matplotlib write cannot collide when several pictures share one page.
+
+The memory chart is drawn by ``memory_svg`` here rather than with matplotlib: it is redrawn on
+every slider move, and a hand-written SVG costs well under a millisecond.
+"""
+
+from __future__ import annotations
+
+import base64
+from html import escape
+from typing import Any
+
+from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.plan.model import Plan
+from spindle_dsl.widgets.memory_svg import memory_svg
+from spindle_dsl.widgets.mixes import MixInfo
+from spindle_dsl.widgets.state import Compiled, Pictures, Pipeline
+
+# The planner's budget per re-plan: a slider move must redraw in well under a second, and the
+# schedulers return their best plan so far when the limit is reached.
+INTERACTIVE_TIME_LIMIT_S = 0.3
+
+
+def mixes_of(spec: Any) -> tuple[MixInfo, ...]:
+    """Every mix a checked spec declares, as the weight sliders need them."""
+    out = []
+    for decl in spec.mixes:
+        batch = 0
+        weights: list[tuple[str, float]] = []
+        for s in decl.settings:
+            if s.key.name == "global_batch":
+                batch = int(s.value.value)
+            else:
+                weights.append((s.key.name, float(s.value.value)))
+        out.append(MixInfo(decl.name.name, batch, tuple(weights)))
+    return tuple(out)
+
+
+def img(svg: bytes | str, alt: str) -> str:
+    """An SVG as a self-contained ``<img>`` that scales to the output's width."""
+    data = svg.encode() if isinstance(svg, str) else svg
+    b64 = base64.b64encode(data).decode("ascii")
+    return (
+        f'<img alt="{escape(alt)}" style="max-width:100%;height:auto" '
+        f'src="data:image/svg+xml;base64,{b64}">'
+    )
+
+
+def draw(plan: Plan, graph: MetaGraph) -> Pictures:
+    """The three pictures of a plan. Without Graphviz the waves are listed as text."""
+    from spindle_dsl.render.dot_waves import waves_dot
+    from spindle_dsl.render.graphviz_tools import INSTALL_HINT, dot_available, render_dot
+    from spindle_dsl.render.schedule import plan_palette
+    from spindle_dsl.render.text import waves_text
+    from spindle_dsl.render.timeline import timeline_bytes
+
+    colours = plan_palette(plan)
+    if dot_available():
+        waves = img(render_dot(waves_dot(plan, colours), "svg", "the wave plan"), "wave plan")
+    else:
+        waves = (
+            f"<p>The Graphviz <code>dot</code> program is not installed, so the waves are "
+            f"listed as text. {escape(INSTALL_HINT)}.</p><pre>{escape(waves_text(plan))}</pre>"
+        )
+    timeline = img(timeline_bytes(plan, "svg", colours), "timeline")
+    return Pictures(waves=waves, timeline=timeline, memory=memory_svg(plan))
+
+
+def real_pipeline(
+    *, profile: str | None = None, time_limit_s: float = INTERACTIVE_TIME_LIMIT_S
+) -> Pipeline:
+    """The library's own stages; ``profile`` is a `spindle profile` file to fit curves from."""
+    from spindle_dsl.cost import make_cost_model
+    from spindle_dsl.language import compile_text
+    from spindle_dsl.planner import SCHEDULERS, make_plan
+
+    def compile_(text: str, path: str, mix: str | None, overrides: dict[str, Any]) -> Compiled:
+        c = compile_text(text, path, mix=mix, cluster_overrides=overrides)
+        warnings = tuple(d.render(text) for d in c.warnings)
+        return Compiled(c.graph, warnings, mixes_of(c.spec))
+
+    def plan_(graph: MetaGraph, scheduler: str) -> Plan:
+        cost = make_cost_model(graph.cluster, profile=profile)
+        return make_plan(graph, cost, scheduler=scheduler, time_limit_s=time_limit_s)
+
+    names = tuple(SCHEDULERS)
+    ordered = ("default", *(n for n in names if n != "default")) if "default" in names else names
+    return Pipeline(compile_, plan_, draw, ordered)
