@@ -199,6 +199,14 @@ def plan() -> Plan:
 
 
 @pytest.fixture
+def chromium_exe() -> str:
+    exe = chromium_path()
+    if exe is None:
+        pytest.skip("no headless Chromium (make system-deps)")
+    return exe
+
+
+@pytest.fixture
 def no_dot(monkeypatch):
     """Make the project believe ``dot`` is not installed."""
     monkeypatch.setenv("SPINDLE_DOT", "")
