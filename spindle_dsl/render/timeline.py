@@ -35,6 +35,19 @@ def _idle_runs(idle: list[Idle]) -> list[tuple[float, float, int, int]]:
     return out
 
 
+def _label_fit(
+    width_px: float, height_px: float, texts: tuple[str, ...]
+) -> tuple[str, float, int] | None:
+    """The first text that fits in a bar, with its font size and rotation: across the bar
+    first, then upright for tall narrow bars (a wide device group running a short entry)."""
+    for text in texts:
+        for rotation, along, across in ((0, width_px, height_px), (90, height_px, width_px)):
+            size = max(6.0, min(9.0, across * 0.55))
+            if len(text) * size * 0.62 < along - 4 and across >= size + 2:
+                return text, size, rotation
+    return None
+
+
 def timeline_figure(plan: Plan, colours: Palette | None = None):  # -> matplotlib Figure
     """Build the figure (not saved): callers pick the format."""
     from matplotlib.figure import Figure
@@ -83,26 +96,28 @@ def timeline_figure(plan: Plan, colours: Palette | None = None):  # -> matplotli
                     zorder=2,
                 )
             )
-            bar_px = p.entry.time_s / total * ax_width_px
-            text_px = n * row_px
-            size = max(5.0, min(9.0, text_px * 0.55))
-            for text in (
-                f"{p.op.module} [{p.entry.first},{p.entry.end})",
-                f"[{p.entry.first},{p.entry.end})",
-            ):
-                if len(text) * size * 0.62 < bar_px - 4 and text_px >= size + 2:
-                    ax.text(
-                        x + w / 2,
-                        first + n / 2,
-                        text,
-                        ha="center",
-                        va="center",
-                        fontsize=size,
-                        color=col.text,
-                        clip_on=True,
-                        zorder=4,
-                    )
-                    break
+            fit = _label_fit(
+                p.entry.time_s / total * ax_width_px,
+                n * row_px,
+                (
+                    f"{p.op.module} [{p.entry.first},{p.entry.end})",
+                    f"[{p.entry.first},{p.entry.end})",
+                ),
+            )
+            if fit is not None:
+                text, size, rotation = fit
+                ax.text(
+                    x + w / 2,
+                    first + n / 2,
+                    text,
+                    ha="center",
+                    va="center",
+                    rotation=rotation,
+                    fontsize=size,
+                    color=col.text,
+                    clip_on=True,
+                    zorder=4,
+                )
 
     top = blended_transform_factory(ax.transData, ax.transAxes)
     waves = sorted(plan.waves, key=lambda w: w.index)
@@ -138,7 +153,7 @@ def timeline_figure(plan: Plan, colours: Palette | None = None):  # -> matplotli
         labels = [f"node {d // per_node} · dev {d}" for d in ticks]
     ax.set_yticks([t + 0.5 for t in ticks], labels, fontsize=7)
     ax.set_xlabel(f"time ({unit})")
-    ax.set_title(plan_title(plan), fontsize=10, pad=16)
+    ax.set_title(plan_title(plan), fontsize=10, pad=22)
     handles = [Patch(facecolor=c.base, label=c.task) for c in colours.colours]
     handles.append(Patch(facecolor=IDLE_FILL, edgecolor="#c8c8c8", hatch="///", label="idle"))
     fig.legend(
