@@ -1,0 +1,114 @@
+"""The wave planner: from a MetaGraph and a cost model to a placed, timed wave plan.
+
+``make_plan(graph, cost, scheduler=...)`` is the stage function. Schedulers:
+
+* ``paper``: Spindle's algorithm as published (per-MetaLevel continuous optimum, bi-point
+  discretisation, greedy wavefront), see ``wavefront``;
+* ``milp``: the paper's plan improved by python-mip (level MILPs, cross-level backfilling,
+  a global MILP with precedence when small enough), see ``milp_scheduler``;
+* ``default``: ``milp``, ``paper`` and the baselines all placed and timed with transfers and
+  gradient sync, keeping the fastest that fits in memory (the plan says which won);
+* ``sequential``, ``distmm``, ``optimus``: the baselines, as plans of their own.
+"""
+
+from __future__ import annotations
+
+import time
+
+from spindle_dsl.cost.base import CostModel
+from spindle_dsl.errors import PlanError
+from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.plan.model import Plan
+from spindle_dsl.planner.baselines import BASELINES
+from spindle_dsl.planner.bounds import level_reference_s, lower_bound_s
+from spindle_dsl.planner.build import (
+    Evaluated,
+    PlanContext,
+    context,
+    evaluate,
+    overflow_message,
+    to_plan,
+)
+from spindle_dsl.planner.milp_scheduler import milp_schedule
+from spindle_dsl.planner.problem import Schedule
+from spindle_dsl.planner.wavefront import paper_schedule
+
+SCHEDULERS: tuple[str, ...] = ("default", "milp", "paper", *BASELINES)
+DEFAULT_TIME_LIMIT_S = 1.5
+
+
+def _schedules(ctx: PlanContext, scheduler: str, time_limit_s: float) -> dict[str, Schedule]:
+    out: dict[str, Schedule] = {}
+    if scheduler in ("default", "milp"):
+        out["milp"] = milp_schedule(ctx.problem, time_limit_s)
+    if scheduler in ("default", "paper"):
+        out["paper"] = paper_schedule(ctx.problem)
+    for name, fn in BASELINES.items():
+        out[name] = fn(ctx.problem)
+    return out
+
+
+def make_plan(
+    graph: MetaGraph,
+    cost: CostModel,
+    *,
+    scheduler: str = "default",
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+) -> Plan:
+    """Plan one training iteration of ``graph`` (see the module docstring for schedulers).
+
+    Raises ``PlanError`` for an unknown scheduler or when no plan fits in device memory.
+    """
+    if scheduler not in SCHEDULERS:
+        raise PlanError(f"unknown scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})")
+    t0 = time.perf_counter()
+    ctx = context(graph, cost)
+    evaluated = {k: evaluate(ctx, s) for k, s in _schedules(ctx, scheduler, time_limit_s).items()}
+    baselines = {k: evaluated[k].iteration_s for k in BASELINES}
+    if scheduler == "default":
+        fitting = [e for e in evaluated.values() if e.fits]
+        pool = fitting or list(evaluated.values())
+        chosen = min(pool, key=lambda e: e.iteration_s)
+    else:
+        chosen = evaluated[scheduler]
+    if not chosen.fits:
+        raise PlanError(overflow_message(ctx, chosen))
+    notes = _notes(scheduler, chosen, evaluated)
+    extra = {
+        "scheduler": scheduler,
+        "candidates_s": {k: e.iteration_s for k, e in evaluated.items()},
+        "level_reference_s": level_reference_s(ctx.problem),
+        "solver_notes": list(chosen.schedule.notes),
+    }
+    return to_plan(
+        ctx,
+        chosen,
+        lower_bound_s=lower_bound_s(ctx.problem),
+        baselines=baselines,
+        wall_s=time.perf_counter() - t0,
+        notes=notes,
+        extra=extra,
+    )
+
+
+def _notes(scheduler: str, chosen: Evaluated, evaluated: dict[str, Evaluated]) -> tuple[str, ...]:
+    notes = []
+    name = chosen.schedule.name
+    if scheduler == "default":
+        others = ", ".join(
+            f"{k} {e.iteration_s:.4g} s{'' if e.fits else ' (does not fit in memory)'}"
+            for k, e in evaluated.items()
+            if k != name
+        )
+        notes.append(f"default scheduler kept '{name}' ({chosen.iteration_s:.4g} s); {others}")
+    seq = evaluated["sequential"]
+    if chosen.iteration_s > seq.iteration_s:
+        notes.append(
+            f"iteration_s exceeds sequential_s: the '{name}' plan was asked for explicitly"
+            if scheduler != "default"
+            else "iteration_s exceeds sequential_s: the sequential plan does not fit in memory"
+        )
+    return tuple(notes)
+
+
+__all__ = ["DEFAULT_TIME_LIMIT_S", "SCHEDULERS", "make_plan"]

@@ -1,0 +1,43 @@
+"""A proven lower bound on any wave plan's compute time, and the paper's reference point.
+
+``lower_bound_s`` = max(area bound, critical-path bound), both valid for every plan the
+format allows:
+
+* area: waves run back to back and entries of a wave use disjoint devices, so N times the sum
+  of wave durations is at least the device-seconds of all entries, and an entry of k layers
+  of m on n devices costs k * n * T_m(n) >= k * min_n n T_m(n);
+* critical path: the MetaOps of a dependency chain occupy disjoint sets of waves (deps in
+  strictly earlier waves), and each wave lasts at least as long as its entries, so the sum
+  of durations is at least sum over the chain of L_m * min_n T_m(n).
+
+Transfers and gradient sync only add time, so the bound holds for ``iteration_s`` too.
+``level_reference_s`` (sum over MetaLevels of the continuous optimum) is not a bound once
+MetaOps cross levels; it is the yardstick the paper's allocator aims at.
+"""
+
+from __future__ import annotations
+
+from spindle_dsl.planner.allocator import level_optimum
+from spindle_dsl.planner.problem import Problem
+
+
+def area_bound_s(problem: Problem) -> float:
+    return sum(o.layers * o.min_area for o in problem.ops) / problem.devices
+
+
+def critical_path_s(problem: Problem) -> float:
+    longest: dict[str, float] = {}
+    for o in problem.ops:
+        longest[o.id] = o.layers * o.min_time + max((longest[d] for d in o.deps), default=0.0)
+    return max(longest.values(), default=0.0)
+
+
+def lower_bound_s(problem: Problem) -> float:
+    return max(area_bound_s(problem), critical_path_s(problem))
+
+
+def level_reference_s(problem: Problem) -> float:
+    return sum(
+        level_optimum([problem.op(i) for i in lv], problem.devices).completion_s
+        for lv in problem.levels
+    )

@@ -1,0 +1,230 @@
+"""From a MetaGraph and a cost model to the planner's inputs, and from schedules to a Plan.
+
+``PlanContext`` gathers everything the schedulers, placement and timing read, computed once
+per planning call: the ``Problem`` (curves reduced to the allocations that fit in memory),
+the data flows between MetaOps, and the topology. ``evaluate`` places and times one
+schedule; ``to_plan`` writes the chosen one in the plan format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spindle_dsl.cost.base import CostModel, Curves
+from spindle_dsl.errors import PlanError
+from spindle_dsl.metagraph import MetaGraph, MetaOp
+from spindle_dsl.plan.model import (
+    ClusterRef,
+    Entry,
+    Plan,
+    PlanMetaOp,
+    SolverInfo,
+    SpecRef,
+    Wave,
+)
+from spindle_dsl.planner.placement import Placement, Topology, place
+from spindle_dsl.planner.problem import OpSpec, Problem, Schedule
+from spindle_dsl.planner.timing import Flows, SharedModule, Timing, time_placement
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    graph: MetaGraph
+    cost: CostModel
+    curves: Curves
+    problem: Problem
+    flows: Flows
+    topology: Topology
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    schedule: Schedule
+    placement: Placement
+    timing: Timing
+
+    @property
+    def iteration_s(self) -> float:
+        return self.timing.iteration_s
+
+    @property
+    def fits(self) -> bool:
+        return not self.placement.overflow
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:.1f} GiB"
+
+
+def _op_spec(op: MetaOp, graph: MetaGraph, cost: CostModel, curves: Curves) -> OpSpec:
+    """The op's curve, restricted to allocations where one layer fits on a device."""
+    cap = graph.cluster.device.memory_bytes
+    N = graph.cluster.devices
+    pts = [(n, s) for n, s in curves[op.id].items() if n <= N]
+    fit = [(n, s) for n, s in pts if cost.memory_bytes(op, n, 1) <= cap]
+    if not fit:
+        top = max(n for n, _ in pts) if pts else N
+        need = cost.memory_bytes(op, top, 1)
+        raise PlanError(
+            f"MetaOp '{op.id}' does not fit: one of its layers needs {_gib(need)} per device "
+            f"even on {top} devices, and a {graph.cluster.device.name} has {_gib(cap)}; "
+            "use more devices or a larger device, a smaller global batch, or freeze the module"
+        )
+    return OpSpec(
+        op.id,
+        op.layers,
+        op.deps,
+        tuple(n for n, _ in fit),
+        tuple(s for _, s in fit),
+        task=op.task,
+    )
+
+
+def flows_of(graph: MetaGraph) -> Flows:
+    """Activation sizes on every edge and the layers each shared module has in each op."""
+    dt = graph.dtype_bytes
+    carry = {m.id: float(m.batch * m.out_tokens * m.out_width * dt) for m in graph.metaops}
+    edges = []
+    for m in graph.metaops:
+        for i in m.inputs:
+            if not i.from_modality:
+                src = graph.op(i.source)
+                edges.append((src.id, m.id, float(m.batch * i.tokens * src.out_width * dt)))
+    shared = []
+    for group in graph.sharing_groups:
+        module = graph.module(group.module)
+        if module.frozen:
+            continue
+        holders = []
+        for op_id in group.metaops:
+            offset = 0
+            for name, layers in graph.op(op_id).segments:
+                if name == group.module:
+                    holders.append((op_id, offset))
+                    break
+                offset += layers
+        shared.append(
+            SharedModule(
+                module.name, module.layers, group.param_bytes / module.layers, tuple(holders)
+            )
+        )
+    backward = {m.id: m.needs_backward for m in graph.metaops}
+    return Flows(carry, backward, tuple(edges), tuple(shared))
+
+
+def context(graph: MetaGraph, cost: CostModel) -> PlanContext:
+    if not graph.metaops:
+        raise PlanError("the spec has no MetaOps to plan (no task runs any module)")
+    curves = cost.curves(graph)
+    ops = tuple(_op_spec(m, graph, cost, curves) for m in graph.metaops)
+    problem = Problem(ops, graph.cluster.devices)
+    partners: dict[str, tuple[str, ...]] = {}
+    for g in graph.sharing_groups:
+        for op_id in g.metaops:
+            partners[op_id] = tuple(
+                dict.fromkeys([*partners.get(op_id, ()), *(o for o in g.metaops if o != op_id)])
+            )
+    c = graph.cluster
+    topo = Topology(c.devices, c.devices_per_node, c.device.memory_bytes, partners)
+    return PlanContext(graph, cost, curves, problem, flows_of(graph), topo)
+
+
+def evaluate(ctx: PlanContext, sched: Schedule) -> Evaluated:
+    """Place ``sched`` on devices and predict its iteration time."""
+    graph, cost, cluster = ctx.graph, ctx.cost, ctx.graph.cluster
+    memo: dict[tuple[str, int, int], int] = {}
+
+    def memory(op_id: str, n: int, layers: int) -> int:
+        key = (op_id, n, layers)
+        if key not in memo:
+            memo[key] = cost.memory_bytes(graph.op(op_id), n, layers)
+        return memo[key]
+
+    placement = place(ctx.problem, sched, ctx.topology, memory)
+    timing = time_placement(
+        placement,
+        lambda op, n: ctx.problem.op(op).t(n),
+        ctx.flows,
+        lambda b, s, d: cost.transfer_seconds(b, s, d, cluster),
+        lambda b, ds: cost.allreduce_seconds(b, ds, cluster),
+    )
+    return Evaluated(sched, placement, timing)
+
+
+def overflow_message(ctx: PlanContext, ev: Evaluated) -> str:
+    """Say which MetaOp does not fit where, by how much, and what to change."""
+    d, op_id, total = max(ev.placement.overflow, key=lambda t: t[2])
+    cap = ctx.topology.capacity
+    piece = next(p for w in ev.placement.waves for p in w if p.op == op_id and d in p.devices)
+    own = ctx.cost.memory_bytes(ctx.graph.op(op_id), piece.n, piece.layers)
+    return (
+        f"MetaOp '{op_id}' does not fit: device {d} would hold {_gib(total)} "
+        f"({_gib(own)} of it for layers {piece.first}-{piece.end - 1} of '{op_id}' on "
+        f"{piece.n} devices), but a {ctx.graph.cluster.device.name} has {_gib(cap)}; "
+        "use more devices (--devices), a smaller global batch, or freeze some modules"
+    )
+
+
+def to_plan(
+    ctx: PlanContext,
+    chosen: Evaluated,
+    *,
+    lower_bound_s: float,
+    baselines: dict[str, float],
+    wall_s: float,
+    notes: tuple[str, ...],
+    extra: dict,
+) -> Plan:
+    graph = ctx.graph
+    metaops = tuple(
+        PlanMetaOp(
+            id=m.id,
+            task=m.task,
+            module=m.module,
+            kind=m.kind,
+            layers=m.layers,
+            batch=m.batch,
+            tokens=m.tokens,
+            deps=m.deps,
+            forward_flops_per_layer=m.forward_flops_per_layer,
+            param_bytes_per_layer=m.param_bytes_per_layer,
+            seconds_per_layer=tuple(
+                zip(ctx.problem.op(m.id).ns, ctx.problem.op(m.id).seconds, strict=True)
+            ),
+        )
+        for m in graph.metaops
+    )
+    waves = []
+    start = 0.0
+    for wi, (wave, dur) in enumerate(
+        zip(chosen.placement.waves, chosen.timing.durations, strict=True)
+    ):
+        entries = tuple(
+            Entry(p.op, p.first, p.end, p.devices, p.layers * ctx.problem.op(p.op).t(p.n))
+            for p in wave
+        )
+        waves.append(Wave(wi, start, dur, entries))
+        start += dur
+    t = chosen.timing
+    sched = chosen.schedule
+    c = graph.cluster
+    return Plan(
+        spec=SpecRef(graph.spec_path, graph.spec_sha256, graph.mix),
+        cluster=ClusterRef(c.devices, c.device.name, c.devices_per_node, c.device.memory_bytes),
+        metaops=metaops,
+        waves=tuple(waves),
+        iteration_s=t.iteration_s,
+        lower_bound_s=lower_bound_s,
+        baselines=tuple((f"{k}_s", v) for k, v in baselines.items()),
+        solver=SolverInfo(sched.name, sched.status, wall_s, sched.gap),
+        breakdown=(
+            ("compute_s", t.compute_s),
+            ("transfer_s", t.transfer_s),
+            ("grad_sync_s", t.grad_sync_s),
+        ),
+        memory_bytes=chosen.placement.memory,
+        notes=notes,
+        extra=extra,
+    )

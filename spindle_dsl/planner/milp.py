@@ -1,0 +1,248 @@
+"""A MILP over waves (python-mip + CBC): which MetaOps run in which wave, on how many devices,
+for how many layers, so that the sum of wave durations is least.
+
+Model (``W`` waves, candidate allocations ``n in C_m`` per MetaOp):
+
+* ``y[m,w,n]`` integer: layers of m run in wave w on n devices; ``x[m,w,n]`` binary: m uses n
+  devices in wave w; ``d[w] >= 0`` continuous: wave w's duration.
+* ``cover[m]``: sum y = L_m.  ``link``: y <= L_m x and y >= x (no entry without layers).
+* ``one[m,w]``: at most one allocation of m per wave.  ``cap[w]``: sum n x <= N.
+* ``dur[m,w]``: d[w] >= sum_n T_m(n) y[m,w,n].
+* ``prec[p,m,w]`` (cross-level): L_p * active(m,w) <= layers of p done in waves before w, so a
+  MetaOp may start in the first wave after its own inputs are done, whatever its level.
+* objective: sum d[w] plus a tiny price per entry (fewer cuts, fewer transfers).
+
+Waves a MetaOp cannot use (before its depth, or too late to leave room for its consumers) get
+no variables. Building is separate from solving; solving returns a ``MilpResult`` holding plain
+values (status mapped to ``SolveStatus``), never solver objects.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import mip
+
+from spindle_dsl.planner.problem import OpSpec, Piece
+
+ENTRY_PRICE = 1e-5  # objective units (fractions of the scale) charged per entry
+
+
+class SolveStatus(str, enum.Enum):
+    """What the solver could say about its answer, in the project's words."""
+
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"  # a solution, not proven optimal within the time limit
+    NO_SOLUTION = "no_solution"  # time ran out before any solution
+    INFEASIBLE = "infeasible"
+    ERROR = "error"
+
+
+_STATUS = {
+    mip.OptimizationStatus.OPTIMAL: SolveStatus.OPTIMAL,
+    mip.OptimizationStatus.FEASIBLE: SolveStatus.FEASIBLE,
+    mip.OptimizationStatus.NO_SOLUTION_FOUND: SolveStatus.NO_SOLUTION,
+    mip.OptimizationStatus.INFEASIBLE: SolveStatus.INFEASIBLE,
+    mip.OptimizationStatus.INT_INFEASIBLE: SolveStatus.INFEASIBLE,
+}
+
+
+@dataclass(frozen=True)
+class WaveModelSpec:
+    """Everything the model is built from. ``start`` (a warm start) must fit ``waves``."""
+
+    ops: tuple[OpSpec, ...]  # in a topological order
+    devices: int
+    waves: int
+    candidates: tuple[tuple[int, ...], ...]  # allocations per op, same order as ops
+    precedence: bool  # enforce deps among ``ops`` (False for one MetaLevel)
+    start: tuple[tuple[Piece, ...], ...] | None = None
+    descending: bool = False  # order waves by duration (symmetry breaking without deps)
+
+
+@dataclass(frozen=True)
+class MilpResult:
+    status: SolveStatus
+    objective_s: float | None  # sum of wave durations of the solution, seconds
+    bound_s: float | None  # the solver's lower bound on it, seconds
+    gap: float | None  # (objective - bound) / objective
+    wall_s: float
+    waves: tuple[tuple[Piece, ...], ...]  # the solution, empty waves dropped
+    variables: int
+    constraints: int
+
+
+@dataclass
+class _Built:
+    model: mip.Model
+    spec: WaveModelSpec
+    scale: float
+    x: dict[tuple[int, int, int], Any]
+    y: dict[tuple[int, int, int], Any]
+    d: list[Any]
+
+
+def windows(spec: WaveModelSpec) -> list[tuple[int, int]]:
+    """First and last wave each op may use: depth from the sources, height to the sinks."""
+    index = {o.id: i for i, o in enumerate(spec.ops)}
+    depth = [0] * len(spec.ops)
+    height = [0] * len(spec.ops)
+    if spec.precedence:
+        for i, o in enumerate(spec.ops):
+            depth[i] = 1 + max((depth[index[d]] for d in o.deps if d in index), default=-1)
+        for i in reversed(range(len(spec.ops))):
+            for d in spec.ops[i].deps:
+                if d in index:
+                    height[index[d]] = max(height[index[d]], height[i] + 1)
+    return [(depth[i], spec.waves - 1 - height[i]) for i in range(len(spec.ops))]
+
+
+def _scale(spec: WaveModelSpec) -> float:
+    """Seconds per objective unit, so that CBC's tolerances see numbers near 1."""
+    if spec.start:
+        ops = {o.id: o for o in spec.ops}
+        total = sum(max(p.layers * ops[p.op].t(p.n) for p in w) for w in spec.start if w)
+        if total > 0:
+            return total
+    return sum(o.layers * o.min_area for o in spec.ops) / spec.devices or 1.0
+
+
+def build(spec: WaveModelSpec) -> _Built:
+    """Build the model (no solving); names on constraints make ``model.write`` readable."""
+    model = mip.Model("waves", sense=mip.MINIMIZE, solver_name=mip.CBC)
+    model.verbose = 0
+    model.threads = 1
+    scale = _scale(spec)
+    wins = windows(spec)
+    W = spec.waves
+    x: dict[tuple[int, int, int], Any] = {}
+    y: dict[tuple[int, int, int], Any] = {}
+    d = [model.add_var(f"d_{w}", lb=0.0) for w in range(W)]
+    load: list[list[Any]] = [[] for _ in range(W)]  # n * x per wave, for the device cap
+    for i, op in enumerate(spec.ops):
+        lo, hi = wins[i]
+        own: list[Any] = []
+        for w in range(lo, hi + 1):
+            for n in spec.candidates[i]:
+                x[i, w, n] = xv = model.add_var(f"x_{i}_{w}_{n}", var_type=mip.BINARY)
+                y[i, w, n] = yv = model.add_var(
+                    f"y_{i}_{w}_{n}", var_type=mip.INTEGER, ub=op.layers
+                )
+                model.add_constr(yv <= op.layers * xv, f"link_{i}_{w}_{n}")
+                model.add_constr(yv >= xv, f"nonempty_{i}_{w}_{n}")
+                own.append(yv)
+                load[w].append(n * xv)
+            model.add_constr(mip.xsum(x[i, w, n] for n in spec.candidates[i]) <= 1, f"one_{i}_{w}")
+            model.add_constr(
+                d[w] >= mip.xsum(op.t(n) / scale * y[i, w, n] for n in spec.candidates[i]),
+                f"dur_{i}_{w}",
+            )
+        model.add_constr(mip.xsum(own) == op.layers, f"cover_{i}")
+    for w in range(W):
+        if load[w]:
+            model.add_constr(mip.xsum(load[w]) <= spec.devices, f"cap_{w}")
+    if spec.precedence:
+        _add_precedence(model, spec, wins, x, y)
+    if spec.descending:
+        for w in range(W - 1):
+            model.add_constr(d[w] >= d[w + 1], f"order_{w}")
+    model.objective = mip.xsum(d) + ENTRY_PRICE * mip.xsum(x.values())
+    built = _Built(model, spec, scale, x, y, d)
+    if spec.start is not None:
+        _warm_start(built)
+    return built
+
+
+def _add_precedence(
+    model: mip.Model, spec: WaveModelSpec, wins: list[tuple[int, int]], x: dict, y: dict
+) -> None:
+    index = {o.id: i for i, o in enumerate(spec.ops)}
+    for i, op in enumerate(spec.ops):
+        lo, hi = wins[i]
+        for dep in op.deps:
+            p = index.get(dep)
+            if p is None:
+                continue
+            L = spec.ops[p].layers
+            plo, _ = wins[p]
+            for w in range(lo, hi + 1):
+                act = [x[i, w, n] for n in spec.candidates[i]]
+                before = [
+                    y[p, ww, n]
+                    for ww in range(plo, w)
+                    for n in spec.candidates[p]
+                    if (p, ww, n) in y
+                ]
+                model.add_constr(L * mip.xsum(act) <= mip.xsum(before), f"prec_{p}_{i}_{w}")
+
+
+def _warm_start(b: _Built) -> None:
+    """Feed ``spec.start`` to CBC as its first incumbent (every variable given a value)."""
+    spec = b.spec
+    assert spec.start is not None and len(spec.start) <= spec.waves
+    index = {o.id: i for i, o in enumerate(spec.ops)}
+    vals: dict[tuple[int, int, int], int] = {}
+    dur = [0.0] * spec.waves
+    for w, wave in enumerate(spec.start):
+        for p in wave:
+            i = index[p.op]
+            vals[i, w, p.n] = p.layers
+            dur[w] = max(dur[w], p.layers * spec.ops[i].t(p.n) / b.scale)
+    if any(k not in b.x for k in vals):
+        return  # the start uses a wave or allocation the model does not have
+    start = [(b.x[k], 1.0 if k in vals else 0.0) for k in b.x]
+    start += [(b.y[k], float(vals.get(k, 0))) for k in b.y]
+    start += [(b.d[w], dur[w]) for w in range(spec.waves)]
+    b.model.start = start
+
+
+def solve(b: _Built, time_limit_s: float) -> MilpResult:
+    """Run CBC for at most ``time_limit_s`` and read the best solution found."""
+    t0 = time.perf_counter()
+    try:
+        raw = b.model.optimize(max_seconds=max(time_limit_s, 0.05))
+    except Exception:  # a CBC failure must not kill planning: the caller falls back
+        wall = time.perf_counter() - t0
+        return MilpResult(SolveStatus.ERROR, None, None, None, wall, (), 0, 0)
+    wall = time.perf_counter() - t0
+    status = _STATUS.get(raw, SolveStatus.ERROR)
+    nvar, ncon = b.model.num_cols, b.model.num_rows
+    if status not in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE) or b.model.num_solutions == 0:
+        if status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
+            status = SolveStatus.NO_SOLUTION
+        return MilpResult(status, None, None, None, wall, (), nvar, ncon)
+    waves = _read_solution(b)
+    ops = {o.id: o for o in b.spec.ops}
+    objective = sum(max(p.layers * ops[p.op].t(p.n) for p in w) for w in waves)
+    bound = max(0.0, (b.model.objective_bound or 0.0) * b.scale)
+    bound = min(bound, objective)
+    gap = 0.0 if status is SolveStatus.OPTIMAL else (objective - bound) / objective
+    return MilpResult(status, objective, bound, gap, wall, waves, nvar, ncon)
+
+
+def _read_solution(b: _Built) -> tuple[tuple[Piece, ...], ...]:
+    spec = b.spec
+    nxt = [0] * len(spec.ops)
+    waves: list[tuple[Piece, ...]] = []
+    for w in range(spec.waves):
+        pieces = []
+        for i, op in enumerate(spec.ops):
+            for n in spec.candidates[i]:
+                v = b.y.get((i, w, n))
+                if v is None or v.x is None:
+                    continue
+                k = round(v.x)
+                if k > 0:
+                    pieces.append(Piece(op.id, nxt[i], nxt[i] + k, n))
+                    nxt[i] += k
+        if pieces:
+            waves.append(tuple(pieces))
+    return tuple(waves)
+
+
+def solve_waves(spec: WaveModelSpec, time_limit_s: float) -> MilpResult:
+    """Build and solve in one call."""
+    return solve(build(spec), time_limit_s)

@@ -1,0 +1,155 @@
+"""The `milp` scheduler: the paper's plan, improved by MILPs and cross-level backfilling.
+
+1. Per MetaLevel, the integer allocation of the whole level is a MILP (``milp.py`` without
+   precedence) over a few candidate allocations around the continuous optimum, warm-started
+   from the paper's waves for that level, so it can only match or beat them.
+2. ``backfill`` lets MetaOps start in the first wave after their own inputs are done; a
+   second start comes from CPA list scheduling across levels (``listsched``), and the
+   shorter of the two goes on.
+3. If the model stays small, one MILP over all waves with precedence constraints polishes
+   the result, warm-started from step 2 (again: never worse than its start).
+
+Every stage keeps the best schedule found so far; the solver status and gap of the last
+MILP that improved the plan are reported.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from spindle_dsl.planner.allocator import level_optimum
+from spindle_dsl.planner.crosslevel import backfill
+from spindle_dsl.planner.listsched import cpa_schedule
+from spindle_dsl.planner.milp import MilpResult, SolveStatus, WaveModelSpec, solve_waves
+from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
+from spindle_dsl.planner.wavefront import schedule_level
+
+MAX_BINARIES = 2500  # above this a MILP is skipped: CBC would not finish in the budget
+SPREAD = 2  # pareto points kept on each side of the continuous optimum
+
+
+def candidates(op: OpSpec, n_star: float, devices: int, extra: set[int]) -> tuple[int, ...]:
+    """A few allocations for op: pareto points around n*, the smallest one, and ``extra``."""
+    pts = [n for n in op.pareto if n <= devices]
+    below = [i for i, n in enumerate(pts) if n <= n_star]
+    i = below[-1] if below else 0
+    keep = set(pts[max(0, i - SPREAD) : i + SPREAD + 2]) | {pts[0]}
+    keep |= {n for n in extra if op.valid(n) and n <= devices}
+    return tuple(sorted(keep))
+
+
+def _used(waves: tuple[tuple[Piece, ...], ...] | list[tuple[Piece, ...]]) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for w in waves:
+        for p in w:
+            out.setdefault(p.op, set()).add(p.n)
+    return out
+
+
+def _n_star(problem: Problem) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for level in problem.levels:
+        opt = level_optimum([problem.op(i) for i in level], problem.devices)
+        out.update(opt.n_star)
+    return out
+
+
+def _size(spec_ops: list[OpSpec], cands: list[tuple[int, ...]], waves: int) -> int:
+    return sum(len(c) for c in cands) * waves
+
+
+def level_milp(
+    problem: Problem, level: tuple[str, ...], n_star: dict[str, float], time_limit_s: float
+) -> tuple[list[tuple[Piece, ...]], MilpResult | None]:
+    """One level: the paper's waves, or the MILP's if it found shorter ones."""
+    ops = [problem.op(i) for i in level]
+    paper = schedule_level(ops, problem.devices)
+    paper_s = sum(max(p.layers * problem.op(p.op).t(p.n) for p in w) for w in paper)
+    used = _used(paper)
+    cands = [candidates(o, n_star[o.id], problem.devices, used.get(o.id, set())) for o in ops]
+    W = max(len(paper), 1)
+    if len(ops) == 1 or _size(ops, cands, W) > MAX_BINARIES or time_limit_s <= 0:
+        return paper, None
+    ordered = sorted(paper, key=lambda w: -max(p.layers * problem.op(p.op).t(p.n) for p in w))
+    # re-number layers so the reordered start still covers each op in order
+    start = _renumber(ordered)
+    spec = WaveModelSpec(tuple(ops), problem.devices, W, tuple(cands), False, start, True)
+    res = solve_waves(spec, time_limit_s)
+    if res.objective_s is not None and res.objective_s < paper_s * (1 - 1e-9):
+        return list(res.waves), res
+    return paper, res
+
+
+def _renumber(waves: list[tuple[Piece, ...]]) -> tuple[tuple[Piece, ...], ...]:
+    nxt: dict[str, int] = {}
+    out = []
+    for w in waves:
+        row = []
+        for p in w:
+            f = nxt.get(p.op, 0)
+            row.append(Piece(p.op, f, f + p.layers, p.n))
+            nxt[p.op] = f + p.layers
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def global_milp(
+    problem: Problem, start: Schedule, n_star: dict[str, float], time_limit_s: float
+) -> MilpResult | None:
+    """All waves at once with precedence, warm-started from ``start``; None if too big."""
+    used = _used(start.waves)
+    cands = [
+        candidates(o, n_star[o.id], problem.devices, used.get(o.id, set())) for o in problem.ops
+    ]
+    W = len(start.waves)
+    if _size(list(problem.ops), cands, W) > MAX_BINARIES or time_limit_s <= 0:
+        return None
+    spec = WaveModelSpec(problem.ops, problem.devices, W, tuple(cands), True, start.waves)
+    return solve_waves(spec, time_limit_s)
+
+
+def milp_schedule(problem: Problem, time_limit_s: float) -> Schedule:
+    """Run the three stages within ``time_limit_s`` seconds of solver time (roughly)."""
+    t0 = time.perf_counter()
+    n_star = _n_star(problem)
+    level_budget = 0.4 * time_limit_s / max(len(problem.levels), 1)
+    waves: list[tuple[Piece, ...]] = []
+    results: list[MilpResult] = []
+    for level in problem.levels:
+        lw, res = level_milp(problem, level, n_star, level_budget)
+        waves.extend(lw)
+        if res is not None:
+            results.append(res)
+    best = backfill(problem, Schedule("milp", tuple(waves)))
+    cross = backfill(problem, replace(cpa_schedule(problem), name="milp"))
+    via = "levels"
+    if cross.compute_s(problem) < best.compute_s(problem) * (1 - 1e-9):
+        best, via = cross, "cpa"
+    left = time_limit_s - (time.perf_counter() - t0)
+    glob = global_milp(problem, best, n_star, left)
+    status, gap = _summarise(results)
+    notes = [f"level MILPs: {len(results)} solved ({status}); start from {via}"]
+    if glob is not None:
+        notes.append(
+            f"global MILP: {glob.status.value}, {glob.variables} variables, "
+            f"gap {glob.gap if glob.gap is not None else 'n/a'}"
+        )
+        if glob.objective_s is not None and glob.objective_s < best.compute_s(problem) * (1 - 1e-9):
+            best = replace(best, waves=glob.waves)
+        if glob.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
+            status, gap = glob.status.value, glob.gap
+    else:
+        notes.append("global MILP skipped (model too large for the time limit)")
+    return replace(best, status=status, gap=gap, notes=tuple(notes))
+
+
+def _summarise(results: list[MilpResult]) -> tuple[str, float | None]:
+    """Status of a list of MILPs: optimal only if all were; the worst gap."""
+    if not results:
+        return "heuristic", None
+    if all(r.status is SolveStatus.OPTIMAL for r in results):
+        return "optimal", 0.0
+    gaps = [r.gap for r in results if r.gap is not None]
+    ok = any(r.status is SolveStatus.FEASIBLE for r in results)
+    return ("feasible" if ok else "heuristic"), (max(gaps) if gaps else None)

@@ -1,0 +1,203 @@
+"""The planner's own view of a MetaGraph: MetaOps reduced to layers, deps and a time curve.
+
+Every scheduler works on a ``Problem`` rather than on the MetaGraph, for two reasons: the
+algorithms only need L_m, deps and T_m(n) (Spindle's MetaOp abstraction), and tests can build
+problems directly, including random ones, without going through the language. Schedules are
+device-free (``Piece`` says *how many* devices, not which); placement turns them into entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from spindle_dsl.errors import PlanError
+
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One MetaOp as the schedulers see it: ``layers`` identical layers, T(n) per layer."""
+
+    id: str
+    layers: int
+    deps: tuple[str, ...]
+    ns: tuple[int, ...]  # allocations the planner may use, increasing
+    seconds: tuple[float, ...]  # T(n) per layer for each of ``ns``
+    task: str = ""
+
+    def __post_init__(self) -> None:
+        assert self.layers >= 1, f"{self.id}: a MetaOp has at least one layer"
+        assert len(self.ns) == len(self.seconds) > 0, f"{self.id}: empty curve"
+
+    @cached_property
+    def _t(self) -> dict[int, float]:
+        return dict(zip(self.ns, self.seconds, strict=True))
+
+    def t(self, n: int) -> float:
+        """Seconds per layer on ``n`` devices (KeyError for an allocation not in ``ns``)."""
+        return self._t[n]
+
+    def valid(self, n: int) -> bool:
+        return n in self._t
+
+    @cached_property
+    def pareto(self) -> tuple[int, ...]:
+        """Allocations that are strictly faster than every smaller one.
+
+        Giving an op more devices only to run slower is never useful, so the continuous
+        optimum and the paper's scheduler only ever pick from these (Spindle assumes T_m(n)
+        non-increasing; a measured curve may not be).
+        """
+        out: list[int] = []
+        best = float("inf")
+        for n, s in zip(self.ns, self.seconds, strict=True):
+            if s < best * (1 - 1e-12):
+                out.append(n)
+                best = s
+        return tuple(out)
+
+    @cached_property
+    def min_area(self) -> float:
+        """Least device-seconds one layer can cost: min over n of n * T(n)."""
+        return min(n * s for n, s in zip(self.ns, self.seconds, strict=True))
+
+    @cached_property
+    def min_time(self) -> float:
+        """Least seconds one layer can take, on any allocation."""
+        return min(self.seconds)
+
+    def next_faster(self, n: int, limit: int) -> int | None:
+        """The smallest pareto allocation above ``n`` and at most ``limit``, if any."""
+        for m in self.pareto:
+            if n < m <= limit and self.t(m) < self.t(n):
+                return m
+        return None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """MetaOps in a topological order plus the number of devices to share among them."""
+
+    ops: tuple[OpSpec, ...]
+    devices: int
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for op in self.ops:
+            for d in op.deps:
+                if d not in seen:
+                    raise PlanError(f"MetaOp '{op.id}' depends on '{d}', which is not before it")
+            seen.add(op.id)
+
+    def __iter__(self) -> Iterator[OpSpec]:
+        return iter(self.ops)
+
+    @cached_property
+    def _by_id(self) -> dict[str, OpSpec]:
+        return {o.id: o for o in self.ops}
+
+    def op(self, op_id: str) -> OpSpec:
+        return self._by_id[op_id]
+
+    @cached_property
+    def level(self) -> dict[str, int]:
+        """MetaLevel of each op: the length of the longest dep chain ending at it."""
+        out: dict[str, int] = {}
+        for op in self.ops:
+            out[op.id] = 1 + max((out[d] for d in op.deps), default=-1)
+        return out
+
+    @cached_property
+    def height(self) -> dict[str, int]:
+        """Length of the longest chain of consumers after each op (0 for a sink)."""
+        out: dict[str, int] = {o.id: 0 for o in self.ops}
+        for op in reversed(self.ops):
+            for d in op.deps:
+                out[d] = max(out[d], out[op.id] + 1)
+        return out
+
+    @cached_property
+    def levels(self) -> tuple[tuple[str, ...], ...]:
+        depth = max(self.level.values(), default=-1) + 1
+        return tuple(tuple(o.id for o in self.ops if self.level[o.id] == lv) for lv in range(depth))
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Layers ``[first, end)`` of one op on ``n`` devices (which devices comes later)."""
+
+    op: str
+    first: int
+    end: int
+    n: int
+
+    @property
+    def layers(self) -> int:
+        return self.end - self.first
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Waves of pieces, device-free. ``status``/``gap`` describe how it was found."""
+
+    name: str
+    waves: tuple[tuple[Piece, ...], ...]
+    status: str = "heuristic"
+    gap: float | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def durations(self, problem: Problem) -> tuple[float, ...]:
+        return tuple(
+            max((p.layers * problem.op(p.op).t(p.n) for p in w), default=0.0) for w in self.waves
+        )
+
+    def compute_s(self, problem: Problem) -> float:
+        return sum(self.durations(problem))
+
+
+def schedule_errors(problem: Problem, sched: Schedule) -> list[str]:
+    """Why ``sched`` is not a valid wave schedule for ``problem`` (empty when it is).
+
+    The same invariants as the plan format, minus devices: coverage in layer order, deps in
+    strictly earlier waves, allocations valid and within the device count.
+    """
+    errs: list[str] = []
+    done_at: dict[str, int] = {}
+    next_layer: dict[str, int] = {o.id: 0 for o in problem.ops}
+    for wi, wave in enumerate(sched.waves):
+        used = 0
+        in_wave: set[str] = set()
+        for p in wave:
+            if p.op not in next_layer:
+                errs.append(f"wave {wi}: unknown op {p.op}")
+                continue
+            op = problem.op(p.op)
+            if p.op in in_wave:
+                errs.append(f"wave {wi}: {p.op} appears twice")
+            in_wave.add(p.op)
+            if not op.valid(p.n):
+                errs.append(f"wave {wi}: {p.op} on {p.n} devices is not a valid allocation")
+            used += p.n
+            if p.first != next_layer[p.op] or p.end <= p.first:
+                errs.append(f"wave {wi}: {p.op} layers [{p.first},{p.end}) out of order")
+            next_layer[p.op] = max(next_layer[p.op], p.end)
+            for d in op.deps:
+                if d not in done_at or done_at[d] >= wi:
+                    errs.append(f"wave {wi}: {p.op} runs before its dep {d} has finished")
+        if used > problem.devices:
+            errs.append(f"wave {wi}: uses {used} devices of {problem.devices}")
+        for p in wave:
+            if p.op in next_layer and next_layer[p.op] == problem.op(p.op).layers:
+                done_at.setdefault(p.op, wi)
+    for op in problem.ops:
+        if next_layer[op.id] != op.layers:
+            errs.append(f"{op.id}: covers {next_layer[op.id]} of {op.layers} layers")
+    return errs
+
+
+def merge_waves(waves: Iterable[tuple[Piece, ...]]) -> tuple[tuple[Piece, ...], ...]:
+    """Drop empty waves (schedulers may leave some behind after moving pieces around)."""
+    return tuple(tuple(w) for w in waves if w)
