@@ -1,0 +1,139 @@
+"""The backend interface: what any executor of a wave plan takes and gives back.
+
+A backend turns (MetaGraph, Plan, RunConfig) into real training steps. The values crossing this
+boundary are frozen dataclasses so that the CLI, the notebooks and the benchmarks drive every
+backend the same way and can print, compare and pickle what they get (``--nproc`` pickles the
+job to its worker processes). Backends register by name so that ``spindle train --backend``
+needs no import of a backend it does not use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from spindle_dsl.errors import ExecutionError
+from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.plan.model import Plan
+
+DType = Literal["float32", "float64"]
+DeviceKind = Literal["auto", "cpu", "cuda"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How to train: everything that is not the model (the spec) or the schedule (the plan)."""
+
+    steps: int = 10  # optimizer steps to run (in total, counting those a resume skips)
+    seed: int = 0  # seeds parameter initialisation and the synthetic data
+    lr: float = 1e-3  # AdamW learning rate
+    weight_decay: float = 0.01  # AdamW decoupled weight decay
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    dtype: DType = "float32"  # training dtype; float64 makes runs comparable to 1e-9
+    device: DeviceKind = "auto"  # auto: CUDA with NCCL where there is a GPU, else CPU with gloo
+    checkpoint_dir: str | None = None  # where checkpoints go (and resume from)
+    checkpoint_every: int = 0  # also checkpoint every K steps (0: only at the end)
+    resume: bool = True  # continue from the newest checkpoint in checkpoint_dir if there is one
+    log_json: str | None = None  # one JSON object per line and step: step, loss per task, seconds
+    trace: str | None = None  # measured Chrome trace (same format as the predicted one)
+    progress: bool = True  # a progress line on rank 0
+    hang_timeout_s: float = 45.0  # a rank without progress for this long counts as hung
+    collective_timeout_s: float = 50.0  # torch.distributed timeout inside the workers
+    step_delay_s: float = 0.0  # sleep after each step (tests use it to kill a worker mid-run)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.steps < 0:
+            problems.append(f"steps must be at least 0, got {self.steps}")
+        if self.checkpoint_every < 0:
+            problems.append(f"checkpoint_every must be at least 0, got {self.checkpoint_every}")
+        if self.lr <= 0:
+            problems.append(f"lr must be positive, got {self.lr}")
+        if self.dtype not in ("float32", "float64"):
+            problems.append(f"dtype must be float32 or float64, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            problems.append(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.hang_timeout_s <= 0 or self.collective_timeout_s <= 0:
+            problems.append("timeouts must be positive")
+        if problems:
+            raise ExecutionError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step as rank 0 saw it: the loss of every task and the wall time."""
+
+    step: int  # 1-based: the number of optimizer steps taken when it ends
+    losses: tuple[tuple[str, float], ...]  # (task, mean loss of its batch), declaration order
+    seconds: float
+
+    def loss(self, task: str) -> float:
+        return dict(self.losses)[task]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "loss": dict(self.losses), "seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a finished run reports back."""
+
+    steps: tuple[StepRecord, ...]  # the steps this run executed (after any resume)
+    world_size: int
+    backend: str  # "gloo" or "nccl"
+    resumed_from: int  # step of the checkpoint the run started from, 0 if none
+    predicted_step_s: float  # the plan's iteration_s
+    checkpoint: str | None = None  # the last checkpoint written
+    trace: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def measured_step_s(self) -> float:
+        """Median step time, leaving out the first step (it pays for warm-up) when there are
+        more; the median resists the odd step that a busy machine slows down."""
+        times = sorted(s.seconds for s in (self.steps[1:] if len(self.steps) > 1 else self.steps))
+        if not times:
+            return float("nan")
+        mid = len(times) // 2
+        return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+
+
+class Backend(ABC):
+    """Runs a plan. Implementations keep whatever processes and devices they need private."""
+
+    name: str
+
+    @abstractmethod
+    def train(
+        self,
+        graph: MetaGraph,
+        plan: Plan,
+        config: RunConfig,
+        *,
+        nproc: int | None = None,
+        datasets: Mapping[str, Any] | None = None,
+    ) -> RunResult:
+        """Train ``config.steps`` steps of ``graph`` on the schedule ``plan``.
+
+        ``nproc`` spawns that many local worker processes; None runs this process as one rank
+        of a job started by a launcher (``torchrun``), or as the only rank. ``datasets`` binds a
+        dataset to a task by name (otherwise it reads the deterministic synthetic source).
+        """
+
+
+_BACKENDS = {"torch": "spindle_dsl.backends.torch:TorchBackend"}
+
+
+def get_backend(name: str = "torch") -> Backend:
+    """The backend called ``name``, imported on first use."""
+    try:
+        target = _BACKENDS[name]
+    except KeyError:
+        known = ", ".join(sorted(_BACKENDS))
+        raise ExecutionError(f"unknown backend '{name}' (known: {known})") from None
+    module_name, cls_name = target.split(":")
+    return getattr(importlib.import_module(module_name), cls_name)()

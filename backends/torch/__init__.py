@@ -1,0 +1,70 @@
+"""The PyTorch backend: a wave plan executed as real training on torch.distributed.
+
+Public API::
+
+    from spindle_dsl.backends.torch import TorchBackend, DictDataset, ReferenceModel
+    result = TorchBackend().train(graph, plan, RunConfig(steps=5), nproc=4,
+                                  datasets={"caption": my_dataset})
+
+With ``nproc`` it spawns local workers (gloo on CPU, NCCL on GPUs); under ``torchrun`` each
+process calls ``train`` without ``nproc`` and becomes the rank the environment names; with
+neither it runs as a single rank. Only rank 0 gets a ``RunResult`` back (others get None).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from spindle_dsl.errors import ExecutionError
+from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.plan.model import Plan
+
+from ..base import Backend, RunConfig, RunResult
+from .data import DictDataset
+from .reference import ReferenceModel
+
+__all__ = ["DictDataset", "ReferenceModel", "TorchBackend", "torchrun_env"]
+
+
+def torchrun_env() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) when a launcher such as torchrun set them, else None."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", rank))
+    except ValueError:
+        raise ExecutionError("RANK, WORLD_SIZE and LOCAL_RANK must be integers") from None
+    return rank, world, local
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def train(
+        self,
+        graph: MetaGraph,
+        plan: Plan | None,
+        config: RunConfig,
+        *,
+        nproc: int | None = None,
+        datasets: Mapping[str, Any] | None = None,
+        planner: Callable[[], Plan] | None = None,
+    ) -> RunResult | None:
+        """Train; ``plan`` None asks ``planner`` for one (once, on rank 0 or in the parent)."""
+        from .launch import spawn
+        from .worker import Job, run_rank
+
+        if nproc is not None:
+            if plan is None:
+                if planner is None:
+                    raise ExecutionError("no plan given and no planner to make one")
+                plan = planner()
+            job = Job(graph, plan, config, dict(datasets or {}))
+            return spawn(job, nproc, hang_timeout_s=config.hang_timeout_s)
+        job = Job(graph, plan, config, dict(datasets or {}))
+        env = torchrun_env()
+        rank, world, local = env if env is not None else (0, 1, 0)
+        return run_rank(job, rank, world, local, planner=planner)

@@ -1,0 +1,149 @@
+"""Checkpoints stored per module and part, so that any plan on any number of ranks can resume.
+
+Layout of ``DIR``::
+
+    DIR/latest                      name of the newest complete checkpoint ("step-000005")
+    DIR/step-000005/manifest.json   step, seed, dtype, spec hash, the parts it holds
+    DIR/step-000005/MODULE/ROLE.pt  one part: its parameters and their AdamW state
+
+Every part is written by one of its holders (the lowest rank), each file atomically (a temporary
+file, then a rename); after a barrier rank 0 writes the manifest and only then moves ``latest``,
+so a run killed half-way through a checkpoint leaves the previous one in force. On resume each
+rank reads the files of the parts it holds under the new plan, whichever ranks wrote them, and
+the data source continues at the saved step, so the run goes on exactly as if never stopped.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from spindle_dsl.atomic import write_atomic
+from spindle_dsl.errors import ExecutionError
+
+from .optim import load_param_state, param_state
+from .params import PartStore
+from .parts import Part
+from .schedule import Schedule
+
+FORMAT = "spindle-checkpoint"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A complete checkpoint on disk."""
+
+    path: Path
+    step: int
+    manifest: dict[str, Any]
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"step-{step:06d}"
+
+
+def part_file(folder: Path, part: Part) -> Path:
+    return folder / part.module / f"{part.role}.pt"
+
+
+def _serialise(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def save(
+    root: str | Path,
+    step: int,
+    schedule: Schedule,
+    rank: int,
+    store: PartStore,
+    opt: torch.optim.Optimizer,
+    meta: dict[str, Any],
+) -> Path:
+    """Write the checkpoint of ``step`` (a collective: every rank must call it)."""
+    folder = step_dir(root, step)
+    holders = schedule.holder_map
+    for part in store.parts:
+        if min(holders[part]) != rank:
+            continue
+        module = store[part]
+        state = {
+            "part": part.key,
+            "params": {n: t.detach().cpu().clone() for n, t in module.named_parameters()},
+            "optimizer": {n: param_state(opt, t) for n, t in module.named_parameters()},
+        }
+        write_atomic(part_file(folder, part), _serialise(state))
+    if dist.is_initialized():
+        dist.barrier()
+    if rank == 0:
+        manifest = {
+            "format": FORMAT,
+            "version": 1,
+            "step": step,
+            "parts": [p.key for p, _ in schedule.holders],
+            **meta,
+        }
+        write_atomic(folder / "manifest.json", json.dumps(manifest, indent=1) + "\n")
+        write_atomic(Path(root) / "latest", folder.name + "\n")
+    if dist.is_initialized():
+        dist.barrier()
+    return folder
+
+
+def latest(root: str | Path) -> CheckpointInfo | None:
+    """The newest complete checkpoint under ``root``, or None if there is none yet."""
+    pointer = Path(root) / "latest"
+    if not pointer.exists():
+        return None
+    folder = Path(root) / pointer.read_text().strip()
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ExecutionError(f"checkpoint {folder} is unreadable: {exc}") from None
+    if manifest.get("format") != FORMAT:
+        raise ExecutionError(f"{folder} is not a spindle checkpoint")
+    return CheckpointInfo(folder, int(manifest["step"]), manifest)
+
+
+def check_compatible(info: CheckpointInfo, meta: dict[str, Any]) -> None:
+    """Refuse to resume a checkpoint of another model, seed or dtype."""
+    for key in ("spec_sha256", "dtype", "seed"):
+        have, want = info.manifest.get(key), meta.get(key)
+        if have and want and have != want:
+            raise ExecutionError(
+                f"checkpoint {info.path} was written with {key} = {have}, this run has {want}; "
+                f"use another --checkpoint-dir or pass --no-resume"
+            )
+
+
+def load(info: CheckpointInfo, store: PartStore, opt: torch.optim.Optimizer) -> None:
+    """Load every part this rank holds, parameters and optimizer state, from ``info``."""
+    for part in store.parts:
+        path = part_file(info.path, part)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise ExecutionError(
+                f"checkpoint {info.path} has no {part.key}: it was written for another spec"
+            ) from None
+        module = store[part]
+        params = dict(module.named_parameters())
+        if set(state["params"]) != set(params):
+            raise ExecutionError(f"{path}: parameters differ from the model's {part.key}")
+        with torch.no_grad():
+            for name, t in params.items():
+                saved = state["params"][name]
+                if saved.shape != t.shape:
+                    raise ExecutionError(
+                        f"{path}: {name} has shape {tuple(saved.shape)}, the model {tuple(t.shape)}"
+                    )
+                t.copy_(saved.to(dtype=t.dtype))
+                if t.requires_grad:
+                    load_param_state(opt, t, state["optimizer"].get(name, {}))

@@ -1,0 +1,75 @@
+"""Moving batch shards between device groups of different sizes with batched point-to-point.
+
+A flow takes a batch that is ceil-split over one group and re-splits it over another (a split
+when the target group is larger, a gather when it is smaller, anything in between when they
+overlap). Every rank walks the same list of flows of a phase in the same order and numbers the
+moves as it goes, so each send meets its receive by (peer, tag) without any handshake; all the
+sends and receives of a phase are posted together in one ``batch_isend_irecv`` and then waited
+on, so no rank blocks while a peer waits for it. Rows a rank sends to itself are copied.
+
+The same flows run backwards for gradients: the consumer's input gradient travels to the
+producer along the mirrored moves, and the producer adds it to its output gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .schedule import Flow, moves, shard_bounds
+
+
+def exchange(
+    rank: int,
+    flows: Sequence[Flow],
+    send: Mapping[str, torch.Tensor],
+    *,
+    reverse: bool = False,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """Run one phase's flows; return this rank's assembled shard of each flow it receives.
+
+    ``send[key]`` is this rank's shard of the flow's source (forward: the producer's output
+    shard; ``reverse``: the consumer's input-gradient shard). ``flows`` must be the whole
+    phase, identical on every rank, even the flows this rank takes no part in.
+    """
+    ops: list[dist.P2POp] = []
+    received: dict[str, torch.Tensor] = {}
+    tag = 0
+    for flow in flows:
+        if reverse and not flow.backward:
+            continue
+        src, dst = (flow.dst, flow.src) if reverse else (flow.src, flow.dst)
+        flow_moves = moves(flow.batch, src, dst)
+        if not (rank in src or rank in dst):
+            tag += len(flow_moves)
+            continue
+        src_lo = shard_bounds(flow.batch, len(src))[src.index(rank)][0] if rank in src else 0
+        buf = None
+        dst_lo = 0
+        if rank in dst:
+            dst_lo, dst_hi = shard_bounds(flow.batch, len(dst))[dst.index(rank)]
+            buf = torch.empty((dst_hi - dst_lo, *flow.tail), dtype=dtype, device=device)
+            received[flow.key] = buf
+        source = send[flow.key].detach() if rank in src else None
+        for mv in flow_moves:
+            tag += 1
+            if mv.src == rank and mv.dst == rank:
+                assert buf is not None and source is not None
+                buf[mv.lo - dst_lo : mv.hi - dst_lo] = source[mv.lo - src_lo : mv.hi - src_lo]
+            elif mv.src == rank:
+                assert source is not None
+                rows = source[mv.lo - src_lo : mv.hi - src_lo].contiguous()
+                ops.append(dist.P2POp(dist.isend, rows, mv.dst, tag=tag))
+            elif mv.dst == rank:
+                assert buf is not None
+                ops.append(
+                    dist.P2POp(dist.irecv, buf[mv.lo - dst_lo : mv.hi - dst_lo], mv.src, tag=tag)
+                )
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    return received

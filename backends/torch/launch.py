@@ -1,0 +1,245 @@
+"""``--nproc N``: spawn N local worker processes, watch them, and leave no orphans.
+
+The parent hosts the rendezvous store on a free loopback port (the OS picks it, so two runs on
+one machine never race for a port), pickles the job into a private run folder and starts the
+workers as ``python -m spindle_dsl.backends.torch.launch RUN_DIR``. Then it watches:
+
+- a worker that exits non-zero has failed; the parent waits a moment for the others' exits,
+  picks the root cause (a rank killed by a signal, or one whose error is not merely "my peer
+  went away"), stops every other rank and raises ``rank R failed: <cause>``;
+- each worker touches a heartbeat file at every phase of a step; when the oldest heartbeat is
+  older than the hang timeout, that rank is reported as hung and every rank is stopped (the
+  workers' own collective timeout, a little longer, is the second line of defence);
+- workers die with the parent (``PR_SET_PDEATHSIG``), and the parent kills what is left in a
+  ``finally``, so no process outlives a run however it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from spindle_dsl.atomic import write_atomic
+from spindle_dsl.errors import ExecutionError, SpindleError
+
+from ..base import RunResult
+
+# Phrases in the error of a rank that failed only because a peer failed first.
+_SECONDARY = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "pair closure",
+    "timed out",
+    "timeout",
+    "socket",
+    "nccl",
+    "unbound_buffer",
+)
+_GRACE_S = 1.0  # after a first failure, time allowed for the other exits to arrive
+_TERM_S = 3.0  # after SIGTERM, time before SIGKILL
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int
+    cause: str
+    secondary: bool  # merely a consequence of another rank's failure
+
+
+class Heartbeat:
+    """A worker's last sign of life: a small file rewritten at every phase of a step."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def beat(self, what: str) -> None:
+        # OSError: the run folder went away, so the parent is gone and PDEATHSIG follows.
+        with contextlib.suppress(OSError):
+            self.path.write_text(what)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    os.setpgrp()  # a terminal's Ctrl-C reaches the parent only; it stops the workers itself
+
+
+def _worker_env(rank: int, world: int, port: int, run_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    path = [p for p in sys.path if p]
+    if env.get("PYTHONPATH"):
+        path.append(env["PYTHONPATH"])
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+        PYTHONPATH=os.pathsep.join(path),
+        SPINDLE_RUN_DIR=str(run_dir),
+    )
+    return env
+
+
+def _cause(rank: int, code: int, run_dir: Path) -> Failure:
+    err = run_dir / f"error-{rank}"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        return Failure(rank, f"killed by signal {name}", False)
+    if err.exists():
+        text = err.read_text().strip() or f"exited with code {code}"
+        return Failure(rank, text, any(s in text.lower() for s in _SECONDARY))
+    return Failure(rank, f"exited with code {code}", False)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        p.terminate()
+    deadline = time.monotonic() + _TERM_S
+    for p in alive:
+        try:
+            p.wait(max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def spawn(job, nproc: int, *, hang_timeout_s: float, poll_s: float = 0.1) -> RunResult:
+    """Run ``job`` on ``nproc`` local worker processes and return rank 0's result."""
+    import torch.distributed as dist  # the parent hosts the store; workers import torch anyway
+
+    if nproc < 1:
+        raise ExecutionError(f"--nproc must be at least 1, got {nproc}")
+    run_dir = Path(tempfile.mkdtemp(prefix="spindle-run-"))
+    procs: list[subprocess.Popen] = []
+    try:
+        try:
+            write_atomic(run_dir / "job.pkl", pickle.dumps(job))
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise ExecutionError(
+                f"cannot hand the job to worker processes: {exc} (datasets must be picklable: "
+                f"define their classes in an importable module)"
+            ) from None
+        store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+        beats = [run_dir / f"heartbeat-{r}" for r in range(nproc)]
+        for r in range(nproc):
+            beats[r].write_text("starting")
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "spindle_dsl.backends.torch.launch", str(run_dir)],
+                    env=_worker_env(r, nproc, store.port, run_dir),
+                    preexec_fn=_die_with_parent,
+                )
+            )
+        _watch(procs, beats, run_dir, hang_timeout_s, poll_s)
+        result_file = run_dir / "result.pkl"
+        if not result_file.exists():
+            raise ExecutionError("rank 0 finished without a result")
+        return pickle.loads(result_file.read_bytes())
+    finally:
+        _stop(procs)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _watch(
+    procs: list[subprocess.Popen], beats: list[Path], run_dir: Path, hang_s: float, poll_s: float
+) -> None:
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c == 0 for c in codes):
+            return
+        if any(c not in (None, 0) for c in codes):
+            time.sleep(_GRACE_S)
+            codes = [p.poll() for p in procs]
+            failures = [_cause(r, c, run_dir) for r, c in enumerate(codes) if c not in (None, 0)]
+            root = next((f for f in failures if not f.secondary), failures[0])
+            others = [r for r in range(len(procs)) if r != root.rank]
+            _stop(procs)
+            raise ExecutionError(
+                f"rank {root.rank} failed: {root.cause}\n"
+                f"stopped ranks {', '.join(map(str, others))}"
+            )
+        now = time.time()
+        ages = []
+        for r, (p, b) in enumerate(zip(procs, beats, strict=True)):
+            if p.poll() is None:
+                try:
+                    ages.append((now - b.stat().st_mtime, r, b.read_text()))
+                except OSError:
+                    ages.append((0.0, r, "?"))
+        if ages:
+            age, r, what = max(ages)
+            if age > hang_s:
+                _stop(procs)
+                raise ExecutionError(
+                    f"rank {r} failed: hung, no progress for {age:.0f} s (last: {what}); "
+                    f"stopped every rank (raise --hang-timeout if a wave legitimately takes longer)"
+                )
+        time.sleep(poll_s)
+
+
+def worker_main(run_dir: Path) -> int:
+    """The body of a spawned worker: run the job, leave a result or an error file."""
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    heartbeat = Heartbeat(run_dir / f"heartbeat-{rank}")
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from .worker import run_rank
+
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        job = pickle.loads((run_dir / "job.pkl").read_bytes())
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            None,
+            False,
+            timeout=__import__("datetime").timedelta(seconds=job.config.collective_timeout_s),
+        )
+        result = run_rank(
+            job, rank, world, int(os.environ["LOCAL_RANK"]), store=store, heartbeat=heartbeat.beat
+        )
+        if rank == 0:
+            write_atomic(run_dir / "result.pkl", pickle.dumps(result))
+        return 0
+    except BaseException as exc:  # report anything, then exit without running teardown hooks
+        if isinstance(exc, SpindleError):
+            text = exc.render()
+        else:
+            text = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        with contextlib.suppress(OSError):
+            write_atomic(run_dir / f"error-{rank}", text)
+        print(f"rank {rank}: {text}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    code = worker_main(Path(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown: torch's atexit hooks can abort after a failure

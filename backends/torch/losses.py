@@ -1,0 +1,102 @@
+"""The three task losses, written so that data-parallel shards add up to the whole-batch loss.
+
+The training objective is the sum over tasks of each task's mean loss. ``lm`` and ``mse`` are
+means of per-sample terms, so each shard returns its *sum* divided by the task's whole-batch
+count; the shards' values then add up to the mean exactly as the oracle computes it, and their
+gradients add up the same way. ``contrastive`` (symmetric InfoNCE) couples every pair of
+samples, so it is not split: the runtime pools and normalises each shard's sink outputs (a
+per-sample step), gathers the two readouts of the whole batch on one device and computes the
+loss there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from spindle_dsl.errors import ExecutionError
+from spindle_dsl.metagraph import MetaGraph, TaskInfo
+
+TEMPERATURE = 0.07  # the contrastive temperature fixed by the contracts
+
+
+@dataclass(frozen=True)
+class LmTarget:
+    """Where the text sits in an lm sink's tokens: ``count`` tokens from ``offset``."""
+
+    modality: str
+    offset: int
+    count: int
+
+
+def lm_target(graph: MetaGraph, sink_id: str) -> LmTarget:
+    """The text positions an lm loss reads: the sink's input from a vocab modality."""
+    op = graph.op(sink_id)
+    offset = 0
+    for inp in op.inputs:
+        if inp.from_modality and graph.modality(inp.source).vocab is not None:
+            if op.out_tokens != op.tokens:
+                raise ExecutionError(
+                    f"lm loss on {sink_id}: its output has {op.out_tokens} tokens, not its "
+                    f"{op.tokens} input tokens, so text positions are lost; drop out_tokens"
+                )
+            if inp.tokens < 2:
+                raise ExecutionError(f"lm loss on {sink_id} needs at least 2 text tokens")
+            return LmTarget(inp.source, offset, inp.tokens)
+        offset += inp.tokens
+    raise ExecutionError(
+        f"lm loss on {sink_id}: the sink reads no token-id modality to predict; "
+        f"route text into it (text -> {op.module})"
+    )
+
+
+def check_task(graph: MetaGraph, task: TaskInfo) -> None:
+    """Refuse, before anything runs, a task whose loss cannot read its sinks."""
+    if task.loss == "lm":
+        for s in task.sinks:
+            lm_target(graph, s)
+    elif task.loss == "contrastive":
+        widths = {graph.op(s).out_width for s in task.sinks}
+        if len(task.sinks) != 2 or len(widths) != 1:
+            raise ExecutionError(
+                f"task {task.name}: a contrastive loss needs two sinks of equal width, got "
+                f"{', '.join(f'{s} ({graph.op(s).out_width})' for s in task.sinks)}"
+            )
+    elif task.loss != "mse":
+        raise ExecutionError(f"task {task.name}: unknown loss {task.loss!r}")
+
+
+def lm_loss_part(
+    head: torch.nn.Module, out: torch.Tensor, ids: torch.Tensor, where: LmTarget, batch: int
+) -> torch.Tensor:
+    """This shard's share of the mean next-token cross-entropy of a batch of ``batch``."""
+    n = where.count
+    hidden = out[:, where.offset : where.offset + n - 1]
+    logits = head(hidden)
+    targets = ids[:, 1:n]
+    total = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
+    )
+    return total / (batch * (n - 1))
+
+
+def mse_loss_part(out: torch.Tensor, target: torch.Tensor, batch: int) -> torch.Tensor:
+    """This shard's share of the mean squared error over a batch of ``batch``."""
+    per_sample = math.prod(target.shape[1:])
+    return ((out - target) ** 2).sum() / (batch * per_sample)
+
+
+def readout(out: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens, then L2-normalised: what a contrastive loss compares (per sample)."""
+    return F.normalize(out.mean(dim=1), dim=-1)
+
+
+def infonce(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Symmetric InfoNCE of two batches of normalised embeddings: sample i of ``a`` should
+    match sample i of ``b`` against every other sample of the batch, and the other way round."""
+    logits = a @ b.T / TEMPERATURE
+    labels = torch.arange(a.shape[0], device=a.device)
+    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2

@@ -1,0 +1,62 @@
+"""Rank 0's view of a run while it runs: a progress line per step, then a summary.
+
+The line shows step time, samples per second and each task's loss; on a terminal it rewrites
+itself in place, elsewhere (CI logs, pipes) it prints one line per step. The summary puts the
+measured step time beside the plan's prediction, the number the planner optimised, so a user
+sees at once how far the cost model is from this machine.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from ..base import RunResult
+
+
+class Progress:
+    def __init__(self, total: int, samples_per_step: int, stream: TextIO | None = None):
+        self.total, self.samples = total, samples_per_step
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.open = False
+
+    def update(self, step: int, seconds: float, losses: dict[str, float]) -> None:
+        rate = self.samples / seconds if seconds > 0 else float("inf")
+        loss = "  ".join(f"{t} {v:.4f}" for t, v in losses.items())
+        width = len(str(self.total))
+        line = f"step {step:>{width}}/{self.total}  {seconds:7.3f} s  {rate:9.1f} samples/s  {loss}"
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+            self.open = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.open = False
+
+
+def summary(result: RunResult, sequential_s: float | None = None) -> str:
+    """Measured vs predicted step time, and where the run left its files."""
+    lines = [f"trained {len(result.steps)} steps on {result.world_size} ranks ({result.backend})"]
+    if result.resumed_from:
+        lines[0] += f", resumed from step {result.resumed_from}"
+    if result.steps:
+        last = result.steps[-1]
+        losses = ", ".join(f"{t} {v:.4f}" for t, v in last.losses)
+        lines.append(f"final loss (step {last.step}): {losses}")
+    measured, predicted = result.measured_step_s, result.predicted_step_s
+    lines.append(f"{'step time':<22}{'measured':>12}{'predicted':>12}{'ratio':>9}")
+    ratio = measured / predicted if predicted > 0 else float("nan")
+    lines.append(f"{'  this plan':<22}{measured:>11.4f}s{predicted:>11.4f}s{ratio:>9.2f}")
+    if sequential_s is not None:
+        lines.append(f"{'  sequential (plan)':<22}{'-':>12}{sequential_s:>11.4f}s")
+    if result.checkpoint:
+        lines.append(f"checkpoint: {result.checkpoint}")
+    if result.trace:
+        lines.append(f"measured trace: {result.trace}")
+    return "\n".join(lines)

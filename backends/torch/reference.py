@@ -1,0 +1,114 @@
+"""The oracle: the whole spec as one plain PyTorch model, trained in one process.
+
+No plan, no shards, no exchanges: each task's MetaOps run in topological order on the whole
+batch, the losses are the plain whole-batch means, one ``backward`` of their sum fills every
+gradient, and AdamW steps. The distributed runtime must reproduce its losses and parameters;
+the tests compare the two. It shares with the runtime only what defines the model and the
+job (part initialisation, the data source, the loss formulas), never how work is split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from spindle_dsl.metagraph import MetaGraph
+
+from . import losses as L
+from .data import TaskData
+from .optim import make_optimizer
+from .params import DTYPES, PartStore
+from .parts import Part, graph_parts, head_module
+
+
+class ReferenceModel:
+    """Every part of the spec in one process."""
+
+    def __init__(
+        self,
+        graph: MetaGraph,
+        *,
+        seed: int = 0,
+        dtype: str = "float32",
+        datasets: Mapping[str, Any] | None = None,
+    ):
+        self.graph = graph
+        self.store = PartStore(graph, graph_parts(graph), seed, DTYPES[dtype])
+        self.data = TaskData(graph, seed, datasets, DTYPES[dtype])
+        self.tasks = [t for t in graph.tasks if t.batch > 0]
+        for task in self.tasks:
+            L.check_task(graph, task)
+
+    def losses(self, step: int) -> dict[str, torch.Tensor]:
+        """Each task's mean loss on its whole batch of step ``step`` (0-based)."""
+        out: dict[str, torch.Tensor] = {}
+        for task in self.tasks:
+            raw = self.data.rows(task.name, step, 0, task.batch)
+            acts: dict[str, torch.Tensor] = {}
+            for op in self.graph.metaops:
+                if op.task != task.name:
+                    continue
+                pieces = []
+                for inp in op.inputs:
+                    if inp.from_modality:
+                        stage = self.store[Part(op.segments[0][0], f"input.{inp.source}")]
+                        pieces.append(stage(raw[inp.source][:, : inp.tokens]))
+                    else:
+                        pieces.append(acts[inp.source])
+                x = torch.cat(pieces, dim=1)
+                for module, count in op.segments:
+                    for j in range(count):
+                        x = self.store[Part(module, f"layer.{j}")](x)
+                acts[op.id] = x
+            if task.loss == "lm":
+                out[task.name] = sum(
+                    L.lm_loss_part(
+                        self.store[Part(head_module(self.graph.op(s)), "head")],
+                        acts[s],
+                        raw[L.lm_target(self.graph, s).modality],
+                        L.lm_target(self.graph, s),
+                        task.batch,
+                    )
+                    for s in task.sinks
+                )
+            elif task.loss == "mse":
+                out[task.name] = sum(
+                    L.mse_loss_part(acts[s], raw[f"target:{s}"], task.batch) for s in task.sinks
+                )
+            else:
+                a, b = (L.readout(acts[s]) for s in task.sinks)
+                out[task.name] = L.infonce(a, b)
+        return out
+
+    def train(
+        self,
+        steps: int,
+        *,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> list[dict[str, float]]:
+        """``steps`` AdamW steps from the start; the per-task losses of each step."""
+        params = [t for _, _, t in self.store.trainable()]
+        opt = make_optimizer(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+        history = []
+        for step in range(steps):
+            opt.zero_grad(set_to_none=True)
+            losses = self.losses(step)
+            total = sum(losses.values())
+            if isinstance(total, torch.Tensor) and total.requires_grad:
+                total.backward()
+            self.store.fill_missing_grads()
+            opt.step()
+            history.append({k: float(v.detach()) for k, v in losses.items()})
+        return history
+
+    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every parameter, by part key then parameter name (as checkpoints store them)."""
+        return {
+            p.key: {n: t.detach().clone() for n, t in self.store[p].named_parameters()}
+            for p in self.store.parts
+        }

@@ -1,0 +1,350 @@
+"""The plan compiled into what every rank must do: stages, data flows and parameter holders.
+
+Every rank computes the same ``Schedule`` from the same (graph, plan, world size), so that all
+of them agree, without talking, on who sends which rows to whom in every exchange phase and on
+which ranks hold (and must reduce) each parameter. It is plain Python with no torch, so it is
+cheap to test on its own.
+
+Execution model. Inside an entry's device group the runtime is data parallel: device ``i`` of
+the entry's ``devices`` list holds the ``i``-th contiguous ceil-split shard of the MetaOp's
+batch (the plan never asks for tensor parallelism). Data crosses groups in three places: the
+output of a MetaOp's last entry flows to the first entry of each consumer; a MetaOp split over
+several waves hands its activations from one entry to the next; and a contrastive loss gathers
+the two pooled sink outputs of its task onto one device.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import cached_property
+
+from spindle_dsl.errors import ExecutionError
+from spindle_dsl.kinds import get_kind
+from spindle_dsl.metagraph import MetaGraph, MetaOp
+from spindle_dsl.plan.model import Plan
+
+from .parts import Part, graph_parts, head_module
+
+
+def shard_bounds(batch: int, n: int) -> tuple[tuple[int, int], ...]:
+    """Rows ``[lo, hi)`` of each of ``n`` contiguous ceil-split shards (the last may be short
+    or empty)."""
+    size = -(-batch // n) if n else 0
+    return tuple((min(i * size, batch), min((i + 1) * size, batch)) for i in range(n))
+
+
+@dataclass(frozen=True)
+class Move:
+    """Rows ``[lo, hi)`` of a batch that go from device ``src`` to device ``dst``."""
+
+    src: int
+    dst: int
+    lo: int
+    hi: int
+
+
+def moves(batch: int, src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[Move, ...]:
+    """Every non-empty overlap between a source shard and a destination shard."""
+    out = []
+    for s, (a, b) in zip(src, shard_bounds(batch, len(src)), strict=True):
+        for d, (c, e) in zip(dst, shard_bounds(batch, len(dst)), strict=True):
+            lo, hi = max(a, c), min(b, e)
+            if lo < hi:
+                out.append(Move(s, d, lo, hi))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One plan entry: layers ``[first, end)`` of ``metaop`` on ``devices`` in wave ``wave``."""
+
+    metaop: str
+    index: int  # position in the MetaOp's chain of entries
+    wave: int
+    first: int
+    end: int
+    devices: tuple[int, ...]
+    last: bool  # runs the MetaOp's final layer
+
+    def rows(self, batch: int, rank: int) -> tuple[int, int]:
+        """The batch rows ``rank`` holds in this stage."""
+        return shard_bounds(batch, len(self.devices))[self.devices.index(rank)]
+
+
+@dataclass(frozen=True)
+class Flow:
+    """Activations moving from one device group to another at the start of a phase.
+
+    ``phase`` is the wave whose entries consume it (``n_waves`` for the loss phase). When
+    ``backward`` is set, the gradients of the same rows travel back along it in reverse.
+    """
+
+    key: str
+    phase: int
+    batch: int
+    src: tuple[int, ...]
+    dst: tuple[int, ...]
+    tail: tuple[int, ...]  # shape of one sample (tokens, width), or (width,) for a readout
+    source: tuple[str, int]  # (metaop, stage index) that produced the rows
+    backward: bool
+
+    @property
+    def moves(self) -> tuple[Move, ...]:
+        return moves(self.batch, self.src, self.dst)
+
+    def involves(self, rank: int) -> bool:
+        return rank in self.src or rank in self.dst
+
+
+def layer_module(op: MetaOp, layer: int) -> tuple[str, int]:
+    """The (module, layer within the module) that global layer ``layer`` of ``op`` runs."""
+    base = layer
+    for name, count in op.segments:
+        if base < count:
+            return name, base
+        base -= count
+    raise ExecutionError(f"{op.id} has {op.layers} layers, not {layer + 1}")
+
+
+def shape_after(graph: MetaGraph, op: MetaOp, layer: int) -> tuple[int, int]:
+    """(tokens, width) of one sample after global layer ``layer`` (-1: the MetaOp's input).
+
+    Widths change at a module's first layer and tokens at its last (where ``out_tokens``
+    pools), which is how the built-in kinds stack; the executor checks every real shape
+    against this and names the kind if one disagrees.
+    """
+    tokens, width = op.tokens, op.in_width
+    done = 0
+    for name, count in op.segments:
+        if layer < done:
+            break
+        info = graph.module(name)
+        kind, args = get_kind(info.kind), dict(info.args)
+        width = kind.out_width(args)
+        if layer >= done + count - 1:
+            tokens = kind.out_tokens(args, tokens)
+        done += count
+    return tokens, width
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Everything about a plan that every rank must agree on."""
+
+    world_size: int
+    n_waves: int
+    chains: tuple[tuple[str, tuple[Stage, ...]], ...]  # per active MetaOp, its stages in order
+    flows: tuple[Flow, ...]
+    holders: tuple[tuple[Part, tuple[int, ...]], ...]  # each parameter part and who holds it
+    loss_devices: tuple[tuple[str, tuple[int, ...]], ...]  # where each task's loss is computed
+
+    @cached_property
+    def _chains(self) -> dict[str, tuple[Stage, ...]]:
+        return dict(self.chains)
+
+    def chain(self, metaop: str) -> tuple[Stage, ...]:
+        return self._chains[metaop]
+
+    @cached_property
+    def holder_map(self) -> dict[Part, tuple[int, ...]]:
+        return dict(self.holders)
+
+    def parts_of(self, rank: int) -> tuple[Part, ...]:
+        """The parameter parts ``rank`` builds, trains and reduces."""
+        return tuple(p for p, ranks in self.holders if rank in ranks)
+
+    def stages_in_wave(self, wave: int) -> tuple[Stage, ...]:
+        return tuple(s for _, chain in self.chains for s in chain if s.wave == wave)
+
+    def stage_of(self, rank: int, wave: int) -> Stage | None:
+        """The stage ``rank`` runs in ``wave`` (a wave uses each device at most once)."""
+        return next((s for s in self.stages_in_wave(wave) if rank in s.devices), None)
+
+    def flows_into(self, phase: int) -> tuple[Flow, ...]:
+        return tuple(f for f in self.flows if f.phase == phase)
+
+    def loss_group(self, task: str) -> tuple[int, ...]:
+        return dict(self.loss_devices)[task]
+
+
+def active_ops(graph: MetaGraph) -> tuple[MetaOp, ...]:
+    """MetaOps with samples to process (a task the mix leaves out gets a batch of 0)."""
+    return tuple(m for m in graph.metaops if m.batch > 0)
+
+
+def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
+    """Check that ``plan`` fits ``graph`` and ``world_size``, and compile it for the runtime."""
+    _check_plan(graph, plan, world_size)
+    ops = active_ops(graph)
+    chains: dict[str, list[Stage]] = defaultdict(list)
+    for wave in sorted(plan.waves, key=lambda w: w.index):
+        for e in wave.entries:
+            op = graph.op(e.metaop)
+            chain = chains[e.metaop]
+            chain.append(
+                Stage(
+                    e.metaop, len(chain), wave.index, e.first, e.end, e.devices, e.end == op.layers
+                )
+            )
+    n_waves = max((w.index for w in plan.waves), default=-1) + 1
+
+    flows: list[Flow] = []
+    for op in ops:
+        chain = chains[op.id]
+        head = chain[0]
+        for i, inp in enumerate(op.inputs):
+            if inp.from_modality:
+                continue
+            dep = graph.op(inp.source)
+            last = chains[dep.id][-1]
+            flows.append(
+                Flow(
+                    f"{op.id}<{i}",
+                    head.wave,
+                    op.batch,
+                    last.devices,
+                    head.devices,
+                    (dep.out_tokens, dep.out_width),
+                    (dep.id, last.index),
+                    dep.needs_backward,
+                )
+            )
+        for prev, stage in itertools.pairwise(chain):
+            flows.append(
+                Flow(
+                    f"{op.id}#{stage.index}",
+                    stage.wave,
+                    op.batch,
+                    prev.devices,
+                    stage.devices,
+                    shape_after(graph, op, stage.first - 1),
+                    (op.id, prev.index),
+                    op.needs_backward,
+                )
+            )
+
+    loss_devices: list[tuple[str, tuple[int, ...]]] = []
+    for task in graph.tasks:
+        if task.batch <= 0:
+            continue
+        sinks = [chains[s][-1] for s in task.sinks]
+        if task.loss == "contrastive":
+            group = (sinks[0].devices[0],)
+            for i, (sink_id, last) in enumerate(zip(task.sinks, sinks, strict=True)):
+                sink = graph.op(sink_id)
+                flows.append(
+                    Flow(
+                        f"loss:{task.name}:{i}",
+                        n_waves,
+                        task.batch,
+                        last.devices,
+                        group,
+                        (sink.out_width,),
+                        (sink_id, last.index),
+                        sink.needs_backward,
+                    )
+                )
+        else:
+            group = tuple(sorted({d for s in sinks for d in s.devices}))
+        loss_devices.append((task.name, group))
+
+    holders = _holders(graph, ops, chains)
+    flows.sort(key=lambda f: f.phase)  # stable: creation order inside a phase
+    return Schedule(
+        world_size=world_size,
+        n_waves=n_waves,
+        chains=tuple((op.id, tuple(chains[op.id])) for op in ops),
+        flows=tuple(flows),
+        holders=holders,
+        loss_devices=tuple(loss_devices),
+    )
+
+
+def _holders(
+    graph: MetaGraph, ops: tuple[MetaOp, ...], chains: dict[str, list[Stage]]
+) -> tuple[tuple[Part, tuple[int, ...]], ...]:
+    """Parameter device groups: every rank that runs anything touching a part holds it."""
+    held: dict[Part, set[int]] = defaultdict(set)
+    for op in ops:
+        first_module = op.segments[0][0]
+        for stage in chains[op.id]:
+            for g in range(stage.first, stage.end):
+                module, j = layer_module(op, g)
+                held[Part(module, f"layer.{j}")].update(stage.devices)
+            if stage.first == 0:
+                for inp in op.inputs:
+                    if inp.from_modality:
+                        held[Part(first_module, f"input.{inp.source}")].update(stage.devices)
+    for task in graph.tasks:
+        if task.batch <= 0 or task.loss != "lm":
+            continue
+        for sink_id in task.sinks:
+            held[Part(head_module(graph.op(sink_id)), "head")].update(chains[sink_id][-1].devices)
+    order = {p: i for i, p in enumerate(graph_parts(graph))}
+    missing = [p for p in held if p not in order]
+    if missing:
+        raise ExecutionError(f"internal: parts {missing} are held but not in the model")
+    return tuple((p, tuple(sorted(held[p]))) for p in sorted(held, key=order.__getitem__))
+
+
+def _check_plan(graph: MetaGraph, plan: Plan, world_size: int) -> None:
+    """Everything the runtime relies on, as one error listing each problem."""
+    problems: list[str] = []
+    if plan.cluster.devices != world_size:
+        problems.append(
+            f"the plan is for {plan.cluster.devices} devices but {world_size} processes run it; "
+            f"re-plan with --devices {world_size} or run with --nproc {plan.cluster.devices}"
+        )
+    if plan.spec.sha256 and graph.spec_sha256 and plan.spec.sha256 != graph.spec_sha256:
+        problems.append(
+            f"the plan was made for another version of the spec (sha256 {plan.spec.sha256[:12]}"
+            f"... vs {graph.spec_sha256[:12]}...); re-plan it"
+        )
+    ops = {m.id: m for m in active_ops(graph)}
+    planned = {m.id: m for m in plan.metaops}
+    for mid in sorted(set(ops) - set(planned)):
+        problems.append(f"MetaOp {mid} of the spec is not in the plan")
+    for mid in sorted(set(planned) - set(graph._ops)):
+        problems.append(f"the plan has a MetaOp {mid} that the spec does not")
+    for mid in sorted(set(ops) & set(planned)):
+        a, b = ops[mid], planned[mid]
+        if (a.layers, a.batch) != (b.layers, b.batch):
+            problems.append(
+                f"{mid}: the plan has {b.layers} layers x batch {b.batch}, "
+                f"the spec {a.layers} x {a.batch}"
+            )
+    covered: dict[str, int] = {}
+    last_wave: dict[str, int] = {}
+    first_wave: dict[str, int] = {}
+    for wave in sorted(plan.waves, key=lambda w: w.index):
+        used: set[int] = set()
+        for e in wave.entries:
+            if e.metaop not in ops:
+                continue
+            bad = [d for d in e.devices if not 0 <= d < world_size]
+            if bad or not e.devices:
+                problems.append(f"wave {wave.index}: {e.metaop} uses devices {list(e.devices)}")
+            if used & set(e.devices):
+                problems.append(f"wave {wave.index}: devices {sorted(used & set(e.devices))} twice")
+            used |= set(e.devices)
+            if covered.get(e.metaop, 0) != e.first or e.end <= e.first:
+                problems.append(
+                    f"wave {wave.index}: {e.metaop} runs layers [{e.first}, {e.end}) but "
+                    f"[0, {covered.get(e.metaop, 0)}) ran before"
+                )
+            covered[e.metaop] = e.end
+            first_wave.setdefault(e.metaop, wave.index)
+            last_wave[e.metaop] = wave.index
+    for mid, op in ops.items():
+        if mid in planned and covered.get(mid, 0) != op.layers:
+            problems.append(f"{mid}: the plan covers {covered.get(mid, 0)} of {op.layers} layers")
+        for dep in op.deps:
+            if mid in first_wave and dep in last_wave and last_wave[dep] >= first_wave[mid]:
+                problems.append(
+                    f"{mid} starts in wave {first_wave[mid]} before its input {dep} ends "
+                    f"(wave {last_wave[dep]})"
+                )
+    if problems:
+        raise ExecutionError("cannot run this plan:\n  " + "\n  ".join(problems))

@@ -1,0 +1,248 @@
+"""One rank of a training run, from process-group setup to the final checkpoint.
+
+``run_rank`` is what every rank runs, whether ``--nproc`` spawned it (``python -m
+spindle_dsl.backends.torch.worker RUN_DIR``), ``torchrun`` started it, or it is the only rank.
+It builds the rank's parts, resumes from a checkpoint if there is one, runs the steps, reduces
+gradients inside each part's device group and steps AdamW, and on rank 0 logs, shows progress
+and writes the measured trace.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from spindle_dsl.errors import ExecutionError, SpindleError
+from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.plan.model import Plan
+
+from ..base import RunConfig, RunResult, StepRecord
+from . import checkpoint
+from .data import TaskData
+from .executor import StepExecutor
+from .grads import GradReducer
+from .optim import make_optimizer
+from .params import DTYPES, PartStore
+from .progress import Progress
+from .schedule import build_schedule
+from .trace import Tracer, write_trace
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a rank needs; pickled to ``--nproc`` workers."""
+
+    graph: MetaGraph
+    plan: Plan | None  # None: rank 0 makes one (``planner``) and broadcasts it
+    config: RunConfig
+    datasets: Mapping[str, Any] = field(default_factory=dict)
+
+
+def pick_device(config: RunConfig, local_rank: int) -> tuple[str, torch.device]:
+    """(process-group backend, device): NCCL on a GPU where asked or available, else gloo."""
+    has_cuda = torch.cuda.is_available()
+    if config.device == "cuda" and not has_cuda:
+        raise ExecutionError("--device cuda was asked for but torch sees no CUDA device")
+    if config.device == "cuda" or (config.device == "auto" and has_cuda):
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return "nccl", device
+    return "gloo", torch.device("cpu")
+
+
+def init_distributed(
+    config: RunConfig, rank: int, world_size: int, local_rank: int, store: Any = None
+) -> tuple[str, torch.device, bool]:
+    """Join (or create) the default process group; returns whether this call created it."""
+    backend, device = pick_device(config, local_rank)
+    if dist.is_initialized():
+        return dist.get_backend(), device, False
+    kwargs: dict[str, Any] = {
+        "backend": backend,
+        "rank": rank,
+        "world_size": world_size,
+        "timeout": timedelta(seconds=config.collective_timeout_s),
+    }
+    if store is not None:
+        kwargs["store"] = store
+    elif world_size == 1:
+        kwargs["store"] = dist.HashStore()
+    else:
+        kwargs["init_method"] = "env://"
+    if backend == "nccl":
+        kwargs["device_id"] = device  # eager NCCL init: later point-to-point needs no handshake
+    dist.init_process_group(**kwargs)
+    return backend, device, True
+
+
+def _broadcast_plan(planner: Callable[[], Plan] | None, rank: int) -> Plan:
+    """Rank 0's plan on every rank (a solver with a time limit need not be deterministic);
+    a planning error reaches every rank, so none waits for a plan that will not come."""
+    box: list[Any] = [None]
+    if rank == 0:
+        try:
+            if planner is None:
+                raise ExecutionError("no plan given and no planner to make one")
+            box[0] = ("plan", planner().to_dict())
+        except SpindleError as exc:
+            box[0] = ("error", exc.render())
+    dist.broadcast_object_list(box, src=0)
+    what, payload = box[0]
+    if what == "error":
+        raise ExecutionError(payload if rank == 0 else f"rank 0 could not plan:\n{payload}")
+    return Plan.from_dict(payload)
+
+
+def run_rank(
+    job: Job,
+    rank: int,
+    world_size: int,
+    local_rank: int = 0,
+    *,
+    store: Any = None,
+    planner: Callable[[], Plan] | None = None,
+    heartbeat: Callable[[str], None] | None = None,
+) -> RunResult | None:
+    """Train on this rank; rank 0 returns the result, the others None."""
+    config = job.config
+    beat = heartbeat or (lambda _what: None)
+    beat("joining the process group")
+    backend, device, created = init_distributed(config, rank, world_size, local_rank, store)
+    try:
+        plan = job.plan if job.plan is not None else _broadcast_plan(planner, rank)
+        return _train(job, plan, rank, world_size, backend, device, beat)
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def _train(
+    job: Job,
+    plan: Plan,
+    rank: int,
+    world_size: int,
+    backend: str,
+    device: torch.device,
+    beat: Callable[[str], None],
+) -> RunResult | None:
+    config, graph = job.config, job.graph
+    dtype = DTYPES[config.dtype]
+    schedule = build_schedule(graph, plan, world_size)
+    beat("building parameters")
+    store = PartStore(graph, schedule.parts_of(rank), config.seed, dtype, device)
+    opt = make_optimizer(
+        (t for _, _, t in store.trainable()),
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        betas=config.betas,
+        eps=config.eps,
+    )
+    reducer = GradReducer(schedule, rank, store)
+    data = TaskData(graph, config.seed, job.datasets, dtype, device)
+    tracer = Tracer(rank, enabled=bool(config.trace))
+    executor = StepExecutor(
+        graph,
+        schedule,
+        rank,
+        store,
+        data,
+        dtype=dtype,
+        device=device,
+        tracer=tracer,
+        heartbeat=beat,
+    )
+    meta = {"spec_sha256": graph.spec_sha256, "dtype": config.dtype, "seed": config.seed}
+    start = 0
+    if config.checkpoint_dir and config.resume:
+        info = checkpoint.latest(config.checkpoint_dir)
+        if info is not None:
+            checkpoint.check_compatible(info, meta)
+            checkpoint.load(info, store, opt)
+            start = min(info.step, config.steps)
+    tasks = [t.name for t in graph.tasks if t.batch > 0]
+    lead = rank == 0
+    log = open(config.log_json, "a" if start else "w") if lead and config.log_json else None  # noqa: SIM115
+    progress = (
+        Progress(config.steps, sum(t.batch for t in graph.tasks))
+        if lead and config.progress
+        else None
+    )
+    records: list[StepRecord] = []
+    last_ckpt = None
+    try:
+        for step in range(start, config.steps):
+            t0 = time.perf_counter()
+            with tracer.span(f"step {step + 1}", "step"):
+                shares = executor.run(step)
+                beat(f"step {step + 1} gradient reduction")
+                with tracer.span("reduce gradients", "reduce"):
+                    reducer.reduce()
+                with tracer.span("optimizer", "optimizer"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                totals = torch.tensor(
+                    [shares[t] for t in tasks], dtype=torch.float64, device=device
+                )
+                dist.all_reduce(totals)
+            record = StepRecord(
+                step + 1, tuple(zip(tasks, totals.tolist(), strict=True)), time.perf_counter() - t0
+            )
+            records.append(record)
+            if log is not None:
+                log.write(json.dumps(record.to_json()) + "\n")
+                log.flush()
+            if progress is not None:
+                progress.update(record.step, record.seconds, dict(record.losses))
+            every = config.checkpoint_every
+            if (
+                config.checkpoint_dir
+                and every
+                and (step + 1) % every == 0
+                and step + 1 < config.steps
+            ):
+                beat(f"step {step + 1} checkpoint")
+                last_ckpt = checkpoint.save(
+                    config.checkpoint_dir, step + 1, schedule, rank, store, opt, meta
+                )
+            if config.step_delay_s:
+                time.sleep(config.step_delay_s)
+        if config.checkpoint_dir and (records or checkpoint.latest(config.checkpoint_dir) is None):
+            beat("final checkpoint")
+            last_ckpt = checkpoint.save(
+                config.checkpoint_dir, config.steps, schedule, rank, store, opt, meta
+            )
+    finally:
+        if progress is not None:
+            progress.close()
+        if log is not None:
+            log.close()
+    trace_path = None
+    if config.trace:
+        gathered: list[Any] = [None] * world_size if lead else []
+        dist.gather_object(tracer.spans, gathered if lead else None, dst=0)
+        if lead:
+            spans = [s for part in gathered for s in part]
+            title = f"measured: {graph.spec_path} on {world_size} ranks"
+            write_trace(config.trace, spans, plan.cluster.devices_per_node, title)
+            trace_path = config.trace
+    beat("done")
+    dist.barrier()
+    if not lead:
+        return None
+    return RunResult(
+        steps=tuple(records),
+        world_size=world_size,
+        backend=backend,
+        resumed_from=start,
+        predicted_step_s=plan.iteration_s,
+        checkpoint=str(last_ckpt) if last_ckpt else None,
+        trace=trace_path,
+        extra={"baselines": dict(plan.baselines), "scheduler": plan.solver.name},
+    )
