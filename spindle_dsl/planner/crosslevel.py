@@ -139,3 +139,38 @@ def backfill(problem: Problem, sched: Schedule) -> Schedule:
             break
     waves = tuple(tuple(w) for w in st.waves if w)
     return Schedule(sched.name, waves, sched.status, sched.gap, sched.notes)
+
+
+def rebalance(problem: Problem, sched: Schedule) -> Schedule:
+    """Re-pick each wave's allocations to shorten it, keeping its pieces' layers.
+
+    For fixed layer counts, the min-max allocation is found greedily: every piece starts on
+    its smallest allocation and the slowest piece keeps taking its next faster one while it
+    fits; when the slowest cannot speed up, no allocation makes the wave shorter. A wave is
+    changed only if that makes it strictly shorter.
+    """
+    out = []
+    for wave in sched.waves:
+        ops = {p.op: problem.op(p.op) for p in wave}
+        alloc = {p.op: ops[p.op].pareto[0] for p in wave}
+        k = {p.op: p.layers for p in wave}
+        free = problem.devices - sum(alloc.values())
+        while True:
+            slow = max(alloc, key=lambda i: k[i] * ops[i].t(alloc[i]))
+            nxt = ops[slow].next_faster(alloc[slow], alloc[slow] + free)
+            if nxt is None:
+                break
+            free -= nxt - alloc[slow]
+            alloc[slow] = nxt
+        new = max(k[i] * ops[i].t(alloc[i]) for i in alloc)
+        old = max(p.layers * ops[p.op].t(p.n) for p in wave)
+        if free >= 0 and new < old * (1 - 1e-9):
+            out.append(tuple(Piece(p.op, p.first, p.end, alloc[p.op]) for p in wave))
+        else:
+            out.append(wave)
+    return Schedule(sched.name, tuple(out), sched.status, sched.gap, sched.notes)
+
+
+def improve(problem: Problem, sched: Schedule) -> Schedule:
+    """Rebalance the waves, then backfill across levels."""
+    return backfill(problem, rebalance(problem, sched))

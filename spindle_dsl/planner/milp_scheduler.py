@@ -3,9 +3,10 @@
 1. Per MetaLevel, the integer allocation of the whole level is a MILP (``milp.py`` without
    precedence) over a few candidate allocations around the continuous optimum, warm-started
    from the paper's waves for that level, so it can only match or beat them.
-2. ``backfill`` lets MetaOps start in the first wave after their own inputs are done; a
-   second start comes from CPA list scheduling across levels (``listsched``), and the
-   shorter of the two goes on.
+2. ``rebalance`` re-picks each wave's allocations, and ``backfill`` lets MetaOps start in
+   the first wave after their own inputs are done. Two more starts get the same treatment:
+   CPA list scheduling across levels (``listsched``) and task-parallel chains (the
+   ``optimus`` layout); the shortest goes on.
 3. If the model stays small, one MILP over all waves with precedence constraints polishes
    the result, warm-started from step 2 (again: never worse than its start).
 
@@ -19,7 +20,8 @@ import time
 from dataclasses import replace
 
 from spindle_dsl.planner.allocator import level_optimum
-from spindle_dsl.planner.crosslevel import backfill
+from spindle_dsl.planner.baselines import optimus_schedule
+from spindle_dsl.planner.crosslevel import improve
 from spindle_dsl.planner.listsched import cpa_schedule
 from spindle_dsl.planner.milp import MilpResult, SolveStatus, WaveModelSpec, solve_waves
 from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
@@ -121,11 +123,14 @@ def milp_schedule(problem: Problem, time_limit_s: float) -> Schedule:
         waves.extend(lw)
         if res is not None:
             results.append(res)
-    best = backfill(problem, Schedule("milp", tuple(waves)))
-    cross = backfill(problem, replace(cpa_schedule(problem), name="milp"))
-    via = "levels"
-    if cross.compute_s(problem) < best.compute_s(problem) * (1 - 1e-9):
-        best, via = cross, "cpa"
+    starts = {
+        "levels": Schedule("milp", tuple(waves)),
+        "cpa": cpa_schedule(problem),
+        "tasks": optimus_schedule(problem),
+    }
+    improved = {k: replace(improve(problem, s), name="milp") for k, s in starts.items()}
+    via = min(improved, key=lambda k: improved[k].compute_s(problem))
+    best = improved[via]
     left = time_limit_s - (time.perf_counter() - t0)
     glob = global_milp(problem, best, n_star, left)
     status, gap = _summarise(results)

@@ -4,8 +4,9 @@ MetaLevels run one after another, as in Spindle. For each level: the continuous 
 the bi-point discretisation (``allocator``) give every MetaOp one or two (n, layers) tuples;
 the wavefront scheduler then repeats four steps until the level's tuples are done:
 
-1. propose: take MetaOps in decreasing order of remaining time and put each one's current
-   tuple into the wave while its n still fits the free devices;
+1. propose: take MetaOps in decreasing order of remaining time and put one of each one's
+   remaining tuples into the wave, the one with the most devices that still fits (a MetaOp's
+   two tuples may run in either order: each only has to run once);
 2. extend: while devices stay idle, give the MetaOp in the wave with the most remaining time
    its next faster valid allocation that fits;
 3. align: the wave lasts as long as its shortest span (the least remaining time of a current
@@ -27,8 +28,9 @@ class _Tuples:
     """Mutable bookkeeping of one MetaOp's remaining (n, layers) tuples within the level."""
 
     op: OpSpec
-    tuples: list[list[int]]  # [n, remaining layers], current first
+    tuples: list[list[int]]  # [n, remaining layers]
     next_layer: int = 0
+    current: int = 0  # index of the tuple proposed for the wave being built
 
     def remaining_s(self) -> float:
         return sum(k * self.op.t(n) for n, k in self.tuples)
@@ -39,14 +41,15 @@ class _Tuples:
 
 
 def propose(states: list[_Tuples], devices: int) -> dict[str, int]:
-    """Step 1: fill the devices with current tuples, longest remaining time first."""
+    """Step 1: fill the devices with tuples, longest remaining time first."""
     free = devices
     chosen: dict[str, int] = {}
     for s in sorted(states, key=lambda s: -s.remaining_s()):
-        n = s.tuples[0][0]
-        if n <= free:
-            chosen[s.op.id] = n
-            free -= n
+        fits = [i for i, (n, _) in enumerate(s.tuples) if n <= free]
+        if fits:
+            s.current = max(fits, key=lambda i: s.tuples[i][0])
+            chosen[s.op.id] = s.tuples[s.current][0]
+            free -= chosen[s.op.id]
     return chosen
 
 
@@ -70,25 +73,27 @@ def extend(states: dict[str, _Tuples], chosen: dict[str, int], devices: int) -> 
 
 def align(states: dict[str, _Tuples], chosen: dict[str, int]) -> tuple[Piece, ...]:
     """Step 3: cut every MetaOp to the wave's shortest span, at layer granularity."""
-    spans = {i: states[i].tuples[0][1] * states[i].op.t(n) for i, n in chosen.items()}
+    spans = {
+        i: states[i].tuples[states[i].current][1] * states[i].op.t(n) for i, n in chosen.items()
+    }
     span = min(spans.values())
     pieces = []
     for op_id, n in chosen.items():
         s = states[op_id]
-        left = s.tuples[0][1]
+        left = s.tuples[s.current][1]
         k = left if spans[op_id] <= span else min(left, max(1, round(span / s.op.t(n))))
         pieces.append(Piece(op_id, s.next_layer, s.next_layer + k, n))
     return tuple(pieces)
 
 
 def commit(states: dict[str, _Tuples], pieces: tuple[Piece, ...]) -> None:
-    """Step 4: take the layers run off each MetaOp's current tuple."""
+    """Step 4: take the layers run off each MetaOp's proposed tuple."""
     for p in pieces:
         s = states[p.op]
-        s.tuples[0][1] -= p.layers
+        s.tuples[s.current][1] -= p.layers
         s.next_layer = p.end
-        if s.tuples[0][1] == 0:
-            s.tuples.pop(0)
+        if s.tuples[s.current][1] == 0:
+            s.tuples.pop(s.current)
 
 
 def schedule_level(ops: list[OpSpec], devices: int) -> list[tuple[Piece, ...]]:

@@ -1,0 +1,161 @@
+"""``spindle plan``: make a wave plan, print it as a table and a summary, write it as JSON.
+
+The table lists each wave's entries (MetaOp, layer range, device ids); the summary gives the
+predicted iteration time and its parts, the speed-up over each baseline, the ratio to the
+proven lower bound, the peak memory and the planning time. ``--json`` prints the summary
+as JSON instead (for scripts), ``--out`` writes the plan file atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from spindle_dsl.cli.common import add_spec_arguments, load_cost_model, load_graph
+from spindle_dsl.plan.model import Plan
+
+GiB = 2**30
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S, SCHEDULERS
+
+    add_spec_arguments(parser)
+    parser.add_argument(
+        "--scheduler",
+        default="default",
+        choices=SCHEDULERS,
+        help="default keeps the fastest of milp, paper and the baselines (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT_S,
+        metavar="S",
+        help="MILP solver time limit in seconds (default: %(default)s)",
+    )
+    parser.add_argument("--out", metavar="PLAN.json", help="write the plan here")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--quiet", action="store_true", help="print the summary only")
+    try:
+        from spindle_dsl.cli.cmd_render import add_plan_outputs
+    except ImportError:  # the renderer is optional for planning
+        return
+    add_plan_outputs(parser)
+
+
+def devices_text(ds: tuple[int, ...]) -> str:
+    """Device ids as compact ranges: (0, 1, 2, 5) -> '0-2,5'."""
+    out: list[str] = []
+    start = prev = None
+    for d in ds:
+        if prev is not None and d == prev + 1:
+            prev = d
+            continue
+        if start is not None:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        start = prev = d
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ",".join(out)
+
+
+def wave_table(plan: Plan) -> str:
+    """One line per entry, grouped by wave, times in milliseconds."""
+    width = max((len(e.metaop) for w in plan.waves for e in w.entries), default=6)
+    lines = [
+        f"{'wave':>4} {'start ms':>10} {'dur ms':>9}  {'MetaOp':<{width}} {'layers':>9} "
+        f"{'n':>4} {'time ms':>9}  devices"
+    ]
+    for w in plan.waves:
+        for j, e in enumerate(w.entries):
+            head = (
+                f"{w.index:>4} {w.start_s * 1e3:>10.2f} {w.duration_s * 1e3:>9.2f}"
+                if j == 0
+                else " " * 25
+            )
+            lines.append(
+                f"{head}  {e.metaop:<{width}} {f'{e.first}-{e.end - 1}':>9} "
+                f"{len(e.devices):>4} {e.time_s * 1e3:>9.2f}  {devices_text(e.devices)}"
+            )
+    return "\n".join(lines)
+
+
+def summary(plan: Plan) -> dict[str, Any]:
+    base = dict(plan.baselines)
+    return {
+        "spec": plan.spec.path,
+        "mix": plan.spec.mix,
+        "devices": plan.cluster.devices,
+        "device": plan.cluster.device,
+        "scheduler": plan.extra.get("scheduler", plan.solver.name),
+        "chosen": plan.solver.name,
+        "status": plan.solver.status,
+        "gap": plan.solver.gap,
+        "waves": len(plan.waves),
+        "iteration_s": plan.iteration_s,
+        **dict(plan.breakdown),
+        "baselines": base,
+        "speedup": {k.removesuffix("_s"): v / plan.iteration_s for k, v in base.items()},
+        "lower_bound_s": plan.lower_bound_s,
+        "ratio_to_bound": plan.iteration_s / plan.lower_bound_s if plan.lower_bound_s else None,
+        "level_reference_s": plan.extra.get("level_reference_s"),
+        "peak_memory_bytes": max(plan.memory_bytes, default=0),
+        "memory_capacity_bytes": plan.cluster.memory_bytes,
+        "planning_s": plan.solver.wall_s,
+        "notes": list(plan.notes),
+    }
+
+
+def summary_text(s: dict[str, Any]) -> str:
+    gap = f", gap {s['gap']:.1%}" if s["gap"] is not None else ""
+    lines = [
+        f"plan: {s['spec']} (mix {s['mix'] or '-'}) on {s['devices']} x {s['device']}",
+        f"scheduler: {s['scheduler']} -> {s['chosen']} ({s['status']}{gap}), {s['waves']} waves",
+        f"iteration: {s['iteration_s'] * 1e3:.2f} ms = compute {s.get('compute_s', 0) * 1e3:.2f}"
+        f" + transfers {s.get('transfer_s', 0) * 1e3:.2f}"
+        f" + gradient sync {s.get('grad_sync_s', 0) * 1e3:.2f}",
+    ]
+    for name, secs in s["baselines"].items():
+        lines.append(
+            f"  vs {name.removesuffix('_s'):<11} {secs * 1e3:>10.2f} ms  "
+            f"speed-up {s['speedup'][name.removesuffix('_s')]:.2f}x"
+        )
+    if s["ratio_to_bound"] is not None:
+        lines.append(
+            f"lower bound: {s['lower_bound_s'] * 1e3:.2f} ms "
+            f"(plan is {s['ratio_to_bound']:.2f}x the bound)"
+        )
+    lines.append(
+        f"peak memory: {s['peak_memory_bytes'] / GiB:.1f} GiB of "
+        f"{s['memory_capacity_bytes'] / GiB:.1f} GiB per device"
+    )
+    lines.append(f"planning time: {s['planning_s']:.2f} s")
+    lines.extend(f"note: {n}" for n in s["notes"])
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from spindle_dsl.planner import make_plan
+
+    graph = load_graph(args)
+    cost = load_cost_model(args, graph)
+    plan = make_plan(graph, cost, scheduler=args.scheduler, time_limit_s=args.time_limit)
+    s = summary(plan)
+    if args.json:
+        print(json.dumps(s, indent=1))
+    else:
+        if not args.quiet:
+            print(wave_table(plan))
+            print()
+        print(summary_text(s))
+    if args.out:
+        plan.write(args.out)
+        print(f"wrote {args.out}", file=sys.stderr)
+    if getattr(args, "svg", None) or getattr(args, "trace", None):
+        from spindle_dsl.cli.cmd_render import write_plan_outputs
+
+        return write_plan_outputs(args, plan)
+    return 0

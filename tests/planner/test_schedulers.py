@@ -1,0 +1,108 @@
+"""Every scheduler returns a valid wave schedule; the improvements never lose to their start."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from synth import random_problem, synth_op
+
+from spindle_dsl.planner.baselines import BASELINES, waveify
+from spindle_dsl.planner.bounds import level_reference_s, lower_bound_s
+from spindle_dsl.planner.crosslevel import backfill, rebalance
+from spindle_dsl.planner.listsched import Span, cpa_schedule
+from spindle_dsl.planner.milp_scheduler import milp_schedule
+from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
+from spindle_dsl.planner.wavefront import paper_schedule
+
+
+def test_paper_on_two_equal_ops_runs_them_side_by_side():
+    ns = tuple(range(1, 9))
+    ops = tuple(OpSpec(f"t{i}/m", 8, (), ns, tuple(1.0 / n for n in ns)) for i in range(2))
+    p = Problem(ops, 8)
+    s = paper_schedule(p)
+    assert s.waves == ((Piece("t0/m", 0, 8, 4), Piece("t1/m", 0, 8, 4)),)
+    assert s.compute_s(p) == pytest.approx(level_reference_s(p))
+
+
+def test_paper_waits_for_the_level_but_backfill_does_not():
+    N = 8
+    ns = tuple(range(1, N + 1))
+    big = OpSpec("a/big", 16, (), ns[:7], tuple(1.0 / n for n in ns[:7]))
+    small = OpSpec("b/small", 1, (), (1,), (1.0,))
+    after = OpSpec("b/after", 2, ("b/small",), (1,), (1.0,))
+    p = Problem((big, small, after), N)
+    paper = paper_schedule(p)
+    assert schedule_errors(p, paper) == []
+    assert any(pc.op == "b/after" for pc in paper.waves[-1])
+    assert paper.compute_s(p) == pytest.approx(1 + 9 / 7 + 2)
+    filled = backfill(p, paper)
+    assert schedule_errors(p, filled) == []
+    assert filled.compute_s(p) == pytest.approx(1 + 9 / 7 + 1)  # one layer of after moved up
+
+
+def test_rebalance_shortens_a_lopsided_wave():
+    ns = tuple(range(1, 9))
+    a = OpSpec("a/m", 4, (), ns, tuple(1.0 / n for n in ns))
+    b = OpSpec("b/m", 4, (), ns, tuple(1.0 / n for n in ns))
+    p = Problem((a, b), 8)
+    s = Schedule("x", ((Piece("a/m", 0, 4, 1), Piece("b/m", 0, 4, 7)),))
+    r = rebalance(p, s)
+    assert r.compute_s(p) == pytest.approx(1.0)
+    assert schedule_errors(p, r) == []
+
+
+def test_waveify_cuts_at_span_ends_and_keeps_deps():
+    ns = (1, 2)
+    a = OpSpec("t/a", 4, (), ns, (1.0, 0.5))
+    b = OpSpec("t/b", 2, ("t/a",), ns, (1.0, 0.5))
+    c = OpSpec("u/c", 3, (), ns, (1.0, 0.5))
+    p = Problem((a, b, c), 3)
+    spans = [Span(a, 2, 0.0, 2.0), Span(b, 2, 2.0, 3.0), Span(c, 1, 0.0, 3.0)]
+    s = Schedule("w", waveify(spans))
+    assert schedule_errors(p, s) == []
+    assert len(s.waves) == 2
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 100_000), st.sampled_from([1, 2, 3, 8, 16, 40]), st.integers(1, 9))
+def test_every_heuristic_schedule_is_valid_and_above_the_bound(seed, N, k):
+    p = random_problem(random.Random(seed), N, k)
+    lb = lower_bound_s(p)
+    scheds = [paper_schedule(p), cpa_schedule(p)] + [f(p) for f in BASELINES.values()]
+    for s in scheds:
+        assert schedule_errors(p, s) == [], s.name
+        assert s.compute_s(p) >= lb * (1 - 1e-9), s.name
+        for improved in (backfill(p, s), rebalance(p, s)):
+            assert schedule_errors(p, improved) == [], s.name
+            assert improved.compute_s(p) <= s.compute_s(p) * (1 + 1e-9)
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 100_000), st.sampled_from([2, 8, 16]), st.integers(2, 7))
+def test_milp_is_valid_and_never_worse_than_paper(seed, N, k):
+    p = random_problem(random.Random(seed), N, k)
+    m = milp_schedule(p, 0.3)
+    assert schedule_errors(p, m) == []
+    assert m.compute_s(p) <= paper_schedule(p).compute_s(p) * (1 + 1e-9)
+    assert m.status in ("optimal", "feasible", "heuristic")
+
+
+def test_milp_finds_the_optimum_of_a_small_level():
+    """Three equal ops on 4 devices: one wave of 1+1+2 is worse than the best wave split."""
+    ns = (1, 2, 3, 4)
+    ops = tuple(OpSpec(f"t{i}/m", 6, (), ns, tuple(1.0 / n for n in ns)) for i in range(3))
+    p = Problem(ops, 4)
+    m = milp_schedule(p, 5.0)
+    assert schedule_errors(p, m) == []
+    # total work is 18 layer-device-seconds on 4 devices: 4.5 s is the area bound, reachable
+    assert m.compute_s(p) == pytest.approx(4.5)
+    assert m.compute_s(p) <= paper_schedule(p).compute_s(p)
+
+
+def test_single_device_cluster_runs_everything_in_turn():
+    p = Problem((synth_op("a/x", 3, (), 1, 0.1), synth_op("a/y", 2, ("a/x",), 1, 0.1)), 1)
+    for s in (paper_schedule(p), milp_schedule(p, 0.2), *(f(p) for f in BASELINES.values())):
+        assert schedule_errors(p, s) == []

@@ -1,0 +1,57 @@
+"""Transfers and gradient sync on hand-made placements."""
+
+from __future__ import annotations
+
+import pytest
+
+from spindle_dsl.planner.placement import PlacedPiece, Placement
+from spindle_dsl.planner.timing import Flows, SharedModule, time_placement
+
+
+def transfer(nbytes, src, dst):
+    return 0.0 if set(src) == set(dst) else nbytes * 1e-9
+
+
+def allreduce(nbytes, devices):
+    return nbytes * 1e-9 * len(devices)
+
+
+FLOWS = Flows(
+    carry_bytes={"a/x": 100.0, "b/x": 100.0, "a/y": 50.0},
+    backward={"a/x": True, "b/x": False, "a/y": True},
+    edges=(("a/x", "a/y", 10.0),),
+    shared=(SharedModule("x", 2, 1000.0, (("a/x", 0), ("b/x", 0))),),
+)
+
+
+def seconds(op, n):
+    return 1.0 / n
+
+
+def placement(*waves):
+    return Placement(tuple(tuple(w) for w in waves), (0, 0, 0, 0), ())
+
+
+def test_no_overheads_when_everything_stays_put():
+    p = placement(
+        [PlacedPiece("a/x", 0, 2, (0, 1))],
+        [PlacedPiece("b/x", 0, 2, (0, 1))],
+        [PlacedPiece("a/y", 0, 1, (0, 1))],
+    )
+    t = time_placement(p, seconds, FLOWS, transfer, allreduce)
+    assert t.transfer_s == 0 and t.grad_sync_s == 0
+    assert t.compute_s == pytest.approx(1.0 + 1.0 + 0.5)
+
+
+def test_moves_and_split_shared_module_are_charged():
+    p = placement(
+        [PlacedPiece("a/x", 0, 1, (0, 1)), PlacedPiece("b/x", 0, 2, (2, 3))],
+        [PlacedPiece("a/x", 1, 2, (2, 3))],
+        [PlacedPiece("a/y", 0, 1, (0,))],
+    )
+    t = time_placement(p, seconds, FLOWS, transfer, allreduce)
+    # wave 1: a/x's carry moves forward and its gradient back; wave 2: the edge a/x -> a/y
+    assert t.transfer_s == pytest.approx(2 * 100e-9 + 2 * 10e-9)
+    # layer 0 of x: a on {0,1}, b on {2,3}; layer 1: both on {2,3} -> one extra all-reduce
+    assert t.grad_sync_s == pytest.approx(1000e-9 * 4)
+    assert t.iteration_s == pytest.approx(t.compute_s + t.transfer_s + t.grad_sync_s)
