@@ -1,1 +1,94 @@
-"""The .spindle language front end."""
+"""The ``.spindle`` language front end: parse, check, lower, format.
+
+``compile_file``/``compile_text`` run the whole front end and return a ``Compiled`` (the AST,
+the MetaGraph and the warnings). The stages are public too, each a function from one frozen
+value to the next: ``parse`` (text to ``Spec``), ``check`` (``Spec`` to ``Checked``), ``lower``
+(``Checked`` to ``MetaGraph``) and ``format_spec`` (``Spec`` back to canonical text). Every
+problem a spec can have is raised as ``SpecError`` carrying all the diagnostics found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spindle_dsl.errors import Diagnostic, SourceSpan, SpecError
+from spindle_dsl.language.ast import Spec
+from spindle_dsl.language.checker import check
+from spindle_dsl.language.fmt import format_spec
+from spindle_dsl.language.lower import lower
+from spindle_dsl.language.parser import parse
+from spindle_dsl.language.resolved import Checked
+from spindle_dsl.metagraph import MetaGraph
+
+__all__ = [
+    "Checked",
+    "Compiled",
+    "Spec",
+    "check",
+    "compile_file",
+    "compile_text",
+    "format_spec",
+    "lower",
+    "parse",
+    "read_spec_text",
+]
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A spec that compiled: its AST, its MetaGraph and the warnings it drew."""
+
+    spec: Spec
+    graph: MetaGraph
+    warnings: tuple[Diagnostic, ...]
+
+    def render_warnings(self) -> str:
+        """The warnings in compiler form, each with its source line and caret."""
+        return "\n".join(w.render(self.spec.source) for w in self.warnings)
+
+
+def compile_text(
+    text: str,
+    path: str = "<string>",
+    *,
+    mix: str | None = None,
+    cluster_overrides: dict[str, Any] | None = None,
+) -> Compiled:
+    """Parse, check and lower ``text``; raises ``SpecError`` with every error found."""
+    spec = parse(text, path)
+    checked = check(spec, mix=mix, cluster_overrides=cluster_overrides)
+    try:
+        graph = lower(checked)
+    except SpecError as exc:  # a kind that fails while lowering: show the warnings too
+        raise SpecError(list(exc.diagnostics) + list(checked.warnings), source=text) from None
+    return Compiled(spec, graph, checked.warnings)
+
+
+def compile_file(
+    path: str | Path,
+    *,
+    mix: str | None = None,
+    cluster_overrides: dict[str, Any] | None = None,
+) -> Compiled:
+    """``compile_text`` on a file's contents, with the file's path in every diagnostic."""
+    return compile_text(
+        read_spec_text(path), str(path), mix=mix, cluster_overrides=cluster_overrides
+    )
+
+
+def read_spec_text(path: str | Path) -> str:
+    """A spec file's text; a missing, unreadable or non-UTF-8 file is a ``SpecError``."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8-sig")  # a byte-order mark some editors write is not an error
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        message = f"the file is not UTF-8 text: byte {data[exc.start]:#04x} cannot be decoded"
+        span = SourceSpan(str(path), line, column)
+        raise SpecError(Diagnostic("error", message, span)) from None

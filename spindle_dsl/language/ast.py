@@ -31,6 +31,10 @@ class Loc:
         end = self.end_column if self.end_line == self.line else None
         return SourceSpan(path, self.line, self.column, end)
 
+    def head(self, width: int) -> Loc:
+        """The first ``width`` characters (a declaration's keyword, say)."""
+        return Loc(self.line, self.column, self.line, self.column + width)
+
     def to(self, other: Loc) -> Loc:
         """The range from the start of ``self`` to the end of ``other``."""
         return Loc(self.line, self.column, other.end_line, other.end_column)

@@ -44,6 +44,7 @@ def lark_parser() -> Lark:
 def parse(text: str, path: str = "<string>") -> Spec:
     """The ``Spec`` of ``text``; raises ``SpecError`` with every syntax error found."""
     parser = lark_parser()
+    text = text.removeprefix("\ufeff")  # a byte-order mark is invisible and means nothing
     lexed = lex(parser, text, path)
     errors: list[Diagnostic] = list(lexed.errors)
     bad_lines = sorted(d.span.line for d in lexed.errors if d.span is not None)

@@ -1,0 +1,196 @@
+"""Modality and module declarations: fields, kinds, kind arguments and modality bindings.
+
+The kind registry is the only authority on what a kind accepts: this module hands it the
+arguments as written and reports its answers at the argument they concern. A module whose
+kind or arguments are wrong is left out of the result, and the task checks treat references
+to it as known-but-unusable, so one bad declaration yields one error, not one per use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from spindle_dsl.kinds import get_kind, kind_names
+from spindle_dsl.kinds.base import Kind
+from spindle_dsl.language.ast import Loc, ModalityDecl, ModuleDecl, Setting
+from spindle_dsl.language.reporter import Reporter
+from spindle_dsl.language.resolved import ResolvedModule
+from spindle_dsl.language.suggest import did_you_mean
+from spindle_dsl.metagraph import ModalityInfo
+
+MODALITY_KEYS = ("tokens", "features", "vocab")
+T = TypeVar("T")
+
+
+def resolve_modalities(decls: list[ModalityDecl], r: Reporter) -> dict[str, ModalityInfo]:
+    """The modalities whose fields are all valid, by name."""
+    out: dict[str, ModalityInfo] = {}
+    for d in decls:
+        fields: dict[str, int] = {}
+        seen: dict[str, Setting] = {}
+        ok = True
+        for s in d.settings:
+            key = s.key.name
+            if key not in MODALITY_KEYS:
+                r.error(
+                    f"unknown modality setting '{key}'{did_you_mean(key, MODALITY_KEYS)}",
+                    s.key.loc,
+                    hint="a modality takes tokens, and features or vocab",
+                )
+                ok = False
+            elif key in seen:
+                r.error(f"'{key}' is set twice in modality '{d.name.name}'", s.key.loc)
+                ok = False
+            else:
+                seen[key] = s
+                n = r.integer(s.value, f"{key} of modality '{d.name.name}'", at=s.loc)
+                ok = ok and n is not None
+                if n is not None:
+                    fields[key] = n
+        if "tokens" not in seen:
+            r.error(f"modality '{d.name.name}' needs 'tokens = N' (tokens per sample)", d.name.loc)
+            ok = False
+        if "features" in seen and "vocab" in seen:
+            later = max(seen["features"], seen["vocab"], key=lambda s: (s.loc.line, s.loc.column))
+            r.error(
+                f"modality '{d.name.name}' has features or a vocab, not both",
+                later.loc,
+                hint="features: float vectors per token; vocab: discrete token ids",
+            )
+            ok = False
+        if ok:
+            name = d.name.name
+            out[name] = ModalityInfo(
+                name, fields["tokens"], fields.get("features"), fields.get("vocab")
+            )
+    return out
+
+
+def call_kind(r: Reporter, loc: Loc, kind: Kind, fn: Callable[..., T], *args: Any) -> T | None:
+    """Call into a kind; a kind that raises (a user's kind with a bug) becomes one error."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # a user kind may raise anything; report it, never a traceback
+        r.error(f"kind '{kind.name}' failed: {type(exc).__name__}: {exc}", loc)
+        return None
+
+
+def resolve_modules(
+    decls: list[ModuleDecl],
+    r: Reporter,
+    modalities: dict[str, ModalityInfo],
+    modality_names: set[str],
+) -> dict[str, ResolvedModule]:
+    """The modules whose kind, arguments and binding are all valid, by name."""
+    out: dict[str, ResolvedModule] = {}
+    for d in decls:
+        resolved = _resolve_module(d, r, modalities, modality_names)
+        if resolved is not None:
+            out[d.name.name] = resolved
+    return out
+
+
+def _resolve_module(
+    d: ModuleDecl, r: Reporter, modalities: dict[str, ModalityInfo], modality_names: set[str]
+) -> ResolvedModule | None:
+    name = d.name.name
+    try:
+        kind = get_kind(d.kind.name)
+    except KeyError:
+        known = kind_names()
+        r.error(
+            f"unknown kind '{d.kind.name}'{did_you_mean(d.kind.name, known)}",
+            d.kind.loc,
+            hint="known kinds: " + ", ".join(known),
+        )
+        _check_binding_name(d, r, modality_names)
+        return None
+    given, ok = _given_args(d, r)
+    schema = [a.name for a in kind.schema]
+    problems = call_kind(r, d.kind.loc, kind, kind.check_args, given)
+    if problems is None:
+        return None
+    for arg, message in problems:
+        if arg is not None and arg not in schema:
+            message += did_you_mean(arg, schema)
+        at = next((s.loc for s in d.args if s.key.name == arg), d.kind.loc)
+        r.error(message, at)
+    binding_ok = _check_binding_name(d, r, modality_names)
+    if problems or not ok:
+        return None
+    args = call_kind(r, d.kind.loc, kind, kind.resolve, given)
+    if args is None:
+        return None
+    widths = call_kind(r, d.kind.loc, kind, lambda a: (kind.in_width(a), kind.out_width(a)), args)
+    if widths is None:
+        return None
+    if binding_ok and d.modality is not None and d.modality.name in modalities:
+        reason = call_kind(
+            r, d.modality.loc, kind, kind.reads_modality, args, modalities[d.modality.name]
+        )
+        if reason:
+            r.error(reason, d.modality.loc)
+            return None
+    if not binding_ok:
+        return None
+    return ResolvedModule(
+        name=name,
+        keyword=d.keyword,
+        kind=kind.name,
+        args=tuple(sorted(args.items())),
+        frozen=d.frozen,
+        modality=d.modality.name if d.modality is not None else None,
+        in_width=int(widths[0]),
+        out_width=int(widths[1]),
+        loc=d.name.loc,
+    )
+
+
+def _given_args(d: ModuleDecl, r: Reporter) -> tuple[dict[str, Any], bool]:
+    """The arguments as written; a repeated argument or a size with a unit is an error."""
+    given: dict[str, Any] = {}
+    ok = True
+    for s in d.args:
+        key = s.key.name
+        if key in given:
+            r.error(f"argument '{key}' is given twice", s.key.loc)
+            ok = False
+        elif s.value.kind == "size":
+            r.error(
+                f"'{key}' takes a plain number; units such as {s.value.unit} belong in the "
+                "cluster block",
+                s.value.loc,
+            )
+            ok = False
+        else:
+            given[key] = s.value.value
+    return given, ok
+
+
+def _check_binding_name(d: ModuleDecl, r: Reporter, modality_names: set[str]) -> bool:
+    """``<- MODALITY``: required on an encoder, refused on a plain module, must name one."""
+    name = d.name.name
+    if d.modality is None:
+        if d.keyword == "encoder":
+            r.error(
+                f"encoder '{name}' needs the modality it reads",
+                d.name.loc,
+                hint=f"write 'encoder {name} : {d.kind.name}(...) <- MODALITY'",
+            )
+            return False
+        return True
+    if d.keyword == "module":
+        r.error(
+            f"a plain module reads no modality; declare '{name}' as an encoder to bind it to "
+            f"'{d.modality.name}'",
+            d.modality.loc,
+        )
+        return False
+    if d.modality.name not in modality_names:
+        r.error(
+            f"unknown modality '{d.modality.name}'{did_you_mean(d.modality.name, modality_names)}",
+            d.modality.loc,
+        )
+        return False
+    return True

@@ -1,0 +1,80 @@
+"""What the checker hands to the lowering: the spec with every name and value resolved.
+
+These values exist only when the spec checked clean, so the lowering can trust them: kinds
+exist and accepted their arguments, edges join known nodes with matching widths, every task's
+graph is acyclic and has a batch and a loss. Source locations stay attached (not compared) so
+that a later stage can still point at the line a number came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from spindle_dsl.cluster import Cluster
+from spindle_dsl.errors import Diagnostic
+from spindle_dsl.language.ast import NOWHERE, Loc, Spec
+from spindle_dsl.metagraph import ArgValue, Loss, ModalityInfo
+
+
+@dataclass(frozen=True)
+class ResolvedModule:
+    """A module declaration whose kind accepted its arguments (defaults filled in)."""
+
+    name: str
+    keyword: str  # encoder, module or shared, as declared
+    kind: str
+    args: tuple[tuple[str, ArgValue], ...]  # resolved, sorted by name
+    frozen: bool
+    modality: str | None  # the modality it is bound to with `<-`
+    in_width: int
+    out_width: int
+    loc: Loc = field(default=NOWHERE, compare=False, repr=False)
+
+    @property
+    def argmap(self) -> dict[str, Any]:
+        return dict(self.args)
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One edge of a task's graph; a modality edge carries the tokens it feeds per sample."""
+
+    source: str
+    target: str
+    from_modality: bool
+    tokens: int | None = None  # modality edges only: the modality's tokens or the task's count
+    loc: Loc = field(default=NOWHERE, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class ResolvedTask:
+    """A task with its acyclic graph, its sinks, its loss and its batch."""
+
+    name: str
+    modules: tuple[str, ...]  # in order of first appearance in the task's paths
+    edges: tuple[Edge, ...]  # distinct edges in declaration order
+    sinks: tuple[str, ...]  # modules no edge leaves, in order of appearance
+    loss: Loss
+    batch: int
+    weight: float | None  # its weight in the selected mix, None without one
+    loc: Loc = field(default=NOWHERE, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A spec that passed every check: the input of ``lower``."""
+
+    spec: Spec
+    cluster: Cluster
+    modalities: tuple[ModalityInfo, ...]  # declaration order
+    modules: tuple[ResolvedModule, ...]  # declaration order
+    tasks: tuple[ResolvedTask, ...]  # tasks that get samples, declaration order
+    mix: str | None
+    warnings: tuple[Diagnostic, ...] = ()
+
+    def module(self, name: str) -> ResolvedModule:
+        return next(m for m in self.modules if m.name == name)
+
+    def modality(self, name: str) -> ModalityInfo:
+        return next(m for m in self.modalities if m.name == name)
