@@ -123,7 +123,11 @@ def _render_item(node: object, att: Attached, top: bool, **pad: int) -> list[Lin
 
 
 def _align(items: list, rendered: list[list[Line]], att: Attached, top: bool) -> None:
-    """Re-render runs of adjacent one-line items of one sort with their columns aligned."""
+    """Re-render runs of adjacent one-line items of one sort with their columns aligned.
+
+    A run ends at a blank line or at an item of another sort (a multi-line one included);
+    comment lines inside it are transparent, as gofmt treats them.
+    """
     run: list[int] = []
 
     def sort_of(i: int) -> str | None:
@@ -150,15 +154,19 @@ def _align(items: list, rendered: list[list[Line]], att: Attached, top: bool) ->
                 rendered[i] = _render_item(items[i], att, top, **pad)
         run.clear()
 
-    for i in range(len(items)):
-        adjacent = run and _span(items[i])[0] <= _span(items[run[-1]])[1] + 1
-        same = run and sort_of(i) == sort_of(run[-1])
-        if not (adjacent and same):
+    prev: int | None = None
+    for i, node in enumerate(items):
+        adjacent = prev is not None and _span(node)[0] <= _span(items[prev])[1] + 1
+        if not adjacent:
+            flush()  # a blank line ends a run
+        prev = i
+        if isinstance(node, Comment):
+            continue  # a comment line between two aligned lines does not end their run
+        sort = sort_of(i)
+        if sort is None or (run and sort_of(run[-1]) != sort):
             flush()
-        if sort_of(i) is not None and not isinstance(items[i], ClusterDecl):
+        if sort is not None and not isinstance(node, ClusterDecl):
             run.append(i)
-        else:
-            flush()
     flush()
 
 
