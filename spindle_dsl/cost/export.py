@@ -42,3 +42,15 @@ def curves_document(graph: MetaGraph, curves: Curves) -> dict[str, Any]:
         },
         "metaops": [metaop_record(op, curves[op.id]) for op in graph.metaops],
     }
+
+
+def add_curve_fields(rows: list[dict[str, Any]], curves: Curves, devices: int) -> None:
+    """Add ``t1_s``, ``tN_s`` and ``speedup`` (T(1) / T(N)) to summary rows keyed by ``id``.
+
+    ``spindle check`` shows these beside each MetaOp so a user sees at once which MetaOps
+    scale and which do not, before planning.
+    """
+    for row in rows:
+        curve = curves[row["id"]]
+        t1, tn = curve.at(1), curve.at(devices)
+        row.update(t1_s=t1, tN_s=tn, speedup=t1 / tn)
