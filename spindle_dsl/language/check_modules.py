@@ -148,7 +148,8 @@ def _resolve_module(
 
 
 def _given_args(d: ModuleDecl, r: Reporter) -> tuple[dict[str, Any], bool]:
-    """The arguments as written; a repeated argument or a size with a unit is an error."""
+    """The arguments as written (the first of a repeated one); ``ok`` is False after an
+    error here: a repeated argument, or a size with a unit."""
     given: dict[str, Any] = {}
     ok = True
     for s in d.args:
@@ -156,15 +157,17 @@ def _given_args(d: ModuleDecl, r: Reporter) -> tuple[dict[str, Any], bool]:
         if key in given:
             r.error(f"argument '{key}' is given twice", s.key.loc)
             ok = False
-        elif s.value.kind == "size":
+            continue
+        if s.value.kind == "size":
             r.error(
                 f"'{key}' takes a plain number; units such as {s.value.unit} belong in the "
                 "cluster block",
                 s.value.loc,
             )
             ok = False
-        else:
-            given[key] = s.value.value
+        # The number goes on to the kind even after a unit error, so that the kind does not
+        # also complain that the argument is missing.
+        given[key] = s.value.value
     return given, ok
 
 

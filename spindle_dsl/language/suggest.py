@@ -3,7 +3,7 @@
 A typo is the most common spec error, and the fix is almost always the closest declared name;
 saying it saves the user a trip through the file. difflib's ratio is good enough for
 identifiers this short, and a case-insensitive exact match (``Vision`` for ``vision``) wins
-outright.
+outright, and so does a word with two letters swapped.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ def closest(word: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | 
     pool = [c for c in dict.fromkeys(candidates) if c != word]
     for c in pool:
         if c.lower() == word.lower():
+            return c
+    for c in pool:  # swapped letters ("ml" for "lm") score low on ratio but are plain typos
+        if len(word) > 1 and sorted(c.lower()) == sorted(word.lower()):
             return c
     matches = difflib.get_close_matches(word, pool, n=1, cutoff=cutoff)
     return matches[0] if matches else None
