@@ -50,11 +50,15 @@ _GRACE_S = 1.0  # after a first failure, time allowed for the other exits to arr
 _TERM_S = 3.0  # after SIGTERM, time before SIGKILL
 
 
+_DETAIL = "\n--- traceback ---\n"  # separates a worker's error summary from its traceback
+
+
 @dataclass(frozen=True)
 class Failure:
     rank: int
     cause: str
     secondary: bool  # merely a consequence of another rank's failure
+    detail: str = ""  # the traceback of an unexpected Python error
 
 
 class Heartbeat:
@@ -108,8 +112,9 @@ def _cause(rank: int, code: int, run_dir: Path) -> Failure:
             name = str(-code)
         return Failure(rank, f"killed by signal {name}", False)
     if err.exists():
-        text = err.read_text().strip() or f"exited with code {code}"
-        return Failure(rank, text, any(s in text.lower() for s in _SECONDARY))
+        summary, _, detail = err.read_text().partition(_DETAIL)
+        summary = summary.strip() or f"exited with code {code}"
+        return Failure(rank, summary, any(s in summary.lower() for s in _SECONDARY), detail)
     return Failure(rank, f"exited with code {code}", False)
 
 
@@ -177,8 +182,9 @@ def _watch(
             root = next((f for f in failures if not f.secondary), failures[0])
             others = [r for r in range(len(procs)) if r != root.rank]
             _stop(procs)
+            detail = f"\n{root.detail.rstrip()}" if root.detail and not root.secondary else ""
             raise ExecutionError(
-                f"rank {root.rank} failed: {root.cause}\n"
+                f"rank {root.rank} failed: {root.cause}{detail}\n"
                 f"stopped ranks {', '.join(map(str, others))}"
             )
         now = time.time()
@@ -226,15 +232,13 @@ def worker_main(run_dir: Path) -> int:
         if rank == 0:
             write_atomic(run_dir / "result.pkl", pickle.dumps(result))
         return 0
-    except BaseException as exc:  # report anything, then exit without running teardown hooks
+    except BaseException as exc:  # the parent reports it; a worker prints nothing itself
         if isinstance(exc, SpindleError):
             text = exc.render()
         else:
-            text = f"{type(exc).__name__}: {exc}"
-            traceback.print_exc()
+            text = f"{type(exc).__name__}: {exc}{_DETAIL}{traceback.format_exc()}"
         with contextlib.suppress(OSError):
             write_atomic(run_dir / f"error-{rank}", text)
-        print(f"rank {rank}: {text}", file=sys.stderr)
         return 1
 
 

@@ -194,3 +194,66 @@ def sequential_plan(graph: MetaGraph) -> Plan:
     """Every MetaOp in turn on all devices."""
     devs = tuple(range(graph.cluster.devices))
     return make_plan(graph, [[(m.id, 0, m.layers, devs)] for m in graph.metaops if m.batch > 0])
+
+
+def clip_like(devices: int = 4) -> MetaGraph:
+    """Contrastive and mse tasks, a frozen encoder, a shared text encoder, a resampler, and a
+    task whose batch (3) is smaller than some device groups (empty shards)."""
+    return lower(
+        {
+            "img_enc": ("vit", dict(layers=2, hidden=32, heads=2, patch=2), True),
+            "img_head": ("mlp", {"in": 32, "out": 24}, False),
+            "imu_enc": ("transformer", dict(layers=2, hidden=16, heads=2), False),
+            "imu_head": ("mlp", {"in": 16, "out": 24, "hidden": 20}, False),
+            "text_enc": ("transformer", dict(layers=3, hidden=24, heads=2, vocab=64), False),
+            "res": ("resampler", {"in": 16, "hidden": 16, "heads": 2, "out_tokens": 4}, False),
+        },
+        [
+            ModalityInfo("image", 8),
+            ModalityInfo("imu", 6, features=12),
+            ModalityInfo("text", 10, vocab=64),
+        ],
+        {
+            "image_text": (
+                [
+                    ("image", "img_enc", None),
+                    ("img_enc", "img_head", None),
+                    ("text", "text_enc", None),
+                ],
+                6,
+                "contrastive",
+            ),
+            "imu_text": (
+                [("imu", "imu_enc", None), ("imu_enc", "imu_head", None), ("text", "text_enc", 7)],
+                3,
+                "contrastive",
+            ),
+            "regress": ([("imu", "imu_enc", None), ("imu_enc", "res", None)], 5, "mse"),
+        },
+        devices,
+    )
+
+
+CLIP_WAVES = (
+    (
+        ("image_text/img_enc", 0, 2, (0, 1)),
+        ("imu_text/imu_enc", 0, 1, (2,)),
+        ("regress/imu_enc", 0, 2, (3,)),
+    ),
+    (("imu_text/imu_enc", 1, 2, (0, 1, 2, 3)),),
+    (("image_text/text_enc", 0, 3, (1, 2, 3)), ("imu_text/imu_head", 0, 1, (0,))),
+    (
+        ("imu_text/text_enc", 0, 2, (0, 1)),
+        ("image_text/img_head", 0, 1, (2,)),
+        ("regress/res", 0, 1, (3,)),
+    ),
+    (("imu_text/text_enc", 2, 3, (2, 3)),),
+)
+
+TINY_WAVES = (
+    (("caption/vision", 0, 2, (0, 1, 2)), ("transcribe/hearing", 0, 2, (3,))),
+    (("caption/vision", 2, 4, (0, 1)), ("transcribe/audio_proj", 0, 1, (2, 3))),
+    (("caption/vision_proj", 0, 1, (3,)), ("transcribe/lm", 0, 3, (0, 1, 2))),
+    (("caption/lm", 0, 4, (0, 1, 2, 3)),),
+    (("caption/lm", 4, 6, (1, 3)), ("transcribe/lm", 3, 6, (0, 2))),
+)

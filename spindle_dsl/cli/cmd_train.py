@@ -1,0 +1,110 @@
+"""``spindle train``: run a wave plan as real training on torch.distributed.
+
+Three ways to start it: ``--nproc N`` spawns N local worker processes (gloo on CPU, NCCL on
+GPUs); under ``torchrun`` (one or many nodes) every process runs this command and takes its
+rank from RANK, LOCAL_RANK and WORLD_SIZE; with neither, a spec whose cluster is ``cpu``
+devices spawns one worker per device. Without ``--plan`` it plans first (``--scheduler``,
+default: the default scheduler) for exactly as many devices as there are ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from spindle_dsl.cli.common import add_spec_arguments, load_cost_model, load_graph
+from spindle_dsl.errors import ExecutionError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S, SCHEDULERS
+
+    add_spec_arguments(parser)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--plan", metavar="PLAN.json", help="run this plan (from `spindle plan`)")
+    source.add_argument(
+        "--scheduler",
+        default="default",
+        choices=SCHEDULERS,
+        help="plan with this scheduler or baseline first (default: %(default)s)",
+    )
+    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S")
+    parser.add_argument("--steps", type=int, default=10, help="optimizer steps (default: 10)")
+    parser.add_argument("--nproc", type=int, help="spawn this many local worker processes")
+    parser.add_argument("--log-json", metavar="FILE", help="one JSON line per step")
+    parser.add_argument("--checkpoint-dir", metavar="DIR", help="checkpoint here (and resume)")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=0, metavar="K", help="also every K steps"
+    )
+    parser.add_argument(
+        "--no-resume", action="store_true", help="start afresh even if DIR has a checkpoint"
+    )
+    parser.add_argument("--trace", metavar="FILE.json", help="write a measured Chrome trace")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=45.0,
+        metavar="S",
+        help="stop every rank when one makes no progress for S seconds (default: 45)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress line")
+
+
+def run(args: argparse.Namespace) -> int:
+    from spindle_dsl.backends.base import RunConfig
+    from spindle_dsl.backends.torch import TorchBackend, torchrun_env
+    from spindle_dsl.backends.torch.progress import summary
+    from spindle_dsl.plan.model import Plan
+
+    env = None if args.nproc is not None else torchrun_env()
+    world = args.nproc if args.nproc is not None else env[1] if env else None
+    if world is not None and args.devices is None and args.plan is None:
+        args.devices = world  # plan for as many devices as there are ranks
+    graph = load_graph(args, show_warnings=env is None or env[0] == 0)
+    if world is None:
+        if graph.cluster.device.name != "cpu":
+            raise ExecutionError(
+                f"the spec's cluster has {graph.cluster.devices} {graph.cluster.device.name} "
+                f"devices: start the run with torchrun, or pass --nproc N to spawn local workers"
+            )
+        world = graph.cluster.devices
+        args.nproc = world
+
+    def planner() -> Plan:
+        from spindle_dsl.planner import make_plan
+
+        return make_plan(
+            graph,
+            load_cost_model(args, graph),
+            scheduler=args.scheduler,
+            time_limit_s=args.time_limit,
+        )
+
+    plan = Plan.read(args.plan) if args.plan else None
+    config = RunConfig(
+        steps=args.steps,
+        seed=args.seed,
+        lr=args.lr,
+        dtype=args.dtype,
+        device=args.device,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=not args.no_resume,
+        log_json=args.log_json,
+        trace=args.trace,
+        progress=not args.no_progress,
+        hang_timeout_s=args.hang_timeout,
+        collective_timeout_s=max(args.hang_timeout + 5.0, 10.0),
+    )
+    result = TorchBackend().train(graph, plan, config, nproc=args.nproc, planner=planner)
+    if result is not None:  # rank 0 (or the parent of --nproc workers)
+        sequential = result.extra.get("baselines", {}).get("sequential_s")
+        scheduler = result.extra.get("scheduler", "?")
+        print(f"plan: {scheduler}")
+        print(summary(result, sequential))
+    sys.stdout.flush()
+    return 0
