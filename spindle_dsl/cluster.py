@@ -32,13 +32,15 @@ PRESETS: dict[str, DevicePreset] = {
     for p in (
         DevicePreset(
             "cpu",
-            peak_flops=5e10,
+            peak_flops=1.2e11,
             memory_bytes=4 * GiB,
             intra_bandwidth=2 * GB_PER_S,
             inter_bandwidth=1 * Gb_PER_S,
-            source="a laptop-class CPU worker process: ~50 GFLOP/s fp32, 4 GiB, gloo over "
-            "shared memory within a machine, 1 Gb/s Ethernet between machines (assumed; "
-            "`spindle profile` measures the real figures)",
+            source="one CPU worker process on one thread: fp32 matmul peak taken as 120 GFLOP/s "
+            "(tiny_mm's caption/lm layer measured 94 GFLOP/s forward+backward on this project's "
+            "2-core CI machine with `spindle profile`); 4 GiB; gloo over shared memory inside a "
+            "machine, 1 Gb/s Ethernet between machines (assumed; `spindle profile` measures the "
+            "real compute figures)",
         ),
         DevicePreset(
             "A100-40GB",
