@@ -63,6 +63,7 @@ def main() -> int:
         return 2
 
     from spindle_dsl.cost import make_cost_model
+    from spindle_dsl.errors import SpindleError
     from spindle_dsl.language import compile_file
     from spindle_dsl.planner import make_plan
     from spindle_dsl.render.graphviz_tools import dot_available
@@ -79,7 +80,11 @@ def main() -> int:
         overrides = {"devices": args.devices} if args.devices else None
         graph = compile_file(str(spec), cluster_overrides=overrides).graph
         t0 = time.perf_counter()
-        plan = make_plan(graph, make_cost_model(graph.cluster))
+        try:
+            plan = make_plan(graph, make_cost_model(graph.cluster))
+        except SpindleError as exc:
+            print(f"{spec.stem:>10} cannot be planned: {exc.render().splitlines()[0]}")
+            continue
         plan_s = time.perf_counter() - t0
 
         times = time_renderers(graph, plan, args.repeat)
@@ -92,7 +97,7 @@ def main() -> int:
         print(" ".join(f"{c!s:>10}" for c in row))
     verdict = "within" if worst < TARGET_S else "OVER"
     print(
-        f"slowest fixture renders everything in {worst:.3f} s ({verdict} the {TARGET_S} s target)"
+        f"slowest single rendering: {worst:.3f} s ({verdict} the {TARGET_S} s target)"
     )
     return 0 if worst < TARGET_S else 1
 

@@ -34,9 +34,11 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
         if action.dest == "spec":
             action.metavar = "PLAN.json|SPEC"
             action.help = "a plan written by `spindle plan --out`, or a .spindle file to plan"
-    parser.add_argument(
-        "--scheduler", default="default", help="scheduler used when INPUT is a spec"
+    group = parser.add_argument_group("planning (when INPUT is a spec)")
+    group.add_argument(
+        "--scheduler", default="default", help="default, milp, paper or a baseline's name"
     )
+    group.add_argument("--time-limit", type=float, metavar="S", help="solver time limit (s)")
 
 
 def is_plan_file(path: str) -> bool:
@@ -51,7 +53,8 @@ def load_plan(args: argparse.Namespace) -> tuple[Plan, MetaGraph | None]:
 
     graph = load_graph(args)
     cost = load_cost_model(args, graph)
-    return make_plan(graph, cost, scheduler=args.scheduler), graph
+    limit = {} if args.time_limit is None else {"time_limit_s": args.time_limit}
+    return make_plan(graph, cost, scheduler=args.scheduler, **limit), graph
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -120,3 +120,27 @@ def utilisation(plan: Plan) -> float:
     total = sum(w.duration_s for w in plan.waves) * plan.cluster.devices
     busy = sum(e.time_s * len(e.devices) for w in plan.waves for e in w.entries)
     return busy / total if total > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """Predicted time the waves do not hold (activation transfers, gradient sync): the plan
+    counts it in ``iteration_s`` after the last wave, so pictures draw it there."""
+
+    start_s: float
+    duration_s: float
+    label: str
+
+
+def overhead(plan: Plan) -> Overhead | None:
+    """The tail between the last wave's end and ``iteration_s``, named from the breakdown."""
+    end = max((w.start_s + w.duration_s for w in plan.waves), default=0.0)
+    tail = plan.iteration_s - end
+    if tail <= 1e-9 * max(plan.iteration_s, 1e-12):
+        return None
+    parts = [
+        name.removesuffix("_s").replace("_", " ")
+        for name, secs in plan.breakdown
+        if name != "compute_s" and secs > 0
+    ]
+    return Overhead(end, tail, " + ".join(parts) if parts else "outside the waves")

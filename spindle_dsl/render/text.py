@@ -14,7 +14,7 @@ from spindle_dsl.plan.model import Plan
 from spindle_dsl.render.dot_metagraph import graph_view
 from spindle_dsl.render.dot_waves import plan_title
 from spindle_dsl.render.fmt import device_ranges, fmt_flops, fmt_seconds
-from spindle_dsl.render.schedule import placed_entries
+from spindle_dsl.render.schedule import overhead, placed_entries
 
 SYMBOLS = string.ascii_uppercase + string.ascii_lowercase + string.digits
 
@@ -63,9 +63,11 @@ def timeline_text(plan: Plan, width: int = 100) -> str:
     symbol = {m.id: SYMBOLS[i % len(SYMBOLS)] for i, m in enumerate(plan.metaops)}
     total = max(sum(w.duration_s for w in plan.waves), plan.iteration_s, 1e-12)
     step = total / width
+    tail = overhead(plan)
+    tail_from = round(tail.start_s / step) if tail else width
     rows = []
     for d in range(plan.cluster.devices):
-        cells = ["."] * width
+        cells = ["."] * tail_from + ["~"] * (width - tail_from)
         for p in placed:
             if d in p.entry.devices:
                 a = round(p.start_s / step)
@@ -87,7 +89,8 @@ def timeline_text(plan: Plan, width: int = 100) -> str:
     label_w = max(len(f"dev {device_ranges(ds)}") for ds, _ in merged)
     out = [plan_title(plan), f"{'waves':<{label_w}} {''.join(marks)}"]
     out += [f"{'dev ' + device_ranges(ds):<{label_w}} {row}" for ds, row in merged]
-    out.append(f"{'':<{label_w}} one column = {fmt_seconds(step)}; '.' = idle")
+    key = f"one column = {fmt_seconds(step)}; '.' = idle"
+    out.append(f"{'':<{label_w}} {key}" + (f"; '~' = {tail.label}" if tail else ""))
     used = {p.op.id for p in placed}
     out += [f"  {symbol[m.id]} {m.id}" for m in plan.metaops if m.id in used]
     return "\n".join(out) + "\n"

@@ -16,10 +16,11 @@ from spindle_dsl.plan.model import Plan
 from spindle_dsl.render.colors import IDLE_FILL, Palette
 from spindle_dsl.render.dot_waves import plan_title
 from spindle_dsl.render.fmt import device_runs, time_unit
-from spindle_dsl.render.schedule import Idle, idle_spans, placed_entries, plan_palette
+from spindle_dsl.render.schedule import Idle, idle_spans, overhead, placed_entries, plan_palette
 
 TIMELINE_FORMATS = ("svg", "png", "pdf")
 WIDTH_IN = 13.0
+OVERHEAD_FILL = "#e6e6f2"
 DPI = 110
 
 
@@ -81,6 +82,34 @@ def timeline_figure(plan: Plan, colours: Palette | None = None):  # -> matplotli
                 zorder=1,
             )
         )
+    tail = overhead(plan)
+    if tail is not None:
+        ax.add_patch(
+            Rectangle(
+                (tail.start_s * scale, 0),
+                tail.duration_s * scale,
+                devices,
+                facecolor=OVERHEAD_FILL,
+                edgecolor="#b8b8d0",
+                hatch="..",
+                linewidth=0,
+                zorder=1,
+            )
+        )
+        fit = _label_fit(tail.duration_s / total * ax_width_px, devices * row_px, (tail.label,))
+        if fit is not None:
+            ax.text(
+                (tail.start_s + tail.duration_s / 2) * scale,
+                devices / 2,
+                fit[0],
+                ha="center",
+                va="center",
+                rotation=fit[2],
+                fontsize=fit[1],
+                color="#333355",
+                zorder=4,
+                bbox={"facecolor": OVERHEAD_FILL, "edgecolor": "none", "pad": 1},
+            )
     for p in placed:
         col = colours[p.op.task]
         x, w = p.start_s * scale, p.entry.time_s * scale
@@ -121,10 +150,12 @@ def timeline_figure(plan: Plan, colours: Palette | None = None):  # -> matplotli
 
     top = blended_transform_factory(ax.transData, ax.transAxes)
     waves = sorted(plan.waves, key=lambda w: w.index)
-    every = max(1, len(waves) // 30)
-    for k, wave in enumerate(waves):
+    last_label_px = -1e9
+    for wave in waves:
         ax.axvline(wave.start_s * scale, color="#444444", linestyle="--", linewidth=0.8)
-        if k % every == 0:
+        mid_px = (wave.start_s + wave.duration_s / 2) / total * ax_width_px
+        if mid_px - last_label_px >= 8 * len(f"w{wave.index}"):  # skip labels that would touch
+            last_label_px = mid_px
             mid = (wave.start_s + wave.duration_s / 2) * scale
             ax.text(
                 mid,
@@ -156,6 +187,10 @@ def timeline_figure(plan: Plan, colours: Palette | None = None):  # -> matplotli
     ax.set_title(plan_title(plan), fontsize=10, pad=22)
     handles = [Patch(facecolor=c.base, label=c.task) for c in colours.colours]
     handles.append(Patch(facecolor=IDLE_FILL, edgecolor="#c8c8c8", hatch="///", label="idle"))
+    if tail is not None:
+        handles.append(
+            Patch(facecolor=OVERHEAD_FILL, edgecolor="#b8b8d0", hatch="..", label=tail.label)
+        )
     fig.legend(
         handles=handles,
         loc="outside lower center",

@@ -23,7 +23,7 @@ from typing import Any
 
 from spindle_dsl.atomic import write_atomic
 from spindle_dsl.plan.model import Plan
-from spindle_dsl.render.schedule import activation_flows, placed_entries
+from spindle_dsl.render.schedule import activation_flows, overhead, placed_entries
 
 US = 1e6  # trace times are microseconds
 
@@ -141,8 +141,9 @@ def _inside(start_s: float, duration_s: float, at_end: bool) -> float:
 
 
 def plan_spans(plan: Plan) -> tuple[list[Span], list[Flow]]:
-    """A predicted plan as spans (one per entry per device) and flows (activations crossing
-    device groups, from the producer's last entry to the consumer's first)."""
+    """A predicted plan as spans (one per entry per device, plus the transfer and gradient-sync
+    time the plan adds after its waves) and flows (activations crossing device groups, from the
+    producer's last entry to the consumer's first)."""
     per_node = plan.cluster.devices_per_node
     placed = placed_entries(plan)
     spans = []
@@ -159,6 +160,20 @@ def plan_spans(plan: Plan) -> tuple[list[Span], list[Flow]]:
         }
         for d in e.devices:
             spans.append(Span(d // per_node, d, p.label, p.start_s, e.time_s, p.op.task, args))
+    tail = overhead(plan)
+    if tail is not None:  # predicted time after the waves, so the trace lasts iteration_s
+        for d in range(plan.cluster.devices):
+            spans.append(
+                Span(
+                    d // per_node,
+                    d,
+                    tail.label,
+                    tail.start_s,
+                    tail.duration_s,
+                    "overhead",
+                    {"breakdown": dict(plan.breakdown), "predicted_s": tail.duration_s},
+                )
+            )
     flows = []
     for i, f in enumerate(activation_flows(plan, placed)):
         src_dev, dst_dev = f.src.entry.devices[0], f.dst.entry.devices[0]

@@ -63,3 +63,14 @@ def test_text_waves_and_metagraph(plan, graph):
     )
     mg = metagraph_text(graph)
     assert "[frozen]" in mg and "[shares lm]" in mg and "<- image[16]" in mg
+
+
+def test_timeline_draws_the_time_after_the_waves(plan):
+    longer = replace(
+        plan,
+        iteration_s=plan.iteration_s + 0.1,
+        breakdown=(("compute_s", plan.iteration_s), ("transfer_s", 0.1)),
+    )
+    text = "".join(ET.fromstring(timeline_bytes(longer, "svg")).itertext())
+    assert text.count("transfer") == 2  # on the chart and in the legend
+    assert "transfer" not in "".join(ET.fromstring(timeline_bytes(plan, "svg")).itertext())

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+
+import pytest
 
 from spindle_dsl.render.trace import (
     Flow,
@@ -96,3 +99,18 @@ def test_check_trace_finds_broken_traces(plan):
     assert check_trace({}) == ["no traceEvents list"]
     assert any("missing dur" in p for p in check_trace({"traceEvents": [{"ph": "X", "name": "a",
                "ts": 0, "pid": 0, "tid": 0}]}))  # fmt: skip
+
+
+def test_time_after_the_waves_is_an_overhead_span_per_device(plan):
+    longer = replace(
+        plan,
+        iteration_s=plan.iteration_s + 0.05,
+        breakdown=(("compute_s", plan.iteration_s), ("transfer_s", 0.04), ("grad_sync_s", 0.01)),
+    )
+    trace = plan_trace(longer)
+    assert check_trace(trace) == []
+    tail = [e for e in _events(trace, "X") if e["cat"] == "overhead"]
+    assert sorted(e["tid"] for e in tail) == [0, 1, 2, 3]
+    assert tail[0]["name"] == "transfer + grad sync"
+    assert tail[0]["ts"] + tail[0]["dur"] == pytest.approx(longer.iteration_s * 1e6)
+    assert not [e for e in _events(plan_trace(plan), "X") if e["cat"] == "overhead"]
