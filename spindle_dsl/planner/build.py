@@ -8,7 +8,7 @@ schedule; ``to_plan`` writes the chosen one in the plan format.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spindle_dsl.cost.base import CostModel, Curves
 from spindle_dsl.errors import PlanError
@@ -22,6 +22,7 @@ from spindle_dsl.plan.model import (
     SpecRef,
     Wave,
 )
+from spindle_dsl.planner.allocator import level_optimum
 from spindle_dsl.planner.placement import Placement, Topology, place
 from spindle_dsl.planner.problem import OpSpec, Problem, Schedule
 from spindle_dsl.planner.timing import Flows, SharedModule, Timing, time_placement
@@ -52,6 +53,11 @@ class Evaluated:
     @property
     def fits(self) -> bool:
         return not self.placement.overflow
+
+    def key(self, capacity: int) -> tuple[float, float]:
+        """What planning minimises: bytes over capacity (summed over devices), then time."""
+        over = sum(max(0, m - capacity) for m in self.placement.memory)
+        return (float(over), self.iteration_s)
 
 
 def _gib(x: float) -> str:
@@ -118,7 +124,13 @@ def context(graph: MetaGraph, cost: CostModel) -> PlanContext:
     if not graph.metaops:
         raise PlanError("the spec has no MetaOps to plan (no task runs any module)")
     curves = cost.curves(graph)
+    flows = flows_of(graph)
     ops = tuple(_op_spec(m, graph, cost, curves) for m in graph.metaops)
+    problem = Problem(ops, graph.cluster.devices)
+    n_star: dict[str, float] = {}
+    for level in problem.levels:
+        n_star.update(level_optimum([problem.op(i) for i in level], problem.devices).n_star)
+    ops = tuple(replace(o, switch_s=_switch_s(graph, cost, flows, o, n_star[o.id])) for o in ops)
     problem = Problem(ops, graph.cluster.devices)
     partners: dict[str, tuple[str, ...]] = {}
     for g in graph.sharing_groups:
@@ -128,7 +140,19 @@ def context(graph: MetaGraph, cost: CostModel) -> PlanContext:
             )
     c = graph.cluster
     topo = Topology(c.devices, c.devices_per_node, c.device.memory_bytes, partners)
-    return PlanContext(graph, cost, curves, problem, flows_of(graph), topo)
+    return PlanContext(graph, cost, curves, problem, flows, topo)
+
+
+def _switch_s(graph: MetaGraph, cost: CostModel, flows: Flows, op: OpSpec, n_star: float) -> float:
+    """What changing an op's allocation mid-way roughly costs: re-sharding its activations
+    from a group of its continuous-optimum size to one a device larger (forward, and
+    backward if it trains)."""
+    N = graph.cluster.devices
+    if N == 1:
+        return 0.0
+    n = max(1, min(N - 1, round(n_star)))
+    t = cost.transfer_seconds(flows.carry_bytes[op.id], range(n), range(n + 1), graph.cluster)
+    return t * (2 if flows.backward[op.id] else 1)
 
 
 def evaluate(ctx: PlanContext, sched: Schedule) -> Evaluated:

@@ -113,7 +113,9 @@ def _try_wave(st: _State, w: int) -> bool:
             continue
         n, k = best
         takes = st.take_front(op.id, later, k)
-        if st.gain(op.id, takes) > EPS * dur:
+        nxt = next(q for q in st.waves[later[0]] if q.op == op.id).n
+        price = op.switch_s if n != nxt else 0.0
+        if st.gain(op.id, takes) > price + EPS * dur:
             first = next(q for q in st.waves[later[0]] if q.op == op.id).first
             st.apply(op.id, takes)
             st.waves[w].append(Piece(op.id, first, first + k, n))
@@ -147,10 +149,30 @@ def rebalance(problem: Problem, sched: Schedule) -> Schedule:
     For fixed layer counts, the min-max allocation is found greedily: every piece starts on
     its smallest allocation and the slowest piece keeps taking its next faster one while it
     fits; when the slowest cannot speed up, no allocation makes the wave shorter. A wave is
-    changed only if that makes it strictly shorter.
+    changed only if the time it saves beats the allocation changes it adds (each one moves
+    an op's activations, ``OpSpec.switch_s``).
     """
+    prev_n: dict[tuple[int, str], int] = {}  # n of the op's piece before / after wave w
+    next_n: dict[tuple[int, str], int] = {}
+    last: dict[str, int] = {}
+    for wi, wave in enumerate(sched.waves):
+        for p in wave:
+            if p.op in last:
+                prev_n[wi, p.op] = last[p.op]
+            last[p.op] = p.n
+    last = {}
+    for wi in reversed(range(len(sched.waves))):
+        for p in sched.waves[wi]:
+            if p.op in last:
+                next_n[wi, p.op] = last[p.op]
+            last[p.op] = p.n
+
+    def switches(wi: int, op: str, n: int) -> float:
+        count = (prev_n.get((wi, op), n) != n) + (next_n.get((wi, op), n) != n)
+        return count * problem.op(op).switch_s
+
     out = []
-    for wave in sched.waves:
+    for wi, wave in enumerate(sched.waves):
         ops = {p.op: problem.op(p.op) for p in wave}
         alloc = {p.op: ops[p.op].pareto[0] for p in wave}
         k = {p.op: p.layers for p in wave}
@@ -162,9 +184,15 @@ def rebalance(problem: Problem, sched: Schedule) -> Schedule:
                 break
             free -= nxt - alloc[slow]
             alloc[slow] = nxt
+        # pieces the new allocation does not slow past the new duration keep their n
         new = max(k[i] * ops[i].t(alloc[i]) for i in alloc)
+        for p in wave:
+            room = problem.devices - sum(alloc.values()) + alloc[p.op]
+            if p.n != alloc[p.op] and k[p.op] * ops[p.op].t(p.n) <= new and p.n <= room:
+                alloc[p.op] = p.n
         old = max(p.layers * ops[p.op].t(p.n) for p in wave)
-        if free >= 0 and new < old * (1 - 1e-9):
+        added = sum(switches(wi, p.op, alloc[p.op]) - switches(wi, p.op, p.n) for p in wave)
+        if sum(alloc.values()) <= problem.devices and new + added < old * (1 - 1e-9):
             out.append(tuple(Piece(p.op, p.first, p.end, alloc[p.op]) for p in wave))
         else:
             out.append(wave)

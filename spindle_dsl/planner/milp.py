@@ -10,7 +10,8 @@ Model (``W`` waves, candidate allocations ``n in C_m`` per MetaOp):
 * ``dur[m,w]``: d[w] >= sum_n T_m(n) y[m,w,n].
 * ``prec[p,m,w]`` (cross-level): L_p * active(m,w) <= layers of p done in waves before w, so a
   MetaOp may start in the first wave after its own inputs are done, whatever its level.
-* objective: sum d[w] plus a tiny price per entry (fewer cuts, fewer transfers).
+* objective: sum d[w] plus a price per entry: the op's estimated cost of moving its
+  activations to other devices (``OpSpec.switch_s``), since every extra entry may do so.
 
 Waves a MetaOp cannot use (before its depth, or too late to leave room for its consumers) get
 no variables. Building is separate from solving; solving returns a ``MilpResult`` holding plain
@@ -67,8 +68,8 @@ class WaveModelSpec:
 class MilpResult:
     status: SolveStatus
     objective_s: float | None  # sum of wave durations of the solution, seconds
-    bound_s: float | None  # the solver's lower bound on it, seconds
-    gap: float | None  # (objective - bound) / objective
+    bound_s: float | None  # the solver's lower bound on its objective (with entry prices), s
+    gap: float | None  # the solver's relative gap on its objective
     wall_s: float
     waves: tuple[tuple[Piece, ...], ...]  # the solution, empty waves dropped
     variables: int
@@ -149,7 +150,9 @@ def build(spec: WaveModelSpec) -> _Built:
     if spec.descending:
         for w in range(W - 1):
             model.add_constr(d[w] >= d[w + 1], f"order_{w}")
-    model.objective = mip.xsum(d) + ENTRY_PRICE * mip.xsum(x.values())
+    model.objective = mip.xsum(d) + mip.xsum(
+        (ENTRY_PRICE + spec.ops[i].switch_s / scale) * v for (i, _, _), v in x.items()
+    )
     built = _Built(model, spec, scale, x, y, d)
     if spec.start is not None:
         _warm_start(built)
@@ -217,9 +220,10 @@ def solve(b: _Built, time_limit_s: float) -> MilpResult:
     waves = _read_solution(b)
     ops = {o.id: o for o in b.spec.ops}
     objective = sum(max(p.layers * ops[p.op].t(p.n) for p in w) for w in waves)
-    bound = max(0.0, (b.model.objective_bound or 0.0) * b.scale)
-    bound = min(bound, objective)
-    gap = 0.0 if status is SolveStatus.OPTIMAL else (objective - bound) / objective
+    value = b.model.objective_value
+    bound = min(max(0.0, b.model.objective_bound or 0.0), value)
+    gap = 0.0 if status is SolveStatus.OPTIMAL or value <= 0 else (value - bound) / value
+    bound *= b.scale
     return MilpResult(status, objective, bound, gap, wall, waves, nvar, ncon)
 
 

@@ -27,6 +27,7 @@ class OpSpec:
     ns: tuple[int, ...]  # allocations the planner may use, increasing
     seconds: tuple[float, ...]  # T(n) per layer for each of ``ns``
     task: str = ""
+    switch_s: float = 0.0  # estimated cost of moving its activations to other devices mid-op
 
     def __post_init__(self) -> None:
         assert self.layers >= 1, f"{self.id}: a MetaOp has at least one layer"
@@ -156,6 +157,21 @@ class Schedule:
 
     def compute_s(self, problem: Problem) -> float:
         return sum(self.durations(problem))
+
+    def switches_s(self, problem: Problem) -> float:
+        """Estimated transfers: each change of allocation inside an op moves its activations."""
+        last: dict[str, int] = {}
+        total = 0.0
+        for w in self.waves:
+            for p in w:
+                if p.op in last and last[p.op] != p.n:
+                    total += problem.op(p.op).switch_s
+                last[p.op] = p.n
+        return total
+
+    def score(self, problem: Problem) -> float:
+        """What the schedulers minimise: compute plus estimated mid-op transfers."""
+        return self.compute_s(problem) + self.switches_s(problem)
 
 
 def schedule_errors(problem: Problem, sched: Schedule) -> list[str]:

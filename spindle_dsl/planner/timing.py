@@ -7,9 +7,8 @@
   touching disjoint devices run in parallel, those sharing a device queue up, so a boundary
   costs its busiest device's total (forward and backward boundaries counted separately).
 * Gradient sync: a module shared by several MetaOps must sum its gradients over every device
-  that holds one of its layers. Where all the MetaOps ran a layer on the same devices the
-  MetaOps' own data-parallel all-reduce (already in T_m(n)) covers it; otherwise one more
-  all-reduce over the union of their devices is counted, queued per device as above.
+  that holds one of its layers (see ``grad_sync_seconds`` for what is already in T_m(n)),
+  queued per device as above.
 """
 
 from __future__ import annotations
@@ -105,25 +104,37 @@ def time_placement(
 
 
 def grad_sync_seconds(placement: Placement, flows: Flows, allreduce: AllreduceFn) -> float:
-    """Extra all-reduces for shared modules whose layers ran on different device groups."""
+    """What summing shared modules' gradients over their holders costs beyond T_m(n).
+
+    The runtime accumulates a shared layer's gradient locally over every MetaOp a device ran
+    it for, then all-reduces it once over all its holders (the union U of the groups S_i of
+    the MetaOps holding it). Each MetaOp's curve already paid an all-reduce over its own S_i,
+    so the extra is AR(U) - sum_i AR(S_i), never counted below zero: nothing when every
+    MetaOp ran the layer on the same devices, an inter-node all-reduce when intra-node
+    groups of different tasks share a layer across nodes.
+    """
     where: dict[str, list[tuple[int, int, tuple[int, ...]]]] = {}
     for wave in placement.waves:
         for p in wave:
             where.setdefault(p.op, []).append((p.first, p.end, p.devices))
     load: dict[int, float] = {}
     for mod in flows.shared:
-        groups: dict[tuple[int, ...], int] = {}  # union of devices -> layers synced over it
+        groups: dict[tuple[tuple[int, ...], ...], int] = {}  # holder groups -> layers
         for j in range(mod.layers):
             sets = []
             for op, offset in mod.holders:
                 layer = offset + j
                 for first, end, devs in where.get(op, []):
                     if first <= layer < end:
-                        sets.append(frozenset(devs))
+                        sets.append(tuple(sorted(devs)))
                         break
             if len(set(sets)) > 1:
-                union = tuple(sorted(frozenset().union(*sets)))
-                groups[union] = groups.get(union, 0) + 1
-        for union, count in groups.items():
-            _charge(load, union, allreduce(count * mod.bytes_per_layer, union))
+                key = tuple(sorted(sets))
+                groups[key] = groups.get(key, 0) + 1
+        for sets, count in groups.items():
+            nbytes = count * mod.bytes_per_layer
+            union = tuple(sorted(set().union(*sets)))
+            extra = allreduce(nbytes, union) - sum(allreduce(nbytes, s) for s in sets)
+            if extra > 0:
+                _charge(load, union, extra)
     return max(load.values(), default=0.0)

@@ -1,0 +1,150 @@
+"""Local search on the real objective: placement, transfers and gradient sync included.
+
+The schedulers optimise compute time with only an estimate of what moving activations
+costs, and a tail of short waves can cost more in transfers at their boundaries than it
+saves in compute. ``polish`` therefore tries small edits of a schedule and keeps one only
+if the placed, timed plan gets better (first memory overflow, then iteration time):
+
+* merge two neighbouring waves (re-allocating the merged wave if it needs more devices);
+* absorb a piece into the previous or next piece of the same MetaOp (fewer cuts);
+* give a piece the allocation of the MetaOp's previous piece, or of its producer's last
+  piece, so that placement can keep the activations where they are.
+
+Edits are tried shortest waves and smallest pieces first, until none helps or time is up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from itertools import pairwise
+
+from spindle_dsl.planner.problem import Piece, Problem, Schedule, schedule_errors
+
+Objective = Callable[[Schedule], tuple[float, float]]
+
+
+def _min_max_alloc(problem: Problem, wave: list[Piece]) -> list[Piece] | None:
+    """Fit ``wave`` on the devices with the shortest duration (None if it cannot fit)."""
+    ops = {p.op: problem.op(p.op) for p in wave}
+    alloc = {p.op: ops[p.op].pareto[0] for p in wave}
+    free = problem.devices - sum(alloc.values())
+    if free < 0:
+        return None
+    while True:
+        slow = max(
+            alloc, key=lambda i: next(p.layers for p in wave if p.op == i) * ops[i].t(alloc[i])
+        )
+        nxt = ops[slow].next_faster(alloc[slow], alloc[slow] + free)
+        if nxt is None:
+            break
+        free -= nxt - alloc[slow]
+        alloc[slow] = nxt
+    return [Piece(p.op, p.first, p.end, alloc[p.op]) for p in wave]
+
+
+def _merges(problem: Problem, waves: list[tuple[Piece, ...]]) -> Iterator[list[tuple[Piece, ...]]]:
+    order = sorted(
+        range(len(waves) - 1),
+        key=lambda k: min(_dur(problem, waves[k]), _dur(problem, waves[k + 1])),
+    )
+    for k in order:
+        a, b = waves[k], waves[k + 1]
+        if {p.op for p in a} & {p.op for p in b}:
+            continue
+        merged = [*a, *b]
+        if sum(p.n for p in merged) > problem.devices:
+            fitted = _min_max_alloc(problem, merged)
+            if fitted is None:
+                continue
+            merged = fitted
+        yield [*waves[:k], tuple(merged), *waves[k + 2 :]]
+
+
+def _dur(problem: Problem, wave: tuple[Piece, ...]) -> float:
+    return max((p.layers * problem.op(p.op).t(p.n) for p in wave), default=0.0)
+
+
+def _pieces(waves: list[tuple[Piece, ...]]) -> dict[str, list[tuple[int, int]]]:
+    """Each op's pieces as (wave index, position in the wave), in layer order."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for wi, w in enumerate(waves):
+        for j, p in enumerate(w):
+            out.setdefault(p.op, []).append((wi, j))
+    return out
+
+
+def _replace(waves, edits: dict[tuple[int, int], Piece | None]) -> list[tuple[Piece, ...]]:
+    out = []
+    for wi, w in enumerate(waves):
+        row = []
+        for j, p in enumerate(w):
+            q = edits.get((wi, j), p)
+            if q is not None:
+                row.append(q)
+        if row:
+            out.append(tuple(row))
+    return out
+
+
+def _absorbs(problem: Problem, waves: list[tuple[Piece, ...]]) -> Iterator[list[tuple[Piece, ...]]]:
+    where = _pieces(waves)
+    pairs = []
+    for locs in where.values():
+        for (w1, j1), (w2, j2) in pairwise(locs):
+            pairs.append(((w1, j1), (w2, j2)))
+    pairs.sort(
+        key=lambda pr: min(waves[pr[0][0]][pr[0][1]].layers, waves[pr[1][0]][pr[1][1]].layers)
+    )
+    for (w1, j1), (w2, j2) in pairs:
+        p1, p2 = waves[w1][j1], waves[w2][j2]
+        yield _replace(waves, {(w1, j1): Piece(p1.op, p1.first, p2.end, p1.n), (w2, j2): None})
+        yield _replace(waves, {(w1, j1): None, (w2, j2): Piece(p2.op, p1.first, p2.end, p2.n)})
+
+
+def _aligns(problem: Problem, waves: list[tuple[Piece, ...]]) -> Iterator[list[tuple[Piece, ...]]]:
+    where = _pieces(waves)
+    last_n: dict[str, int] = {}
+    for wi, w in enumerate(waves):
+        used = sum(p.n for p in w)
+        for j, p in enumerate(w):
+            targets = []
+            if p.op in last_n:
+                targets.append(last_n[p.op])
+            else:
+                targets.extend(last_n[d] for d in problem.op(p.op).deps if d in last_n)
+            locs = where[p.op]
+            k = locs.index((wi, j))
+            if k + 1 < len(locs):
+                nw, nj = locs[k + 1]
+                targets.append(waves[nw][nj].n)
+            for n in dict.fromkeys(targets):
+                if n != p.n and problem.op(p.op).valid(n) and used - p.n + n <= problem.devices:
+                    yield _replace(waves, {(wi, j): Piece(p.op, p.first, p.end, n)})
+        for p in w:
+            last_n[p.op] = p.n
+
+
+def polish(problem: Problem, sched: Schedule, objective: Objective, seconds: float) -> Schedule:
+    """First-improvement local search for at most ``seconds`` (see the module docstring)."""
+    deadline = time.perf_counter() + seconds
+    best = sched
+    best_key = objective(sched)
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        waves = list(best.waves)
+        for gen in (_merges, _absorbs, _aligns):
+            for cand in gen(problem, waves):
+                if time.perf_counter() >= deadline:
+                    return best
+                trial = Schedule(best.name, tuple(cand), best.status, best.gap, best.notes)
+                if schedule_errors(problem, trial):
+                    continue
+                key = objective(trial)
+                if key < best_key and (key[0] < best_key[0] or key[1] < best_key[1] * (1 - 1e-7)):
+                    best, best_key, improved = trial, key, True
+                    break
+            if improved:
+                break
+    return best
