@@ -29,6 +29,7 @@ __all__ = [
     "check",
     "compile_file",
     "compile_text",
+    "decode_spec",
     "format_spec",
     "lower",
     "parse",
@@ -84,11 +85,15 @@ def read_spec_text(path: str | Path) -> str:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return decode_spec(data, str(path))
+
+
+def decode_spec(data: bytes, path: str = "<bytes>") -> str:
+    """Spec bytes as text: UTF-8, with an optional byte-order mark (some editors write one)."""
     try:
-        return data.decode("utf-8-sig")  # a byte-order mark some editors write is not an error
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         message = f"the file is not UTF-8 text: byte {data[exc.start]:#04x} cannot be decoded"
-        span = SourceSpan(str(path), line, column)
-        raise SpecError(Diagnostic("error", message, span)) from None
+        raise SpecError(Diagnostic("error", message, SourceSpan(path, line, column))) from None
