@@ -61,6 +61,7 @@ def reproduce_command(result: Result, spec_file: Path, plan_file: Path) -> str:
         parts += ["--device", s.device]
     if s.scheduler != "default":
         parts += ["--scheduler", s.scheduler]
+    parts += ["--time-limit", f"{s.time_limit_s:g}"]
     parts += ["--out", str(plan_file)]
     return " ".join(parts)
 

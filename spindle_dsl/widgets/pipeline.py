@@ -5,8 +5,9 @@ so this is the one place that knows which library calls the widget makes. Pictur
 as ``data:`` URIs in ``<img>`` tags: each SVG stays its own document, so the element ids that
 Graphviz and matplotlib write cannot collide when several pictures share one page.
 
-The memory chart is drawn by ``memory_svg`` here rather than with matplotlib: it is redrawn on
-every slider move, and a hand-written SVG costs well under a millisecond.
+The timeline and the memory chart are hand-written SVG (``timeline_svg``, ``memory_svg``) rather
+than matplotlib figures: they are redrawn on every slider move, and matplotlib alone would take
+most of the half second a re-plan may cost. The wave picture is Graphviz's, as everywhere.
 """
 
 from __future__ import annotations
@@ -19,11 +20,8 @@ from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.widgets.memory_svg import memory_svg
 from spindle_dsl.widgets.mixes import MixInfo
-from spindle_dsl.widgets.state import Compiled, Pictures, Pipeline
-
-# The planner's budget per re-plan: a slider move must redraw in well under a second, and the
-# schedulers return their best plan so far when the limit is reached.
-INTERACTIVE_TIME_LIMIT_S = 0.3
+from spindle_dsl.widgets.state import Compiled, Pictures, Pipeline, PlanOptions
+from spindle_dsl.widgets.timeline_svg import timeline_svg
 
 
 def mixes_of(spec: Any) -> tuple[MixInfo, ...]:
@@ -57,7 +55,6 @@ def draw(plan: Plan, graph: MetaGraph) -> Pictures:
     from spindle_dsl.render.graphviz_tools import INSTALL_HINT, dot_available, render_dot
     from spindle_dsl.render.schedule import plan_palette
     from spindle_dsl.render.text import waves_text
-    from spindle_dsl.render.timeline import timeline_bytes
 
     colours = plan_palette(plan)
     if dot_available():
@@ -67,13 +64,11 @@ def draw(plan: Plan, graph: MetaGraph) -> Pictures:
             f"<p>The Graphviz <code>dot</code> program is not installed, so the waves are "
             f"listed as text. {escape(INSTALL_HINT)}.</p><pre>{escape(waves_text(plan))}</pre>"
         )
-    timeline = img(timeline_bytes(plan, "svg", colours), "timeline")
+    timeline = img(timeline_svg(plan, colours), "timeline")
     return Pictures(waves=waves, timeline=timeline, memory=memory_svg(plan))
 
 
-def real_pipeline(
-    *, profile: str | None = None, time_limit_s: float = INTERACTIVE_TIME_LIMIT_S
-) -> Pipeline:
+def real_pipeline(*, profile: str | None = None) -> Pipeline:
     """The library's own stages; ``profile`` is a `spindle profile` file to fit curves from."""
     from spindle_dsl.cost import make_cost_model
     from spindle_dsl.language import compile_text
@@ -84,9 +79,15 @@ def real_pipeline(
         warnings = tuple(d.render(text) for d in c.warnings)
         return Compiled(c.graph, warnings, mixes_of(c.spec))
 
-    def plan_(graph: MetaGraph, scheduler: str) -> Plan:
+    def plan_(graph: MetaGraph, options: PlanOptions) -> Plan:
         cost = make_cost_model(graph.cluster, profile=profile)
-        return make_plan(graph, cost, scheduler=scheduler, time_limit_s=time_limit_s)
+        return make_plan(
+            graph,
+            cost,
+            scheduler=options.scheduler,
+            time_limit_s=options.time_limit_s,
+            check_memory=options.check_memory,
+        )
 
     names = tuple(SCHEDULERS)
     ordered = ("default", *(n for n in names if n != "default")) if "default" in names else names

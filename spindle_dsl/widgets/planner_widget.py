@@ -13,6 +13,7 @@ plan, greyed, so the user never loses the picture they are fixing.
 
 from __future__ import annotations
 
+import math
 import os
 from html import escape
 from pathlib import Path
@@ -24,7 +25,14 @@ from spindle_dsl.cluster import PRESETS
 from spindle_dsl.errors import SpecError, SpindleError
 from spindle_dsl.widgets.debounce import Debouncer, TimerFactory, default_timer
 from spindle_dsl.widgets.mixes import MixInfo
-from spindle_dsl.widgets.state import Pipeline, PlanningSession, Result, Settings, View
+from spindle_dsl.widgets.state import (
+    INTERACTIVE_TIME_LIMIT_S,
+    Pipeline,
+    PlanningSession,
+    Result,
+    Settings,
+    View,
+)
 from spindle_dsl.widgets.summary import summarize, summary_html
 
 DEFAULT_MAX_DEVICES = 64
@@ -96,6 +104,24 @@ class PlannerWidget(w.VBox):
             description="scheduler",
             layout=wide,
         )
+        self.time_limit = w.FloatLogSlider(
+            value=INTERACTIVE_TIME_LIMIT_S,
+            base=10,
+            min=-2,
+            max=1,
+            step=0.1,
+            description="MILP limit s",
+            continuous_update=False,
+            readout_format=".2g",
+            tooltip="more time can find a better plan; re-planning waits for it",
+            layout=wide,
+        )
+        self.check_memory = w.Checkbox(
+            value=True,
+            description="only plans that fit in memory",
+            indent=False,
+            tooltip="untick to see the fastest plan even where it overflows device memory",
+        )
         self.mix = w.Dropdown(options=[], description="mix", layout=wide)
         self.weights = w.VBox([])
         self.spec_text = w.Textarea(
@@ -130,6 +156,8 @@ class PlannerWidget(w.VBox):
         self.device.observe(self._on_device, "value")
         self.scheduler.observe(lambda ch: self._apply(scheduler=ch["new"]), "value")
         self.mix.observe(self._on_mix, "value")
+        self.check_memory.observe(lambda ch: self._apply(check_memory=ch["new"]), "value")
+        self.time_limit.observe(lambda ch: self._apply(time_limit_s=ch["new"]), "value")
         self.spec_text.observe(lambda _ch: self._debouncer.trigger(), "value")
 
         title = w.HTML(
@@ -140,6 +168,8 @@ class PlannerWidget(w.VBox):
                 self.devices,
                 self.device,
                 self.scheduler,
+                self.time_limit,
+                self.check_memory,
                 self.mix,
                 w.HTML("<b>task weights</b>"),
                 self.weights,
@@ -273,13 +303,17 @@ class PlannerWidget(w.VBox):
                 s.unobserve(self._on_weight, "value")
             self._weight_sliders = {}
             if base is not None:
-                top = max([10.0, *(wt for _t, wt in base.weights)])
+                values = [*(wt for _t, wt in base.weights), *overrides.values()]
+                step = _slider_step(values)
+                # weights are relative: twice the largest one is room enough to let any task
+                # dominate the mix
+                top = step * math.ceil(2 * max([*values, step]) / step)
                 for task in tasks:
                     s = w.FloatSlider(
                         value=overrides.get(task, base.weight(task)),
                         min=0.0,
                         max=top,
-                        step=top / 200,
+                        step=step,
                         description=task,
                         continuous_update=False,
                         style={"description_width": "initial"},
@@ -312,6 +346,18 @@ class PlannerWidget(w.VBox):
         self.last_export = written
 
 
+def _slider_step(values: list[float]) -> float:
+    """A decimal step that every declared weight is a multiple of, one digit finer.
+
+    The browser snaps a slider's value to its step; a step that did not divide the declared
+    weights would move the sliders (and re-plan) as soon as the page shows them.
+    """
+    for digits in range(7):
+        if all(abs(v * 10**digits - round(v * 10**digits)) < 1e-6 for v in values):
+            return 10.0 ** -(digits + 1)
+    return 1e-7
+
+
 def _base_mix(result: Result) -> MixInfo | None:
     """The declared mix the weight sliders start from (the selected one, else the first)."""
     if not result.mixes:
@@ -327,14 +373,14 @@ def _error_html(text: str, lines: tuple[int, ...] = ()) -> str:
     where = f"<div>errors on line {', '.join(map(str, lines))}</div>" if lines else ""
     return (
         f"<div style='color:#b00'>{where}<pre style='margin:0;white-space:pre-wrap'>"
-        f"{escape(text)}</pre></div>"
+        f"{escape(text, quote=False)}</pre></div>"
     )
 
 
 def _warnings_html(warnings: tuple[str, ...]) -> str:
     if not warnings:
         return ""
-    body = escape("\n".join(warnings))
+    body = escape("\n".join(warnings), quote=False)
     return f"<pre style='color:#a60;margin:0;white-space:pre-wrap'>{body}</pre>"
 
 

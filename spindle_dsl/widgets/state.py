@@ -30,6 +30,19 @@ from spindle_dsl.widgets.mixes import MixInfo, custom_mix_text
 
 # --- values ----------------------------------------------------------------------------------
 
+# The MILP's budget per re-plan: a slider move must redraw in under half a second, and the MILP
+# returns its best plan so far at the limit (measured: python -m spindle_dsl.widgets.bench).
+INTERACTIVE_TIME_LIMIT_S = 0.1
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the planner is asked besides the graph."""
+
+    scheduler: str = "default"
+    check_memory: bool = True  # False: show plans that overflow memory, with notes saying where
+    time_limit_s: float = INTERACTIVE_TIME_LIMIT_S
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -42,6 +55,11 @@ class Settings:
     mix: str | None = None  # a mix declared in the spec (default: the spec's first)
     weights: tuple[tuple[str, float], ...] = ()  # per-task weight overrides of that mix
     scheduler: str = "default"
+    check_memory: bool = True  # False: show plans that overflow memory, with notes saying where
+    time_limit_s: float = INTERACTIVE_TIME_LIMIT_S  # the MILP solver's limit per re-plan
+
+    def plan_options(self) -> PlanOptions:
+        return PlanOptions(self.scheduler, self.check_memory, self.time_limit_s)
 
     def cluster_overrides(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -75,7 +93,7 @@ class Pipeline:
     """The stages a session runs; each is a plain function so tests can pass fakes."""
 
     compile: Callable[[str, str, str | None, dict[str, Any]], Compiled]
-    plan: Callable[[MetaGraph, str], Plan]
+    plan: Callable[[MetaGraph, PlanOptions], Plan]
     draw: Callable[[Plan, MetaGraph], Pictures]
     schedulers: tuple[str, ...] = ("default",)
 
@@ -217,13 +235,13 @@ class PlanningSession:
         return hit
 
     def _plan(
-        self, key: tuple[Any, ...], graph: MetaGraph, scheduler: str, t: list[float]
+        self, key: tuple[Any, ...], graph: MetaGraph, s: Settings, t: list[float]
     ) -> tuple[Plan, Pictures]:
         hit = self._planned.get(key)
         if hit is None:
             try:
                 start = time.perf_counter()
-                plan = self.pipeline.plan(graph, scheduler)
+                plan = self.pipeline.plan(graph, s.plan_options())
                 mid = time.perf_counter()
                 t[1] += mid - start
                 pictures = self.pipeline.draw(plan, graph)
@@ -257,6 +275,8 @@ class PlanningSession:
 
     def _run(self, s: Settings, t: list[float]) -> Result:
         overrides = s.cluster_overrides()
+        if s.time_limit_s <= 0:
+            raise SpindleError(f"the solver time limit must be positive, got {s.time_limit_s}")
         if s.scheduler not in self.pipeline.schedulers:
             known = ", ".join(self.pipeline.schedulers)
             raise SpindleError(f"unknown scheduler '{s.scheduler}' (known: {known})")
@@ -270,8 +290,8 @@ class PlanningSession:
             if custom is not None:
                 text, mix = custom
                 compiled = self._compile(text, s.path, mix, overrides, t)
-        key = (text, s.path, mix, tuple(sorted(overrides.items())), s.scheduler)
-        plan, pictures = self._plan(key, compiled.graph, s.scheduler, t)
+        key = (text, s.path, mix, tuple(sorted(overrides.items())), s.plan_options())
+        plan, pictures = self._plan(key, compiled.graph, s, t)
         return Result(
             settings=s,
             graph=compiled.graph,

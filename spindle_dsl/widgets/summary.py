@@ -35,6 +35,7 @@ class Summary:
     planning_s: float
     peak_memory_bytes: int | None  # the fullest device, when the plan predicts memory
     memory_capacity_bytes: int
+    notes: tuple[str, ...]  # the planner's remarks: which schedule won, what does not fit
 
     @property
     def fits(self) -> bool | None:
@@ -63,6 +64,7 @@ def summarize(plan: Plan) -> Summary:
         planning_s=plan.solver.wall_s,
         peak_memory_bytes=max(plan.memory_bytes) if plan.memory_bytes else None,
         memory_capacity_bytes=plan.cluster.memory_bytes,
+        notes=plan.notes,
     )
 
 
@@ -108,6 +110,11 @@ def summary_html(s: Summary, *, stale: bool = False) -> str:
     body = "".join(
         f"<tr><td style='padding-right:1em;color:#555'>{k}</td><td>{v}</td></tr>" for k, v in rows
     )
+    notes = "".join(f"<li>{escape(n)}</li>" for n in s.notes)
+    if notes:
+        body += (
+            f"<tr><td colspan='2'><ul style='margin:0;padding-left:1.2em'>{notes}</ul></td></tr>"
+        )
     style = "opacity:0.45" if stale else ""
     head = "<div style='color:#a60'>last good plan: the current settings have errors</div>"
     return f"{head if stale else ''}<div style='{style}'><table>{body}</table></div>"

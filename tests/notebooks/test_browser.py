@@ -45,9 +45,13 @@ def test_moving_the_devices_slider_redraws_the_waves(chromium, voila_server, tmp
             handle.focus()
             for _ in range(4):
                 page.keyboard.press("ArrowLeft")
+            target = before_devices - 4
+            # each key press is a slider change and a re-plan; wait for the last one to land
             page.wait_for_function(
-                "([sel, old]) => document.querySelector(sel).innerHTML !== old",
-                arg=[".spindle-waves", before_waves],
+                """([old, want]) =>
+                    document.querySelector('.spindle-waves').innerHTML !== old &&
+                    document.querySelector('.spindle-summary').innerText.includes(want)""",
+                arg=[before_waves, f"{target} ×"],
                 timeout=60_000,
             )
             after_devices = int(readout.inner_text())
@@ -58,7 +62,7 @@ def test_moving_the_devices_slider_redraws_the_waves(chromium, voila_server, tmp
             browser.close()
 
     print(f"screenshot: {shot}")
-    assert after_devices == before_devices - 4
+    assert after_devices == target
     assert f"{after_devices} ×" in after_summary and f"{before_devices} ×" in before_summary
     assert after_summary != before_summary
     width, height = png_size(shot.read_bytes())

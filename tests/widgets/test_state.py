@@ -102,3 +102,17 @@ def test_choosing_another_mix_drops_the_weight_overrides(fake_pipeline):
 def test_unknown_scheduler_is_a_clear_error(fake_pipeline):
     v = make(fake_pipeline).update(scheduler="magic")
     assert v.stale and "unknown scheduler 'magic' (known: default, other)" in v.error
+
+
+def test_check_memory_off_shows_a_plan_that_overflows(fake_pipeline):
+    s = make(fake_pipeline)
+    assert s.update(devices=200).stale
+    v = s.update(check_memory=False)
+    assert v.ok and v.result.plan.cluster.devices == 200
+
+
+def test_time_limit_reaches_the_planner_and_must_be_positive(fake, fake_pipeline):
+    s = make(fake_pipeline)
+    s.update(time_limit_s=2.0)
+    assert len(fake.plans) == 2  # a new limit is a new plan (not served from the cache)
+    assert s.update(time_limit_s=0).stale

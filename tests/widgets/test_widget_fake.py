@@ -6,6 +6,8 @@ the real planner's figures; ``test_widget.py`` repeats the essentials on the rea
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from spindle_dsl.widgets.planner_widget import PlannerWidget
@@ -73,7 +75,7 @@ def test_each_control_redraws_the_outputs(widget, fake):
     sliders["a"].value = 1.0
     assert widget.view.result.graph.task("a").batch == 16  # a=1, b=1 of 32
     seen.append(outputs(widget))
-    for before, after in zip(seen, seen[1:], strict=False):
+    for before, after in itertools.pairwise(seen):
         assert before[0] != after[0]  # the summary changed every time
     assert seen[0][1] != seen[1][1] != seen[4][1]  # and the waves with devices and weights
     widget.devices.value = 4
@@ -123,3 +125,11 @@ def test_missing_file_is_a_spec_error(tmp_path, fake_pipeline):
 
     with pytest.raises(SpecError, match="cannot read spec"):
         PlannerWidget.from_file(tmp_path / "nope.spindle", pipeline=fake_pipeline)
+
+
+def test_weight_slider_steps_divide_the_declared_weights():
+    from spindle_dsl.widgets.planner_widget import _slider_step
+
+    assert _slider_step([3.0, 1.0]) == 0.1
+    assert _slider_step([0.3, 0.2, 0.1]) == pytest.approx(0.01)
+    assert _slider_step([0.125, 1.0]) == pytest.approx(1e-4)
