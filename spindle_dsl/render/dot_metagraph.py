@@ -2,8 +2,10 @@
 
 Each MetaOp is a box in its task's cluster, labelled with its module, kind, L, batch x tokens
 and forward FLOPs for all its layers; frozen MetaOps have a dashed border and say so. A module
-that several tasks run (and whose parameters they therefore share) gets one cylinder outside
-the clusters, tied by dashed lines to every MetaOp that runs it, so the sharing is seen at once.
+that several tasks run (and whose parameters they therefore share) is marked on every copy: a
+double border, a "shared by N MetaOps" line with the parameter size, and a dashed gold chain
+linking the copies across the task clusters, so the sharing is seen at once. (A separate node
+per shared module was tried; its spokes crossed every cluster and hid the data flow.)
 
 It draws a ``MetaGraph`` (everything known) or a ``Plan`` (a plan file carries its MetaOps but
 not modalities or frozen flags), through one small view type, so ``spindle render plan.json
@@ -12,6 +14,7 @@ not modalities or frozen flags), through one small view type, so ``spindle rende
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from html import escape
 
@@ -23,6 +26,7 @@ from spindle_dsl.render.colors import MODALITY_FILL, Palette, mix, palette, task
 from spindle_dsl.render.fmt import fmt_bytes, fmt_flops
 
 FONT = "Helvetica"
+SHARED_COLOUR = "#8a6d00"  # dark gold: the dashes and text that mark shared parameters
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,7 @@ def graph_view(source: MetaGraph | Plan) -> GraphView:
     return GraphView(title, ops, tuple((t, "") for t in order), shared)
 
 
-def _op_label(op: OpView) -> str:
+def _op_label(op: OpView, shared: SharedView | None) -> str:
     rows = [
         f"<b>{escape(op.module)}</b>",
         f"{escape(op.kind)} · L={op.layers}",
@@ -128,6 +132,11 @@ def _op_label(op: OpView) -> str:
     ]
     if op.frozen:
         rows.append("<i>frozen</i>")
+    if shared is not None:
+        size = f" · {fmt_bytes(shared.param_bytes)}" if shared.param_bytes is not None else ""
+        rows.append(
+            f'<font color="{SHARED_COLOUR}">shared by {len(shared.metaops)} MetaOps{size}</font>'
+        )
     return "<" + "<br/>".join(rows) + ">"
 
 
@@ -146,7 +155,7 @@ def metagraph_dot(source: MetaGraph | Plan, colours: Palette | None = None) -> g
     )
     dot.attr("node", fontname=FONT, fontsize="11")
     dot.attr("edge", fontname=FONT, fontsize="9", color="#555555")
-    shared_ids = {i for s in view.shared for i in s.metaops}
+    shared_of = {i: s for s in view.shared for i in s.metaops}
     modalities = sorted({name for op in view.ops for name, _ in op.modalities})
     for name in modalities:
         dot.node(
@@ -173,13 +182,13 @@ def metagraph_dot(source: MetaGraph | Plan, colours: Palette | None = None) -> g
                 style = "rounded,filled" + (",dashed" if op.frozen else "")
                 sub.node(
                     op.id,
-                    _op_label(op),
+                    _op_label(op, shared_of.get(op.id)),
                     shape="box",
                     style=style,
                     fillcolor=col.light,
                     color=col.base,
                     penwidth="2",
-                    peripheries="2" if op.id in shared_ids else "1",
+                    peripheries="2" if op.id in shared_of else "1",
                     tooltip=op.id,
                 )
     for op in view.ops:
@@ -187,23 +196,16 @@ def metagraph_dot(source: MetaGraph | Plan, colours: Palette | None = None) -> g
             dot.edge(f"modality__{name}", op.id, label=f"{tokens} tok")
         for dep in op.deps:
             dot.edge(dep, op.id)
-    for s in view.shared:
-        size = f"<br/>{fmt_bytes(s.param_bytes)} params" if s.param_bytes is not None else ""
-        dot.node(
-            f"shared__{s.module}",
-            f"<<b>{escape(s.module)}</b><br/>shared by {len(s.metaops)} MetaOps{size}>",
-            shape="cylinder",
-            style="filled",
-            fillcolor="#fff7d6",
-            color="#8a6d00",
-        )
-        for mid in s.metaops:
+    for s in view.shared:  # a dashed chain through the copies of each shared module
+        for a, b in itertools.pairwise(s.metaops):
             dot.edge(
-                f"shared__{s.module}",
-                mid,
+                a,
+                b,
                 style="dashed",
                 dir="none",
-                color="#8a6d00",
+                color=SHARED_COLOUR,
+                penwidth="1.5",
                 constraint="false",
+                tooltip=f"{s.module}: parameters shared",
             )
     return dot

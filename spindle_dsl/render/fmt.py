@@ -12,19 +12,24 @@ from collections.abc import Iterable
 _SI = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
+def sig3(x: float) -> str:
+    """Three significant figures without switching to exponent notation (1234 -> "1234")."""
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
 def fmt_flops(flops: float) -> str:
     """``4.41 PFLOP``: three significant figures with an SI prefix."""
     for scale, prefix in _SI:
         if abs(flops) >= scale:
-            return f"{flops / scale:.3g} {prefix}FLOP"
-    return f"{flops:.3g} FLOP"
+            return f"{sig3(flops / scale)} {prefix}FLOP"
+    return f"{sig3(flops)} FLOP"
 
 
 def fmt_bytes(n: float) -> str:
     """``13.2 GiB``: binary units, because device memory is sized in them."""
     for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
+            return f"{sig3(n / scale)} {unit}"
     return f"{int(n)} B"
 
 
@@ -40,7 +45,7 @@ def time_unit(seconds: float) -> tuple[float, str]:
 def fmt_seconds(seconds: float) -> str:
     """``12.3 ms``: three significant figures in the unit that suits the value."""
     scale, unit = time_unit(abs(seconds)) if seconds else (1.0, "s")
-    return f"{seconds * scale:.3g} {unit}"
+    return f"{sig3(seconds * scale)} {unit}"
 
 
 def device_ranges(devices: Iterable[int]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 
 from spindle_dsl.plan.model import Plan
+from spindle_dsl.render.fmt import sig3
 
 GiB = 2**30
 
@@ -41,7 +42,7 @@ def memory_svg(plan: Plan) -> bytes | None:
     colours = ["#d62728" if m > cap else "#4e79a7" for m in mem]
     ax.bar(range(len(mem)), mem, color=colours, width=0.8)
     ax.axhline(cap, color="#222222", linestyle="--", linewidth=1)
-    ax.text(len(mem) - 0.5, cap, f"capacity {cap:.3g} GiB", ha="right", va="bottom", fontsize=8)
+    ax.text(len(mem) - 0.5, cap, f"capacity {sig3(cap)} GiB", ha="right", va="bottom", fontsize=8)
     per_node = plan.cluster.devices_per_node
     for b in range(per_node, len(mem), per_node):
         ax.axvline(b - 0.5, color="#999999", linewidth=0.6)

@@ -74,3 +74,14 @@ def test_timeline_draws_the_time_after_the_waves(plan):
     text = "".join(ET.fromstring(timeline_bytes(longer, "svg")).itertext())
     assert text.count("transfer") == 2  # on the chart and in the legend
     assert "transfer" not in "".join(ET.fromstring(timeline_bytes(plan, "svg")).itertext())
+
+
+def test_number_formats():
+    from spindle_dsl.render.fmt import device_ranges, fmt_bytes, fmt_flops, fmt_seconds
+
+    assert fmt_bytes(1000 * 2**30) == "1000 GiB"
+    assert fmt_bytes(3 * 2**29) == "1.5 GiB"
+    assert fmt_flops(4.41e15) == "4.41 PFLOP"
+    assert fmt_seconds(2500.0) == "2500 s" and fmt_seconds(0.0123) == "12.3 ms"
+    assert fmt_seconds(3e-5) == "30 µs"
+    assert device_ranges([5, 0, 1, 2, 7, 6]) == "0-2, 5-7"
