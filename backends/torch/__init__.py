@@ -55,13 +55,14 @@ class TorchBackend(Backend):
     ) -> RunResult | None:
         """Train; ``plan`` None asks ``planner`` for one (once, on rank 0 or in the parent)."""
         from .launch import spawn
-        from .worker import Job, run_rank
+        from .worker import Job, preflight, run_rank
 
         if nproc is not None:
             if plan is None:
                 if planner is None:
                     raise ExecutionError("no plan given and no planner to make one")
                 plan = planner()
+            preflight(graph, plan, nproc, datasets)
             job = Job(graph, plan, config, dict(datasets or {}))
             return spawn(job, nproc, hang_timeout_s=config.hang_timeout_s)
         job = Job(graph, plan, config, dict(datasets or {}))

@@ -73,7 +73,12 @@ class StepExecutor:
             stage = self.my_stage[wave]
             if stage is not None:
                 with self.tracer.span(
-                    f"F {stage.metaop} [{stage.first},{stage.end})", "forward", wave=wave
+                    f"F {stage.metaop} [{stage.first},{stage.end})",
+                    "forward",
+                    step=step + 1,
+                    metaop=stage.metaop,
+                    stage=stage.index,
+                    wave=wave,
                 ):
                     outputs[(stage.metaop, stage.index)] = self._forward(stage, step, leaves)
         self.beat(f"step {step + 1} loss")
@@ -87,7 +92,12 @@ class StepExecutor:
                 out = outputs.pop(key)
                 if out.requires_grad:
                     with self.tracer.span(
-                        f"B {stage.metaop} [{stage.first},{stage.end})", "backward", wave=wave
+                        f"B {stage.metaop} [{stage.first},{stage.end})",
+                        "backward",
+                        step=step + 1,
+                        metaop=stage.metaop,
+                        stage=stage.index,
+                        wave=wave,
                     ):
                         grad = out_grads.pop(key, None)
                         torch.autograd.backward(

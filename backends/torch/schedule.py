@@ -292,10 +292,11 @@ def _holders(
 def _check_plan(graph: MetaGraph, plan: Plan, world_size: int) -> None:
     """Everything the runtime relies on, as one error listing each problem."""
     problems: list[str] = []
-    if plan.cluster.devices != world_size:
-        problems.append(
-            f"the plan is for {plan.cluster.devices} devices but {world_size} processes run it; "
-            f"re-plan with --devices {world_size} or run with --nproc {plan.cluster.devices}"
+    if plan.cluster.devices != world_size:  # every device check below would repeat this one
+        raise ExecutionError(
+            f"cannot run this plan:\n  the plan is for {plan.cluster.devices} devices but "
+            f"{world_size} processes run it; re-plan with --devices {world_size} or run with "
+            f"--nproc {plan.cluster.devices}"
         )
     if plan.spec.sha256 and graph.spec_sha256 and plan.spec.sha256 != graph.spec_sha256:
         problems.append(

@@ -2,22 +2,24 @@
 
 Each rank records what it spends time on (a stage's forward or backward, an exchange phase, the
 loss, the gradient reduction, the optimizer step) against the wall clock, so spans of different
-ranks on one machine line up. Rank 0 gathers them and writes one trace: ``traceEvents`` of
-``ph: "X"`` complete events in microseconds, a process per node and a thread per device, as
-``spindle render --what trace`` writes the plan's prediction, so the two open side by side in
-Perfetto or chrome://tracing.
+ranks on one machine line up. Rank 0 gathers them and hands them to the renderer's trace writer
+(``spindle_dsl.render.trace``), the one that writes the plan's prediction: a process per node,
+a thread per device, ``ph: "X"`` events in microseconds, and flow arrows where activations
+cross device groups, so the measured and the predicted trace open side by side in Perfetto.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from spindle_dsl.atomic import write_atomic
+from spindle_dsl.render import trace as chrome
+
+from .schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class Span:
     cat: str  # "forward", "backward", "exchange", "loss", "reduce", "optimizer", "step"
     start: float
     end: float
-    args: tuple[tuple[str, object], ...] = ()
+    args: tuple[tuple[str, Any], ...] = ()
 
 
 class Tracer:
@@ -40,7 +42,7 @@ class Tracer:
         self.spans: list[Span] = []
 
     @contextmanager
-    def span(self, name: str, cat: str, **args: object) -> Iterator[None]:
+    def span(self, name: str, cat: str, **args: Any) -> Iterator[None]:
         if not self.enabled:
             yield
             return
@@ -51,40 +53,67 @@ class Tracer:
             self.spans.append(Span(self.rank, name, cat, start, time.time(), tuple(args.items())))
 
 
-def chrome_trace(spans: Sequence[Span], devices_per_node: int, title: str) -> dict:
-    """The Chrome trace object: pid = node, tid = device (= rank), times in µs from the first."""
+def _flows(spans: Sequence[chrome.Span], schedule: Schedule) -> list[chrome.Flow]:
+    """An arrow per step and per activation flow between different device groups: from the end
+    of the producing stage's forward on its first device to the start of the consuming stage's
+    forward on its first device."""
+    forward = {
+        (s.args["step"], s.args["metaop"], s.args["stage"], s.device): s
+        for s in spans
+        if s.category == "forward"
+    }
+    out: list[chrome.Flow] = []
+    steps = sorted({k[0] for k in forward})
+    for step in steps:
+        for flow in schedule.flows:
+            if flow.src == flow.dst or flow.key.startswith("loss:"):
+                continue
+            metaop = flow.key.split("<")[0].split("#")[0]
+            dst_stage = 0 if "<" in flow.key else int(flow.key.split("#")[1])
+            src = forward.get((step, *flow.source, flow.src[0]))
+            dst = forward.get((step, metaop, dst_stage, flow.dst[0]))
+            if src is None or dst is None:
+                continue
+            end = src.start_s + src.duration_s - min(1e-6, src.duration_s / 2)
+            begin = dst.start_s + min(1e-6, dst.duration_s / 2)
+            out.append(
+                chrome.Flow(
+                    len(out) + 1,
+                    "activations",
+                    chrome.FlowEnd(src.node, src.device, end),
+                    chrome.FlowEnd(dst.node, dst.device, max(begin, end)),
+                    args={"flow": flow.key, "step": step},
+                )
+            )
+    return out
+
+
+def measured_trace(
+    spans: Sequence[Span], schedule: Schedule, devices_per_node: int, metadata: dict[str, Any]
+) -> dict[str, Any]:
+    """The Chrome trace of the gathered spans, times from the first span of the run."""
     t0 = min((s.start for s in spans), default=0.0)
-    events: list[dict] = []
-    ranks = sorted({s.rank for s in spans})
-    for node in sorted({r // devices_per_node for r in ranks}):
-        events.append(
-            {"name": "process_name", "ph": "M", "pid": node, "args": {"name": f"node {node}"}}
+    converted = [
+        chrome.Span(
+            s.rank // devices_per_node,
+            s.rank,
+            s.name,
+            s.start - t0,
+            s.end - s.start,
+            s.cat,
+            dict(s.args),
         )
-    for r in ranks:
-        events.append(
-            {
-                "name": "thread_name",
-                "ph": "M",
-                "pid": r // devices_per_node,
-                "tid": r,
-                "args": {"name": f"device {r}"},
-            }
-        )
-    for s in spans:
-        events.append(
-            {
-                "name": s.name,
-                "cat": s.cat,
-                "ph": "X",
-                "ts": round((s.start - t0) * 1e6, 3),
-                "dur": round((s.end - s.start) * 1e6, 3),
-                "pid": s.rank // devices_per_node,
-                "tid": s.rank,
-                "args": dict(s.args),
-            }
-        )
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title}}
+        for s in spans
+    ]
+    flows = _flows(converted, schedule)
+    return chrome.chrome_trace(converted, flows, metadata={"source": "measured", **metadata})
 
 
-def write_trace(path: str | Path, spans: Sequence[Span], devices_per_node: int, title: str) -> None:
-    write_atomic(path, json.dumps(chrome_trace(spans, devices_per_node, title)) + "\n")
+def write_measured_trace(
+    path: str | Path,
+    spans: Sequence[Span],
+    schedule: Schedule,
+    devices_per_node: int,
+    metadata: dict[str, Any],
+) -> None:
+    chrome.write_trace(path, measured_trace(spans, schedule, devices_per_node, metadata))

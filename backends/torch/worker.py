@@ -28,11 +28,12 @@ from . import checkpoint
 from .data import TaskData
 from .executor import StepExecutor
 from .grads import GradReducer
+from .losses import check_task
 from .optim import make_optimizer
 from .params import DTYPES, PartStore
 from .progress import Progress
-from .schedule import build_schedule
-from .trace import Tracer, write_trace
+from .schedule import Schedule, build_schedule
+from .trace import Tracer, write_measured_trace
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,20 @@ class Job:
     plan: Plan | None  # None: rank 0 makes one (``planner``) and broadcasts it
     config: RunConfig
     datasets: Mapping[str, Any] = field(default_factory=dict)
+
+
+def preflight(
+    graph: MetaGraph, plan: Plan, world_size: int, datasets: Mapping[str, Any] | None = None
+) -> Schedule:
+    """Every check that needs no process group: the plan fits the graph and the world size,
+    each task's loss can read its sinks, and bound datasets give what the tasks read. The
+    ``--nproc`` parent runs it before spawning anything, so a bad job fails at once."""
+    schedule = build_schedule(graph, plan, world_size)
+    for task in graph.tasks:
+        if task.batch > 0:
+            check_task(graph, task)
+    TaskData(graph, 0, datasets)
+    return schedule
 
 
 def pick_device(config: RunConfig, local_rank: int) -> tuple[str, torch.device]:
@@ -229,8 +244,14 @@ def _train(
         dist.gather_object(tracer.spans, gathered if lead else None, dst=0)
         if lead:
             spans = [s for part in gathered for s in part]
-            title = f"measured: {graph.spec_path} on {world_size} ranks"
-            write_trace(config.trace, spans, plan.cluster.devices_per_node, title)
+            meta = {
+                "spec": graph.spec_path,
+                "ranks": world_size,
+                "backend": backend,
+                "scheduler": plan.solver.name,
+                "predicted_iteration_s": plan.iteration_s,
+            }
+            write_measured_trace(config.trace, spans, schedule, plan.cluster.devices_per_node, meta)
             trace_path = config.trace
     beat("done")
     dist.barrier()

@@ -41,7 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--trace", metavar="FILE.json", help="write a measured Chrome trace")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument(
+        "--run-on",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where workers train: auto picks CUDA (NCCL) where torch sees a GPU, else CPU (gloo)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument(
@@ -90,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         lr=args.lr,
         dtype=args.dtype,
-        device=args.device,
+        device=args.run_on,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
         resume=not args.no_resume,

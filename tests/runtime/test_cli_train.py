@@ -1,0 +1,55 @@
+"""``spindle train`` end to end: spawning, the JSON log, the trace, the summary, and errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spindle_dsl.cli import main
+from spindle_dsl.render.trace import check_trace
+
+
+@pytest.mark.slow
+def test_train_writes_log_trace_checkpoint_and_summary(tmp_path, shared_dir, capfd):
+    log, trace, ckpt = tmp_path / "log.jsonl", tmp_path / "trace.json", tmp_path / "ckpt"
+    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+    code = main(
+        ["train", spec, "--nproc", "2", "--steps", "2", "--log-json", str(log),
+         "--trace", str(trace), "--checkpoint-dir", str(ckpt), "--scheduler", "paper"]
+    )  # fmt: skip
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2]
+    for x in lines:
+        assert set(x) == {"step", "loss", "seconds"} and set(x["loss"]) == {"caption", "transcribe"}
+        assert x["seconds"] > 0 and all(4 < v < 8 for v in x["loss"].values())  # ~ln(512)
+    assert "plan: paper" in out and "measured" in out and "predicted" in out
+    assert "step 2/2" in err  # the progress line
+    events = json.loads(trace.read_text())
+    assert check_trace(events) == []
+    assert {e["tid"] for e in events["traceEvents"] if e["ph"] == "X"} == {0, 1}
+    assert (ckpt / "latest").read_text().strip() == "step-000002"
+    # a second run resumes at step 2 and has nothing left to do
+    assert main(["train", spec, "--nproc", "2", "--steps", "2", "--checkpoint-dir", str(ckpt),
+                 "--no-progress"]) == 0  # fmt: skip
+    assert "resumed from step 2" in capfd.readouterr().out
+
+
+def test_a_plan_for_other_devices_is_refused_before_spawning(tmp_path, shared_dir, capfd):
+    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+    plan = tmp_path / "plan.json"
+    assert main(["plan", spec, "--out", str(plan), "--quiet"]) == 0
+    capfd.readouterr()
+    assert main(["train", spec, "--plan", str(plan), "--nproc", "3", "--steps", "1"]) == 1
+    err = capfd.readouterr().err
+    assert "the plan is for 4 devices but 3 processes run it" in err
+    assert "Traceback" not in err
+
+
+def test_a_gpu_spec_without_a_launcher_says_how_to_start(shared_dir, capfd):
+    spec = str(shared_dir / "spec" / "multitask_clip.spindle")
+    assert main(["train", spec, "--steps", "1"]) == 1
+    err = capfd.readouterr().err
+    assert "torchrun" in err and "--nproc" in err
