@@ -20,7 +20,7 @@ from spindle_dsl.errors import Diagnostic, SpecError
 from spindle_dsl.language import syntax_errors
 from spindle_dsl.language.ast import Decl, Spec
 from spindle_dsl.language.build import LiteralError, build_decls
-from spindle_dsl.language.tokens import chunks, lex
+from spindle_dsl.language.tokens import DECL_KEYWORDS, KEYWORDS, chunks, lex
 
 GRAMMAR_PACKAGE = "spindle_dsl.grammar"
 GRAMMAR_FILE = "spindle.lark"
@@ -49,7 +49,7 @@ def parse(text: str, path: str = "<string>") -> Spec:
     errors: list[Diagnostic] = list(lexed.errors)
     bad_lines = sorted(d.span.line for d in lexed.errors if d.span is not None)
     decls: list[Decl] = []
-    parts = chunks(lexed.tokens)
+    parts = chunks(_keywords_as_names(list(lexed.tokens), errors, path))
     for i, chunk in enumerate(parts):
         nxt = parts[i + 1][0] if i + 1 < len(parts) else None
         tree, chunk_errors = _parse_chunk(list(chunk), nxt, path)
@@ -69,6 +69,24 @@ def parse(text: str, path: str = "<string>") -> Spec:
         errors.sort(key=lambda d: (d.span.line, d.span.column) if d.span else (10**9, 0))
         raise SpecError(errors, source=text)
     return Spec(tuple(decls), path, text, lexed.comments)
+
+
+def _keywords_as_names(toks: list[Token], errors: list[Diagnostic], path: str) -> tuple[Token, ...]:
+    """``task mix { ... }``: report the keyword used as a name once, then read it as a name,
+    so that the chunking does not cut the declaration in two and report it twice."""
+    for i in range(1, len(toks)):
+        named = toks[i - 1].type in DECL_KEYWORDS and toks[i - 1].type != "CLUSTER"
+        if named and toks[i].type in KEYWORDS:
+            errors.append(
+                Diagnostic(
+                    "error",
+                    f"'{toks[i]}' is a keyword and cannot be used as a name",
+                    syntax_errors.token_span(toks[i], path),
+                    hint="choose another name",
+                )
+            )
+            toks[i] = Token.new_borrow_pos("NAME", str(toks[i]), toks[i])
+    return tuple(toks)
 
 
 def _feed(tokens: list[Token]) -> Tree:
