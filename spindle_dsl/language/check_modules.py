@@ -76,6 +76,21 @@ def call_kind(r: Reporter, loc: Loc, kind: Kind, fn: Callable[..., T], *args: An
         return None
 
 
+def modality_problem(kind: Kind, args: dict[str, Any], info: ModalityInfo) -> str | None:
+    """Why ``kind`` cannot read raw ``info`` data, or None. The kind decides first; the vocab
+    rule is checked here as well so that a user's kind need not remember it."""
+    reason = kind.reads_modality(args, info)
+    if reason:
+        return reason
+    vocab = args.get("vocab")
+    if info.vocab is not None and vocab is not None and vocab != info.vocab:
+        return (
+            f"{kind.name} has vocab = {vocab} but modality '{info.name}' has "
+            f"vocab = {info.vocab}; they must agree"
+        )
+    return None
+
+
 def resolve_modules(
     decls: list[ModuleDecl],
     r: Reporter,
@@ -127,7 +142,7 @@ def _resolve_module(
         return None
     if binding_ok and d.modality is not None and d.modality.name in modalities:
         reason = call_kind(
-            r, d.modality.loc, kind, kind.reads_modality, args, modalities[d.modality.name]
+            r, d.modality.loc, kind, modality_problem, kind, args, modalities[d.modality.name]
         )
         if reason:
             r.error(reason, d.modality.loc)

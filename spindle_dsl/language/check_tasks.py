@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from spindle_dsl.kinds import get_kind
 from spindle_dsl.language.ast import Ident, Loc, Path, Setting, TaskDecl
+from spindle_dsl.language.check_modules import modality_problem
 from spindle_dsl.language.reporter import Reporter
 from spindle_dsl.language.resolved import Edge, ResolvedModule
 from spindle_dsl.language.suggest import did_you_mean
@@ -222,7 +223,7 @@ class TaskChecker:
             if target.modality is None:
                 kind = get_kind(target.kind)
                 try:
-                    reason = kind.reads_modality(target.argmap, info)
+                    reason = modality_problem(kind, target.argmap, info)
                 except Exception as exc:  # a user kind's bug becomes an error, not a traceback
                     reason = f"kind '{kind.name}' failed: {type(exc).__name__}: {exc}"
                 if reason:

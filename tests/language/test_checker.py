@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from spindle_dsl.errors import SpecError
+from spindle_dsl.kinds import base as kinds_base
+from spindle_dsl.kinds.base import REQUIRED, ArgSpec, Kind
 from spindle_dsl.language import compile_text
 
 _spec = importlib.util.spec_from_file_location(
@@ -211,3 +214,61 @@ def test_cluster_overrides_from_the_command_line():
     assert "--devices" in error.message
     error = h.first_error(h.BASE, cluster_overrides={"device": "B200"})
     assert "unknown device preset 'B200'" in error.message
+
+
+class _Echo(Kind):
+    """A user kind: ``width``-wide tokens in and out, reads any modality, may blow up."""
+
+    name = "echo"
+    schema = (
+        ArgSpec("layers", int, 1),
+        ArgSpec("width", int, REQUIRED),
+        ArgSpec("vocab", int, None),
+        ArgSpec("explode", bool, False, minimum=None),
+    )
+
+    def in_width(self, args):
+        return args["width"]
+
+    def out_width(self, args):
+        return args["width"]
+
+    def forward_flops(self, args, in_tokens):
+        if args["explode"]:
+            raise ZeroDivisionError("boom")
+        return 2.0 * in_tokens * args["width"] ** 2
+
+    def layer_params(self, args):
+        return args["width"] ** 2
+
+    def activation_elements(self, args, in_tokens):
+        return float(in_tokens * args["width"])
+
+    def build_layer(self, args):
+        from torch import nn
+
+        return nn.Linear(args["width"], args["width"], bias=False)
+
+
+@pytest.fixture
+def echo_kind(monkeypatch):
+    monkeypatch.setitem(kinds_base._REGISTRY, "echo", _Echo())
+
+
+USER = (
+    "modality text { tokens = 4; vocab = 10 }\n"
+    "module e : echo(width = 8ARGS)\n"
+    "task t { text -> e; batch = 2; loss = mse }\n"
+)
+
+
+def test_user_kinds_work_and_the_vocab_rule_holds_for_them(echo_kind):
+    graph = compile_text(USER.replace("ARGS", "")).graph
+    assert graph.op("t/e").forward_flops_per_layer == 2.0 * 4 * 64 * 2
+    error = h.first_error(USER.replace("ARGS", ", vocab = 11"))
+    assert h.where(error) == (3, 10) and "vocab = 11" in error.message
+
+
+def test_a_user_kind_that_raises_is_a_spec_error(echo_kind):
+    with pytest.raises(SpecError, match="kind 'echo' failed computing forward FLOPs"):
+        compile_text(USER.replace("ARGS", ", explode = true"))
