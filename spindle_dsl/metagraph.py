@@ -9,7 +9,7 @@ AST: everything it needs is here, resolved to numbers.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Literal
 
@@ -40,6 +40,10 @@ class ModuleInfo:
     modality: str | None  # the modality an `encoder` (or `shared ... <- m`) is bound to
     tasks: tuple[str, ...]  # tasks that run it, in declaration order
     params: int  # parameters of all its layers, input stages and output head
+    # Modalities read raw (through an input stage), each with the most tokens per sample any
+    # task feeds (``text[2048] -> llm`` beside ``text -> llm``): the input stage's position
+    # table is sized for that, so every task's sequence fits.
+    raw_inputs: tuple[tuple[str, int], ...] = ()
 
     def arg(self, name: str) -> Any:
         return dict(self.args)[name]
@@ -154,6 +158,11 @@ class MetaGraph:
 
     def modality(self, name: str) -> ModalityInfo:
         return next(m for m in self.modalities if m.name == name)
+
+    def stage_modality(self, module: str, modality: str) -> ModalityInfo:
+        """The modality as ``module``'s input stage sees it: tokens = the most any task feeds."""
+        tokens = dict(self.module(module).raw_inputs)[modality]
+        return replace(self.modality(modality), tokens=tokens)
 
     @cached_property
     def levels(self) -> tuple[tuple[str, ...], ...]:

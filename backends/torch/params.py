@@ -49,7 +49,7 @@ def build_part(
             if what == "layer":
                 module = _layer(kind, args, last=int(rest) == info.layers - 1)
             elif what == "input":
-                module = kind.build_input_stage(args, graph.modality(rest))
+                module = kind.build_input_stage(args, graph.stage_modality(part.module, rest))
             elif what == "head":
                 module = kind.build_head(args)
                 if module is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from spindle_dsl.errors import SpecError
@@ -246,14 +246,21 @@ def _module_infos(checked: Checked, runs: dict[str, list[str]]) -> tuple[ModuleI
             continue
         kind = get_kind(m.kind)
         args = m.argmap
-        raw = {
-            e.source
-            for t in checked.tasks
-            for e in t.edges
-            if e.from_modality and e.target == m.name
-        }
+        raw: dict[str, int] = {}
+        for t in checked.tasks:
+            for e in t.edges:
+                if e.from_modality and e.target == m.name:
+                    raw[e.source] = max(raw.get(e.source, 0), int(e.tokens or 0))
         stages = sum(
-            int(_kind_call(m, "input-stage parameters", kind.input_stage_params, args, info))
+            int(
+                _kind_call(
+                    m,
+                    "input-stage parameters",
+                    kind.input_stage_params,
+                    args,
+                    replace(info, tokens=raw[info.name]),
+                )
+            )
             for info in checked.modalities
             if info.name in raw
         )
@@ -268,6 +275,7 @@ def _module_infos(checked: Checked, runs: dict[str, list[str]]) -> tuple[ModuleI
                 modality=m.modality,
                 tasks=tuple(runs[m.name]),
                 params=int(args.get("layers", 1)) * layer + stages + head,
+                raw_inputs=tuple(sorted(raw.items())),
             )
         )
     return tuple(out)
