@@ -10,8 +10,11 @@ default: the default scheduler) for exactly as many devices as there are ranks.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from typing import Any
 
+from spindle_dsl.atomic import write_atomic
 from spindle_dsl.cli.common import add_spec_arguments, load_cost_model, load_graph
 from spindle_dsl.errors import ExecutionError
 
@@ -57,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop every rank when one makes no progress for S seconds (default: 45)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress line")
+    parser.add_argument(
+        "--summary-json",
+        metavar="FILE",
+        help="write measured and predicted step time (and the plan's baselines) as JSON",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,5 +119,22 @@ def run(args: argparse.Namespace) -> int:
         scheduler = result.extra.get("scheduler", "?")
         print(f"plan: {scheduler}")
         print(summary(result, sequential))
+        if args.summary_json:
+            write_atomic(args.summary_json, json.dumps(summary_json(result), indent=1) + "\n")
     sys.stdout.flush()
     return 0
+
+
+def summary_json(result: Any) -> dict[str, Any]:
+    """The run's headline figures for scripts (bench/train_gpu.sh reads them)."""
+    return {
+        "scheduler": result.extra.get("scheduler"),
+        "world_size": result.world_size,
+        "backend": result.backend,
+        "steps": len(result.steps),
+        "resumed_from": result.resumed_from,
+        "measured_step_s": result.measured_step_s,
+        "predicted_step_s": result.predicted_step_s,
+        "baselines": result.extra.get("baselines", {}),
+        "final_loss": dict(result.steps[-1].losses) if result.steps else {},
+    }

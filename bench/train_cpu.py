@@ -1,0 +1,166 @@
+"""Measured training step time of the default plan vs the sequential plan on the same local
+worker processes (gloo, CPU), and measured vs predicted step time.
+
+Profiles the spec's layers on this machine first (``spindle profile``, one thread per worker,
+as the workers run) unless ``--profile`` names a profile, plans with the default scheduler and
+with the sequential baseline under both the profile-fitted and the analytic cost model, trains
+every distinct plan for ``--steps`` steps on ``--nproc`` processes (``--repeat`` rounds,
+alternating plans, so a busy machine slows all of them alike), and prints the median step time
+of each beside its prediction. ``--exactness`` also trains the default plan in float32 and in
+float64 and prints how far its losses and parameters are from the single-process oracle.
+
+    .venv/bin/python bench/train_cpu.py [SPEC] [--nproc 4] [--steps 20] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SPEC = REPO / "examples" / "tiny_mm.spindle"
+
+
+def _plans(graph, profile: str | None):
+    from spindle_dsl.cost import make_cost_model
+    from spindle_dsl.planner import make_plan
+
+    plans = {}
+    for cost_name, source in (("profile", profile), ("analytic", None)):
+        if cost_name == "profile" and source is None:
+            continue
+        cost = make_cost_model(graph.cluster, profile=source)
+        for scheduler in ("default", "sequential"):
+            plans[(scheduler, cost_name)] = make_plan(graph, cost, scheduler=scheduler)
+    return plans
+
+
+def _shape(plan) -> tuple:
+    """What the runtime executes (times aside): two plans with one shape run identically."""
+    return tuple(
+        tuple((e.metaop, e.first, e.end, e.devices) for e in w.entries) for w in plan.waves
+    )
+
+
+def _median_step(result) -> float:
+    return result.measured_step_s
+
+
+def _exactness(graph, plan, nproc: int, steps: int) -> None:
+    import torch
+    from spindle_dsl.backends.base import RunConfig
+    from spindle_dsl.backends.torch import ReferenceModel, TorchBackend
+    from spindle_dsl.backends.torch import checkpoint as ck
+    from spindle_dsl.backends.torch.parts import Part
+
+    print(f"\nexactness: default plan on {nproc} processes vs one process, {steps} steps")
+    print(f"{'dtype':<9}{'max loss rel err':>18}{'max param rel err':>19}  worst tensor")
+    for dtype in ("float32", "float64"):
+        ref = ReferenceModel(graph, dtype=dtype)
+        history = ref.train(steps)
+        with tempfile.TemporaryDirectory() as ckdir:
+            config = RunConfig(steps=steps, dtype=dtype, checkpoint_dir=ckdir, progress=False)
+            result = TorchBackend().train(graph, plan, config, nproc=nproc)
+            loss_err = max(
+                abs(v - want[t]) / abs(want[t])
+                for want, rec in zip(history, result.steps, strict=True)
+                for t, v in rec.losses
+            )
+            info = ck.latest(ckdir)
+            worst, where = 0.0, ""
+            for key, params in ref.state().items():
+                saved = torch.load(ck.part_file(info.path, Part.from_key(key)), weights_only=True)
+                for name, want in params.items():
+                    err = float((saved["params"][name] - want).norm() / want.norm())
+                    if err > worst:
+                        worst, where = err, f"{key}:{name}"
+        print(f"{dtype:<9}{loss_err:>18.2e}{worst:>19.2e}  {where}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("spec", nargs="?", default=str(DEFAULT_SPEC))
+    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=2, help="rounds over the plans (default 2)")
+    ap.add_argument("--profile", help="a profile from `spindle profile` (default: make one)")
+    ap.add_argument("--no-profile", action="store_true", help="analytic cost model only")
+    ap.add_argument("--exactness", action="store_true", help="also compare with the oracle")
+    args = ap.parse_args()
+
+    from spindle_dsl.backends.base import RunConfig
+    from spindle_dsl.backends.torch import TorchBackend
+
+    from spindle_dsl.cli import main as spindle
+    from spindle_dsl.errors import SpindleError
+    from spindle_dsl.language import compile_file
+
+    try:
+        graph = compile_file(args.spec, cluster_overrides={"devices": args.nproc}).graph
+        profile = args.profile
+        workdir = tempfile.mkdtemp(prefix="train-bench-")
+        if profile is None and not args.no_profile:
+            profile = os.path.join(workdir, "profile.json")
+            t0 = time.perf_counter()
+            code = spindle(["profile", args.spec, "--devices", str(args.nproc), "--out", profile,
+                            "--threads", "1", "-q"])  # fmt: skip
+            if code:
+                return code
+            print(f"profiled {args.spec} in {time.perf_counter() - t0:.1f} s -> {profile}")
+        plans = _plans(graph, profile)
+        shapes: dict[tuple, list[tuple[str, str]]] = {}
+        for key, plan in plans.items():
+            shapes.setdefault(_shape(plan), []).append(key)
+        times: dict[tuple, list[float]] = {s: [] for s in shapes}
+        for _ in range(args.repeat):
+            for shape, keys in shapes.items():
+                config = RunConfig(steps=args.steps, progress=False)
+                result = TorchBackend().train(graph, plans[keys[0]], config, nproc=args.nproc)
+                times[shape].append(_median_step(result))
+    except SpindleError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 1
+
+    cores = os.cpu_count()
+    print(
+        f"\n{Path(args.spec).name}: {args.nproc} gloo worker processes on {cores} CPU cores, "
+        f"1 thread each, float32, median of steps 2..{args.steps}, {args.repeat} round(s)"
+    )
+    print(
+        f"{'plan':<12}{'cost model':<12}{'waves':>6}{'predicted s':>13}{'measured s':>12}"
+        f"{'measured/pred':>15}"
+    )
+    measured = {}
+    for shape, keys in shapes.items():
+        m = statistics.median(times[shape])
+        for key in keys:
+            measured[key] = m
+    for (scheduler, cost), plan in plans.items():
+        m = measured[(scheduler, cost)]
+        print(
+            f"{scheduler:<12}{cost:<12}{len(plan.waves):>6}{plan.iteration_s:>13.4f}{m:>12.4f}"
+            f"{m / plan.iteration_s:>15.2f}"
+        )
+    for cost in ("profile", "analytic"):
+        if ("default", cost) not in plans:
+            continue
+        d, s = plans[("default", cost)], plans[("sequential", cost)]
+        md, ms = measured[("default", cost)], measured[("sequential", cost)]
+        print(
+            f"default vs sequential ({cost} plans): measured speed-up {ms / md:.2f}x, "
+            f"predicted {s.iteration_s / d.iteration_s:.2f}x "
+            f"(default = {d.solver.name})"
+        )
+    if args.exactness:
+        key = ("default", "profile") if ("default", "profile") in plans else ("default", "analytic")
+        _exactness(graph, plans[key], args.nproc, 5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
