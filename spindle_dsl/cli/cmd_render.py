@@ -39,6 +39,12 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
         "--scheduler", default="default", help="default, milp, paper or a baseline's name"
     )
     group.add_argument("--time-limit", type=float, metavar="S", help="solver time limit (s)")
+    group.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="draw the fastest plan even if it overflows device memory (the memory chart and "
+        "the notes show where)",
+    )
 
 
 def is_plan_file(path: str) -> bool:
@@ -54,7 +60,10 @@ def load_plan(args: argparse.Namespace) -> tuple[Plan, MetaGraph | None]:
     graph = load_graph(args)
     cost = load_cost_model(args, graph)
     limit = {} if args.time_limit is None else {"time_limit_s": args.time_limit}
-    return make_plan(graph, cost, scheduler=args.scheduler, **limit), graph
+    plan = make_plan(
+        graph, cost, scheduler=args.scheduler, check_memory=not args.no_memory_check, **limit
+    )
+    return plan, graph
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -164,6 +164,15 @@ def _memory(plan: Plan, warnings: list[str]) -> str:
     svg = memory_svg(plan)
     assert svg is not None
     cap = summary["capacity"]
+    over = [d for d, b in enumerate(plan.memory_bytes) if b > cap]
+    notice = ""
+    if over:
+        warnings.append(f"{len(over)} devices exceed their memory")
+        notice = (
+            f'<div class="notice"><b>{len(over)} of {len(plan.memory_bytes)} devices exceed '
+            f"their {escape(fmt_bytes(cap))}</b> (devices {escape(device_ranges(over))}): this "
+            "plan does not fit as predicted.</div>"
+        )
     table = (
         "<table>"
         + "".join(
@@ -173,7 +182,7 @@ def _memory(plan: Plan, warnings: list[str]) -> str:
         )
         + "</table>"
     )
-    return _figure("Memory", _img(svg, "image/svg+xml", "memory per device"), "") + table
+    return notice + _figure("Memory", _img(svg, "image/svg+xml", "memory per device"), "") + table
 
 
 def build_report(plan: Plan, graph: MetaGraph | None = None) -> Report:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,28 @@ def test_hand_built_report_in_chromium(chromium_exe, plan, graph, tmp_path):
     )
     assert all(i["ok"] and i["w"] > 200 for i in images), images
     assert_readable_screenshot(shot, ["caption", "transcribe"])
+
+
+def test_qwen_val_report_at_64_devices_in_chromium(chromium_exe, shared_dir, tmp_path):
+    page = tmp_path / "report.html"
+    spec = shared_dir / "spec" / "qwen_val.spindle"
+    # The analytic memory model keeps every activation of a 1024-sample batch (no recomputation,
+    # no micro-batches), so no qwen_val plan fits 64 x 80 GiB under it; the report still draws
+    # the fastest plan and flags the devices that overflow. A subprocess, as a user runs it
+    # (and so a crash in the MILP solver fails this test instead of ending the session).
+    argv = ["report", str(spec), "--devices", "64", "--no-memory-check", "-o", str(page)]
+    done = subprocess.run(
+        [sys.executable, "-m", "spindle_dsl", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    messages, images, shot = check_page(chromium_exe, page, tmp_path)
+    assert messages == []
+    assert sorted(i["alt"] for i in images) == sorted(
+        ["MetaGraph", "Wave plan", "timeline", "memory per device"]
+    )
+    assert all(i["ok"] and i["w"] > 200 for i in images), images
+    assert_readable_screenshot(shot, ["image_chat", "audio_chat", "av_chat", "text_chat"])

@@ -75,3 +75,10 @@ def test_write_report(plan, tmp_path, no_dot):
     out = tmp_path / "sub" / "r.html"
     write_report(out, plan)
     assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_report_flags_devices_over_memory(plan, no_dot):
+    over = replace(plan, memory_bytes=(5 * 2**30, 2**30, 6 * 2**30, 2**30))
+    report = build_report(over)
+    assert "2 of 4 devices exceed" in report.html and "devices 0, 2" in report.html
+    assert "2 devices exceed their memory" in report.warnings
