@@ -149,6 +149,9 @@ class PlannerWidget(w.VBox):
         self.export_dir = w.Text(value=str(export_dir), description="folder")
         self.export_button = w.Button(description="Export plan, trace, report", icon="download")
         self.export_status = w.HTML()
+        self.export_dir.add_class("spindle-export-dir")
+        self.export_button.add_class("spindle-export-button")
+        self.export_status.add_class("spindle-export-status")
         self.export_button.on_click(lambda _b: self.export())
 
         self._debouncer = Debouncer(self._on_text, debounce_s, timer)
@@ -369,11 +372,13 @@ def _base_mix(result: Result) -> MixInfo | None:
     return result.mixes[0]
 
 
+PRE = "margin:0;white-space:pre-wrap;font-family:monospace"  # diagnostics keep their carets
+
+
 def _error_html(text: str, lines: tuple[int, ...] = ()) -> str:
     where = f"<div>errors on line {', '.join(map(str, lines))}</div>" if lines else ""
     return (
-        f"<div style='color:#b00'>{where}<pre style='margin:0;white-space:pre-wrap'>"
-        f"{escape(text, quote=False)}</pre></div>"
+        f"<div style='color:#b00'>{where}<pre style='{PRE}'>{escape(text, quote=False)}</pre></div>"
     )
 
 
@@ -381,7 +386,9 @@ def _warnings_html(warnings: tuple[str, ...]) -> str:
     if not warnings:
         return ""
     body = escape("\n".join(warnings), quote=False)
-    return f"<pre style='color:#a60;margin:0;white-space:pre-wrap'>{body}</pre>"
+    return (
+        f"<pre style='color:#a60;margin:0;white-space:pre-wrap;font-family:monospace'>{body}</pre>"
+    )
 
 
 def _status_html(view: View) -> str:

@@ -58,6 +58,28 @@ def test_moving_the_devices_slider_redraws_the_waves(chromium, voila_server, tmp
             after_summary = page.inner_text(".spindle-summary")
             shot = tmp_path / "interactive_planning.png"
             page.screenshot(path=str(shot), full_page=True)
+
+            # type a mistake at the end of the spec: after the debounce the error shows,
+            # and the picture stays the last good plan
+            good_waves = page.inner_html(".spindle-waves")
+            area = page.locator(".spindle-spec textarea")
+            area.click()
+            page.keyboard.press("Control+End")
+            page.keyboard.type("\nmix oops {")
+            page.wait_for_selector(".spindle-errors pre", timeout=30_000)
+            error_text = page.inner_text(".spindle-errors")
+            still_waves = page.inner_html(".spindle-waves")
+            page.screenshot(path=str(tmp_path / "spec_error.png"), full_page=True)
+            for _ in range(len("\nmix oops {")):
+                page.keyboard.press("Backspace")
+            page.wait_for_selector(".spindle-errors pre", state="detached", timeout=30_000)
+
+            # export with one click, into the test's folder
+            folder = page.locator(".spindle-export-dir input")
+            folder.fill(str(tmp_path / "export"))
+            folder.press("Enter")
+            page.click(".spindle-export-button")
+            page.wait_for_selector(".spindle-export-status li", timeout=60_000)
         finally:
             browser.close()
 
@@ -67,5 +89,14 @@ def test_moving_the_devices_slider_redraws_the_waves(chromium, voila_server, tmp
     assert after_summary != before_summary
     width, height = png_size(shot.read_bytes())
     assert width >= 1500 and height >= 1100
+    assert "error" in error_text and "oops" in error_text
+    assert still_waves == good_waves
+    exported = sorted(p.name for p in (tmp_path / "export").iterdir())
+    assert [n.split(".", 1)[1] for n in exported] == [
+        "plan.json",
+        "report.html",
+        "spindle",
+        "trace.json",
+    ], exported
     log = server.log.read_text()
     assert "Traceback" not in log, log[-3000:]
