@@ -197,7 +197,8 @@ def build_report(plan: Plan, graph: MetaGraph | None = None) -> Report:
     mg = _dot_picture(
         metagraph_dot(graph if graph is not None else plan, colours),
         "MetaGraph",
-        "A cluster per task; cylinders are modules whose parameters several MetaOps share.",
+        "A cluster per task; double-bordered MetaOps linked by gold dashes share one module's "
+        "parameters.",
         warnings,
     )
     wv = _dot_picture(
