@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from spindle_dsl.errors import ExecutionError
 from spindle_dsl.kinds import get_kind
-from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.metagraph import MetaGraph, ModalityInfo
 
 from .parts import Part, part_seed
 
@@ -30,6 +31,23 @@ def _layer(kind, args: dict, *, last: bool) -> nn.Module:
     if "last" in inspect.signature(kind.build_layer).parameters:
         return kind.build_layer(args, last=last)
     return kind.build_layer(args)
+
+
+def _stage_modality(graph: MetaGraph, module: str, modality: str) -> ModalityInfo:
+    """The modality as ``module``'s input stage sees it: as many tokens as the most any task
+    feeds it (``text[2048]`` beside ``text``). Graphs that do not record ``raw_inputs`` (built
+    by hand) get the figure from their MetaOps' input edges."""
+    if modality in dict(graph.module(module).raw_inputs):
+        return graph.stage_modality(module, modality)
+    fed = [
+        i.tokens
+        for op in graph.metaops
+        if op.segments[0][0] == module
+        for i in op.inputs
+        if i.from_modality and i.source == modality
+    ]
+    info = graph.modality(modality)
+    return replace(info, tokens=max(fed, default=info.tokens))
 
 
 def build_part(
@@ -49,7 +67,7 @@ def build_part(
             if what == "layer":
                 module = _layer(kind, args, last=int(rest) == info.layers - 1)
             elif what == "input":
-                module = kind.build_input_stage(args, graph.stage_modality(part.module, rest))
+                module = kind.build_input_stage(args, _stage_modality(graph, part.module, rest))
             elif what == "head":
                 module = kind.build_head(args)
                 if module is None:

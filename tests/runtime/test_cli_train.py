@@ -53,3 +53,21 @@ def test_a_gpu_spec_without_a_launcher_says_how_to_start(shared_dir, capfd):
     assert main(["train", spec, "--steps", "1"]) == 1
     err = capfd.readouterr().err
     assert "torchrun" in err and "--nproc" in err
+
+
+@pytest.mark.slow
+def test_under_torchrun_each_process_becomes_a_rank(tmp_path, shared_dir):
+    import subprocess
+    import sys
+
+    log = tmp_path / "log.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "spindle_dsl", "train", str(shared_dir / "spec" / "tiny_mm.spindle"),
+         "--steps", "2", "--log-json", str(log), "--no-progress", "--run-on", "cpu"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "trained 2 steps on 2 ranks (gloo)" in done.stdout
+    assert done.stdout.count("trained 2 steps") == 1  # only rank 0 reports
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1, 2]
