@@ -6,6 +6,7 @@ timeline, the Chrome trace and the whole HTML report (which draws every picture 
 a table and exits 1 if any single rendering takes longer than the target.
 
     .venv/bin/python bench/render_bench.py [SPEC ...] [--devices N] [--repeat K]
+        [--no-memory-check]
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ def main() -> int:
     parser.add_argument("specs", nargs="*", type=Path)
     parser.add_argument("--devices", type=int, help="override the spec's device count")
     parser.add_argument("--repeat", type=int, default=3, help="best of K runs (default 3)")
+    parser.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="plan even when the plan overflows device memory (qwen_val does at 64 devices)",
+    )
     args = parser.parse_args()
     specs = args.specs or sorted((REPO / ".." / "shared" / "spec").glob("*.spindle"))
     if not specs:
@@ -81,7 +87,9 @@ def main() -> int:
         graph = compile_file(str(spec), cluster_overrides=overrides).graph
         t0 = time.perf_counter()
         try:
-            plan = make_plan(graph, make_cost_model(graph.cluster))
+            plan = make_plan(
+                graph, make_cost_model(graph.cluster), check_memory=not args.no_memory_check
+            )
         except SpindleError as exc:
             print(f"{spec.stem:>10} cannot be planned: {exc.render().splitlines()[0]}")
             continue
@@ -96,9 +104,7 @@ def main() -> int:
         row.append(f"{slowest:.3f}")
         print(" ".join(f"{c!s:>10}" for c in row))
     verdict = "within" if worst < TARGET_S else "OVER"
-    print(
-        f"slowest single rendering: {worst:.3f} s ({verdict} the {TARGET_S} s target)"
-    )
+    print(f"slowest single rendering: {worst:.3f} s ({verdict} the {TARGET_S} s target)")
     return 0 if worst < TARGET_S else 1
 
 
