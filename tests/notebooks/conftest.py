@@ -34,9 +34,12 @@ def has_module(name: str) -> bool:
 
 
 def chromium_path() -> str | None:
-    """The system Chromium (never a browser Playwright would download)."""
+    """The system Chromium (never a browser Playwright would download); ``$SPINDLE_CHROMIUM``
+    names another one, and set empty simulates a machine without any."""
     override = os.environ.get("SPINDLE_CHROMIUM")
-    for candidate in (override, *CHROMIUM_CANDIDATES, shutil.which("chromium")):
+    if override is not None:
+        return override if override and os.access(override, os.X_OK) else None
+    for candidate in (*CHROMIUM_CANDIDATES, shutil.which("chromium")):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
     return None
