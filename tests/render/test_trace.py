@@ -114,3 +114,12 @@ def test_time_after_the_waves_is_an_overhead_span_per_device(plan):
     assert tail[0]["name"] == "transfer + grad sync"
     assert tail[0]["ts"] + tail[0]["dur"] == pytest.approx(longer.iteration_s * 1e6)
     assert not [e for e in _events(plan_trace(plan), "X") if e["cat"] == "overhead"]
+
+
+def test_package_exports_load_lazily():
+    import spindle_dsl.render as render
+
+    for name in render.__all__:
+        assert callable(getattr(render, name))
+    with pytest.raises(AttributeError):
+        render.nothing_here  # noqa: B018
