@@ -25,3 +25,20 @@ def test_failed_write_keeps_the_old_file_and_no_temporary(tmp_path, monkeypatch)
         write_atomic(target, "bad")
     assert target.read_text() == "good"
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
+def test_new_file_gets_umask_permissions_and_existing_keeps_its_mode(tmp_path):
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        fresh = tmp_path / "report.html"
+        write_atomic(fresh, "x")
+        assert fresh.stat().st_mode & 0o777 == 0o644
+        kept = tmp_path / "script.sh"
+        kept.write_text("old")
+        kept.chmod(0o755)
+        write_atomic(kept, "new")
+        assert kept.stat().st_mode & 0o777 == 0o755
+    finally:
+        os.umask(umask)
