@@ -13,6 +13,7 @@ plan, greyed, so the user never loses the picture they are fixing.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from html import escape
@@ -36,6 +37,7 @@ from spindle_dsl.widgets.state import (
 from spindle_dsl.widgets.summary import summarize, summary_html
 
 DEFAULT_MAX_DEVICES = 64
+log = logging.getLogger(__name__)
 
 # Styles the widget's own parts only (every selector starts with a spindle- class).
 CSS = (
@@ -255,6 +257,13 @@ class PlannerWidget(w.VBox):
             view = self.session.update(**changes)
         except SpindleError as exc:  # a setting the session rejected outright
             self.errors.value = _error_html(exc.render())
+            return
+        except Exception as exc:  # a bug in a stage: keep the widget alive and say so
+            log.exception("planning failed")
+            self.errors.value = _error_html(
+                f"internal error (please report it): {type(exc).__name__}: {exc}\n"
+                "the outputs still show the last good plan"
+            )
             return
         self._show(view)
 

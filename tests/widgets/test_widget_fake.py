@@ -133,3 +133,18 @@ def test_weight_slider_steps_divide_the_declared_weights():
     assert _slider_step([3.0, 1.0]) == 0.1
     assert _slider_step([0.3, 0.2, 0.1]) == pytest.approx(0.01)
     assert _slider_step([0.125, 1.0]) == pytest.approx(1e-4)
+
+
+def test_a_bug_in_a_stage_is_shown_not_raised(fake, fake_pipeline, caplog):
+    w = PlannerWidget.from_text(TEXT, pipeline=fake_pipeline, debounce_s=0)
+    good = outputs(w)
+
+    def broken_plan(graph, options):
+        raise ValueError("max() arg is an empty sequence")
+
+    w.session.pipeline = fake_pipeline.__class__(
+        fake.compile, broken_plan, fake.draw, fake_pipeline.schedulers
+    )
+    w.devices.value = 8
+    assert "internal error (please report it): ValueError" in w.errors.value
+    assert outputs(w) == good and "planning failed" in caplog.text
