@@ -282,11 +282,13 @@ class PlanningSession:
             raise SpindleError(f"unknown scheduler '{s.scheduler}' (known: {known})")
         base = self._compile(s.text, s.path, s.mix, overrides, t)
         text, mix, compiled = s.text, s.mix, base
-        if s.weights:
+        # weights of tasks the (edited) spec no longer has are dropped, not turned into errors
+        # on generated lines the user cannot see
+        tasks = {t.name for t in base.graph.tasks}
+        weights = {t: w for t, w in s.weights if t in tasks}
+        if weights:
             selected = _selected_mix(base, s.mix)
-            custom = custom_mix_text(
-                s.text, selected, dict(s.weights), (m.name for m in base.mixes)
-            )
+            custom = custom_mix_text(s.text, selected, weights, (m.name for m in base.mixes))
             if custom is not None:
                 text, mix = custom
                 compiled = self._compile(text, s.path, mix, overrides, t)

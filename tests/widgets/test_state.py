@@ -116,3 +116,10 @@ def test_time_limit_reaches_the_planner_and_must_be_positive(fake, fake_pipeline
     s.update(time_limit_s=2.0)
     assert len(fake.plans) == 2  # a new limit is a new plan (not served from the cache)
     assert s.update(time_limit_s=0).stale
+
+
+def test_weights_of_tasks_the_spec_no_longer_has_are_dropped(fake, fake_pipeline):
+    s = make(fake_pipeline)
+    v = s.update(weights={"a": 1.0, "gone": 5.0})
+    text = fake.compiles[-1][0]
+    assert v.ok and "gone" not in text and "  a = 1\n" in text
