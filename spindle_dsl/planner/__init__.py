@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import replace
 
 from spindle_dsl.cost.base import CostModel
 from spindle_dsl.errors import PlanError
@@ -37,12 +39,23 @@ SCHEDULERS: tuple[str, ...] = ("default", "milp", "paper", *BASELINES)
 DEFAULT_TIME_LIMIT_S = 1.5
 
 
-def _schedules(ctx: PlanContext, scheduler: str, time_limit_s: float) -> dict[str, Schedule]:
+def _key(ev: Evaluated, ctx: PlanContext, check_memory: bool) -> tuple[float, float]:
+    """Memory overflow first (when it is checked), then iteration time."""
+    return ev.key(ctx.topology.capacity) if check_memory else (0.0, ev.iteration_s)
+
+
+def _schedules(
+    ctx: PlanContext,
+    scheduler: str,
+    time_limit_s: float,
+    check_memory: bool,
+    evaluate: Callable[[Schedule], Evaluated],
+) -> dict[str, Schedule]:
     out: dict[str, Schedule] = {}
     if scheduler in ("default", "milp"):
 
         def objective(s: Schedule) -> tuple[float, float]:
-            return evaluate(ctx, s).key(ctx.topology.capacity)
+            return _key(evaluate(s), ctx, check_memory)
 
         out["milp"] = milp_schedule(ctx.problem, time_limit_s, objective)
     if scheduler in ("default", "paper"):
@@ -71,10 +84,20 @@ def make_plan(
         raise PlanError(f"unknown scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})")
     t0 = time.perf_counter()
     ctx = context(graph, cost)
-    evaluated = {k: evaluate(ctx, s) for k, s in _schedules(ctx, scheduler, time_limit_s).items()}
+    memo: dict[tuple, Evaluated] = {}
+
+    def cached(s: Schedule) -> Evaluated:
+        """Placement and timing depend only on the waves: evaluate each schedule once."""
+        if s.waves not in memo:
+            memo[s.waves] = evaluate(ctx, s)
+        ev = memo[s.waves]
+        return ev if ev.schedule is s else replace(ev, schedule=s)
+
+    schedules = _schedules(ctx, scheduler, time_limit_s, check_memory, cached)
+    evaluated = {k: cached(s) for k, s in schedules.items()}
     baselines = {k: evaluated[k].iteration_s for k in BASELINES}
     if scheduler == "default":
-        chosen = min(evaluated.values(), key=lambda e: e.key(ctx.topology.capacity))
+        chosen = min(evaluated.values(), key=lambda e: _key(e, ctx, check_memory))
     else:
         chosen = evaluated[scheduler]
     if not chosen.fits and check_memory:

@@ -16,7 +16,7 @@ from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
 
 
 def _largest(op: OpSpec, limit: int) -> int:
-    return max((n for n in op.ns if n <= limit), default=op.ns[0])
+    return op.largest_at_most(limit)
 
 
 def sequential_schedule(problem: Problem) -> Schedule:

@@ -12,62 +12,71 @@ The result is a valid wave schedule again, so it can seed the global MILP (``mil
 from __future__ import annotations
 
 from spindle_dsl.planner.problem import EPS, Piece, Problem, Schedule
+from spindle_dsl.planner.resplit import resplit
 
 _PASSES = 4
 
 
-def _duration(problem: Problem, wave: list[Piece]) -> float:
-    return max((p.layers * problem.op(p.op).t(p.n) for p in wave), default=0.0)
-
-
 class _State:
-    """The waves being edited, with each op's later pieces indexed for quick moves."""
+    """The waves being edited: per wave a dict op -> piece, per op the waves holding it."""
 
-    def __init__(self, problem: Problem, waves: list[list[Piece]]):
+    def __init__(self, problem: Problem, waves: tuple[tuple[Piece, ...], ...]):
         self.problem = problem
-        self.waves = waves
-        self.dur = [_duration(problem, w) for w in waves]
+        self.waves: list[dict[str, Piece]] = [{p.op: p for p in w} for w in waves]
+        self.dur = [self.duration(w) for w in self.waves]
+        self.reindex()
 
-    def index(self) -> tuple[dict[str, list[int]], dict[str, int]]:
-        """Wave indices holding each op, in order, and the wave of its last piece."""
-        where: dict[str, list[int]] = {}
-        for wi, wave in enumerate(self.waves):
-            for p in wave:
-                where.setdefault(p.op, []).append(wi)
-        return where, {op: ws[-1] for op, ws in where.items()}
+    def duration(self, wave: dict[str, Piece]) -> float:
+        return max((p.layers * self.problem.op(p.op).t(p.n) for p in wave.values()), default=0)
 
-    def take_front(self, op_id: str, waves_after: list[int], k: int) -> list[tuple[int, int]]:
-        """Plan removing the first ``k`` later layers of ``op_id``: (wave, layers taken)."""
+    def reindex(self) -> None:
+        self.waves = [w for w in self.waves if w]
+        self.dur = [self.duration(w) for w in self.waves]
+        self.where: dict[str, list[int]] = {}
+        for wi, w in enumerate(self.waves):
+            for op in w:
+                self.where.setdefault(op, []).append(wi)
+
+    def later(self, op: str, w: int) -> list[int]:
+        return [wi for wi in self.where[op] if wi > w]
+
+    def left(self, op: str, waves: list[int]) -> int:
+        return sum(self.waves[wi][op].layers for wi in waves)
+
+    def take_front(self, op: str, waves_after: list[int], k: int) -> list[tuple[int, int]]:
+        """Plan removing the first ``k`` later layers of ``op``: (wave, layers taken)."""
         out = []
         for wi in waves_after:
             if k == 0:
                 break
-            p = next(p for p in self.waves[wi] if p.op == op_id)
-            take = min(k, p.layers)
+            take = min(k, self.waves[wi][op].layers)
             out.append((wi, take))
             k -= take
         return out
 
-    def gain(self, op_id: str, takes: list[tuple[int, int]]) -> float:
-        """How much the later waves shorten if ``takes`` are removed from them."""
-        total = 0.0
-        for wi, take in takes:
-            wave = [
-                Piece(p.op, p.first + take, p.end, p.n) if p.op == op_id else p
-                for p in self.waves[wi]
-            ]
-            wave = [p for p in wave if p.layers > 0]
-            total += self.dur[wi] - _duration(self.problem, wave)
-        return total
+    def _shrunk(self, op: str, wi: int, take: int) -> dict[str, Piece]:
+        p = self.waves[wi][op]
+        wave = dict(self.waves[wi])
+        if take == p.layers:
+            del wave[op]
+        else:
+            wave[op] = Piece(op, p.first + take, p.end, p.n)
+        return wave
 
-    def apply(self, op_id: str, takes: list[tuple[int, int]]) -> None:
+    def gain(self, op: str, takes: list[tuple[int, int]]) -> float:
+        """How much the later waves shorten if ``takes`` are removed from them."""
+        return sum(self.dur[wi] - self.duration(self._shrunk(op, wi, t)) for wi, t in takes)
+
+    def apply(self, op: str, takes: list[tuple[int, int]]) -> None:
         for wi, take in takes:
-            wave = [
-                Piece(p.op, p.first + take, p.end, p.n) if p.op == op_id else p
-                for p in self.waves[wi]
-            ]
-            self.waves[wi] = [p for p in wave if p.layers > 0]
-            self.dur[wi] = _duration(self.problem, self.waves[wi])
+            self.waves[wi] = self._shrunk(op, wi, take)
+            self.dur[wi] = self.duration(self.waves[wi])
+            if op not in self.waves[wi]:
+                self.where[op].remove(wi)
+
+    def add(self, w: int, piece: Piece) -> None:
+        self.waves[w][piece.op] = piece
+        self.where[piece.op] = sorted([*self.where.get(piece.op, []), w])
 
 
 def _try_wave(st: _State, w: int) -> bool:
@@ -75,35 +84,35 @@ def _try_wave(st: _State, w: int) -> bool:
     problem = st.problem
     improved = False
     dur = st.dur[w]
-    where, last = st.index()
     # 1) extend entries that end before the wave does (same devices, no new entry)
-    for j, p in enumerate(list(st.waves[w])):
+    for p in list(st.waves[w].values()):
         op = problem.op(p.op)
-        later = [wi for wi in where[p.op] if wi > w]
-        left = sum(next(q for q in st.waves[wi] if q.op == p.op).layers for wi in later)
-        k = min(left, int((dur - p.layers * op.t(p.n)) / op.t(p.n) + EPS))
+        later = st.later(p.op, w)
+        k = min(st.left(p.op, later), int((dur - p.layers * op.t(p.n)) / op.t(p.n) + EPS))
         if k <= 0:
             continue
         takes = st.take_front(p.op, later, k)
         if st.gain(p.op, takes) > EPS * dur:
             st.apply(p.op, takes)
-            st.waves[w][j] = Piece(p.op, p.first, p.end + k, p.n)
+            st.waves[w][p.op] = Piece(p.op, p.first, p.end + k, p.n)
             improved = True
-    free = problem.devices - sum(p.n for p in st.waves[w])
+    free = problem.devices - sum(p.n for p in st.waves[w].values())
     if free <= 0:
         return improved
-    # 2) start (or continue) MetaOps whose inputs are done, on the idle devices
+    # 2) start MetaOps whose inputs are done, on the idle devices
     cands = [
-        op for op in problem.ops if where[op.id][0] > w and all(last[dep] < w for dep in op.deps)
+        op
+        for op in problem.ops
+        if st.where[op.id][0] > w and all(st.where[dep][-1] < w for dep in op.deps)
     ]
     cands.sort(key=lambda o: -problem.height[o.id])
     for op in cands:
         if free <= 0:
             break
-        later = where[op.id]
-        left = sum(next(q for q in st.waves[wi] if q.op == op.id).layers for wi in later)
-        best: tuple[int, int] | None = None
-        for n in op.ns:
+        later = st.where[op.id]
+        left = st.left(op.id, later)
+        best: tuple[int, int] | None = None  # (n, layers): most layers, then fewest devices
+        for n in op.pareto:
             if n > free:
                 break
             k = min(left, int(dur / op.t(n) + EPS))
@@ -113,12 +122,12 @@ def _try_wave(st: _State, w: int) -> bool:
             continue
         n, k = best
         takes = st.take_front(op.id, later, k)
-        nxt = next(q for q in st.waves[later[0]] if q.op == op.id).n
+        nxt = st.waves[later[0]][op.id].n
         price = op.switch_s if n != nxt else 0.0
         if st.gain(op.id, takes) > price + EPS * dur:
-            first = next(q for q in st.waves[later[0]] if q.op == op.id).first
+            first = st.waves[later[0]][op.id].first
             st.apply(op.id, takes)
-            st.waves[w].append(Piece(op.id, first, first + k, n))
+            st.add(w, Piece(op.id, first, first + k, n))
             free -= n
             improved = True
     return improved
@@ -126,20 +135,19 @@ def _try_wave(st: _State, w: int) -> bool:
 
 def backfill(problem: Problem, sched: Schedule) -> Schedule:
     """Move layers into earlier waves' idle time across MetaLevels (see module docstring)."""
-    st = _State(problem, [list(w) for w in sched.waves])
+    st = _State(problem, sched.waves)
     for _ in range(_PASSES):
         changed = False
         w = 0
         while w < len(st.waves):
             if st.waves[w] and _try_wave(st, w):
                 changed = True
-                keep = [i for i, x in enumerate(st.waves) if x]
-                st.waves = [st.waves[i] for i in keep]
-                st.dur = [st.dur[i] for i in keep]
+                if any(not x for x in st.waves):
+                    st.reindex()
             w += 1
         if not changed:
             break
-    waves = tuple(tuple(w) for w in st.waves if w)
+    waves = tuple(tuple(w.values()) for w in st.waves if w)
     return Schedule(sched.name, waves, sched.status, sched.gap, sched.notes)
 
 
@@ -199,6 +207,8 @@ def rebalance(problem: Problem, sched: Schedule) -> Schedule:
     return Schedule(sched.name, tuple(out), sched.status, sched.gap, sched.notes)
 
 
-def improve(problem: Problem, sched: Schedule) -> Schedule:
-    """Rebalance the waves, then backfill across levels."""
-    return backfill(problem, rebalance(problem, sched))
+def improve(problem: Problem, sched: Schedule, time_limit_s: float = 0.1) -> Schedule:
+    """Re-split layers, rebalance the waves, backfill across levels, re-split again."""
+    half = time_limit_s / 2
+    s = rebalance(problem, resplit(problem, sched, half))
+    return resplit(problem, backfill(problem, s), half)

@@ -28,7 +28,7 @@ from spindle_dsl.planner.listsched import cpa_schedule
 from spindle_dsl.planner.milp import MilpResult, SolveStatus, WaveModelSpec, solve_waves
 from spindle_dsl.planner.polish import Objective, polish
 from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
-from spindle_dsl.planner.wavefront import schedule_level
+from spindle_dsl.planner.wavefront import paper_schedule, schedule_level
 
 MAX_BINARIES = 2500  # above this a MILP is skipped: CBC would not finish in the budget
 SPREAD = 2  # pareto points kept on each side of the continuous optimum
@@ -129,7 +129,7 @@ def milp_schedule(
         return objective(s) if objective is not None else (0.0, s.score(problem))
 
     n_star = _n_star(problem)
-    level_budget = 0.3 * time_limit_s / max(len(problem.levels), 1)
+    level_budget = 0.25 * time_limit_s / max(len(problem.levels), 1)
     waves: list[tuple[Piece, ...]] = []
     results: list[MilpResult] = []
     for level in problem.levels:
@@ -142,13 +142,15 @@ def milp_schedule(
         "cpa": cpa_schedule(problem),
         "tasks": optimus_schedule(problem),
     }
-    improved = {k: replace(improve(problem, s), name="milp") for k, s in starts.items()}
+    each = 0.1 * time_limit_s
+    improved = {k: replace(improve(problem, s, each), name="milp") for k, s in starts.items()}
+    improved["paper"] = replace(paper_schedule(problem), name="milp")  # never worse than it
     keys = {k: key(s) for k, s in improved.items()}
     via = min(keys, key=lambda k: keys[k])
     best, best_key = improved[via], keys[via]
     status, gap = _summarise(results)
     notes = [f"level MILPs: {len(results)} solved ({status}); best start: {via}"]
-    share = 0.6 if objective is not None else 1.0
+    share = 0.75 if objective is not None else 1.0
     left = share * time_limit_s - (time.perf_counter() - t0)
     glob = global_milp(problem, best, n_star, left)
     if glob is not None:

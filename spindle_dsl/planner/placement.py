@@ -65,6 +65,8 @@ class _Placer:
         self.topo = topo
         self.memory = memory
         self.used = [0] * topo.devices
+        self.node_used = [0] * (-(-topo.devices // topo.per_node))  # bytes per node
+        self.max_used = 0
         self.last: dict[str, tuple[int, ...]] = {}  # devices of each op's latest piece
         self.overflow: list[tuple[int, str, int]] = []
 
@@ -74,20 +76,23 @@ class _Placer:
     def preferred(self, p: Piece) -> list[int]:
         if p.op in self.last:
             return list(self.last[p.op])
-        out: list[int] = []
+        out: dict[int, None] = {}
         for dep in self.problem.op(p.op).deps:
-            out.extend(d for d in self.last.get(dep, ()) if d not in out)
+            out.update(dict.fromkeys(self.last.get(dep, ())))
         for other in self.topo.partners.get(p.op, ()):
-            out.extend(d for d in self.last.get(other, ()) if d not in out)
-        return out
+            out.update(dict.fromkeys(self.last.get(other, ())))
+        return list(out)
 
     def fits(self, d: int, need: int) -> bool:
         return self.used[d] + need <= self.topo.capacity
 
-    def choose(self, n: int, pref: list[int], free: set[int], need: int) -> list[int]:
-        """``n`` free devices: preferred ones first, then whole or best-fit nodes."""
+    def choose(self, n: int, pref: list[int], free: dict[int, set[int]], need: int) -> list[int]:
+        """``n`` free devices: preferred ones first, then best-fit or whole nodes.
+
+        ``free`` maps node -> its free devices and is updated in place.
+        """
         chosen: list[int] = []
-        pref_free = [d for d in pref if d in free and self.fits(d, need)]
+        pref_free = [d for d in pref if d in free.get(self.node(d), ()) and self.fits(d, need)]
         if pref_free:
             by_node: dict[int, list[int]] = {}
             for d in pref_free:
@@ -95,34 +100,43 @@ class _Placer:
             for _, ds in sorted(by_node.items(), key=lambda kv: -len(kv[1])):
                 chosen.extend(ds[: n - len(chosen)])
                 if len(chosen) == n:
-                    return sorted(chosen)
-        rest = [d for d in free if d not in chosen]
-        ok = [d for d in rest if self.fits(d, need)]
-        pool = ok if len(ok) >= n - len(chosen) else rest
-        nodes: dict[int, list[int]] = {}
-        for d in sorted(pool):
-            nodes.setdefault(self.node(d), []).append(d)
+                    break
+            for d in chosen:
+                free[self.node(d)].discard(d)
+        tight = self.max_used + need > self.topo.capacity
+        # where memory is tight, count only the devices this piece still fits on
+        room = {
+            k: (sum(1 for d in ds if self.fits(d, need)) if tight else len(ds))
+            for k, ds in free.items()
+            if ds
+        }
+        if not any(room.values()):
+            room = {k: len(free[k]) for k in room}  # it overflows somewhere regardless
+            tight = False
+        touched = {self.node(d) for d in chosen}
         while len(chosen) < n:
             want = n - len(chosen)
-            touched = {self.node(d) for d in chosen}
-            local = [k for k in nodes if k in touched and nodes[k]]
+            if tight and not any(room.values()):
+                room = {k: len(ds) for k, ds in free.items() if ds}  # overflow is unavoidable
+                tight = False
+            local = [k for k in touched if room.get(k)]
             if local:
                 k = local[0]
             else:
-                fit = [k for k, ds in nodes.items() if len(ds) >= want]
+                live = [k for k, r in room.items() if r]
+                fit = [k for k in live if room[k] >= want]
                 if fit and want <= self.topo.per_node:
-                    k = min(fit, key=lambda k: (len(nodes[k]), self._load(nodes[k]), k))
+                    k = min(fit, key=lambda k: (room[k], self.node_used[k], k))
                 else:
-                    k = max(nodes, key=lambda k: (len(nodes[k]), -self._load(nodes[k]), -k))
-            take = self._contiguous(nodes[k], want)
+                    k = max(live, key=lambda k: (room[k], -self.node_used[k], -k))
+            pool = sorted(free[k])
+            ok = [d for d in pool if self.fits(d, need)] if tight else pool
+            take = self._contiguous(ok, want)
             chosen.extend(take)
-            nodes[k] = [d for d in nodes[k] if d not in take]
-            if not nodes[k]:
-                del nodes[k]
+            free[k].difference_update(take)
+            room[k] -= len(take)
+            touched.add(k)
         return sorted(chosen)
-
-    def _load(self, ds: list[int]) -> int:
-        return sum(self.used[d] for d in ds)
 
     @staticmethod
     def _contiguous(ds: list[int], want: int) -> list[int]:
@@ -135,15 +149,18 @@ class _Placer:
         return ds[:want]
 
     def place_wave(self, wave: tuple[Piece, ...]) -> tuple[PlacedPiece, ...]:
-        free = set(range(self.topo.devices))
+        free: dict[int, set[int]] = {}
+        for d in range(self.topo.devices):
+            free.setdefault(self.node(d), set()).add(d)
         order = sorted(wave, key=lambda p: (p.op not in self.last, -p.n))
         placed: dict[str, PlacedPiece] = {}
         for p in order:
             need = self.memory(p.op, p.n, p.layers)
             ds = self.choose(p.n, self.preferred(p), free, need)
-            free.difference_update(ds)
             for d in ds:
                 self.used[d] += need
+                self.node_used[self.node(d)] += need
+                self.max_used = max(self.max_used, self.used[d])
                 if self.used[d] > self.topo.capacity:
                     self.overflow.append((d, p.op, self.used[d]))
             self.last[p.op] = tuple(ds)

@@ -8,6 +8,7 @@ device-free (``Piece`` says *how many* devices, not which); placement turns them
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -69,6 +70,11 @@ class OpSpec:
     def min_time(self) -> float:
         """Least seconds one layer can take, on any allocation."""
         return min(self.seconds)
+
+    def largest_at_most(self, limit: int) -> int:
+        """The largest valid allocation not above ``limit`` (the smallest one if none is)."""
+        i = bisect_right(self.ns, limit)
+        return self.ns[i - 1] if i else self.ns[0]
 
     def next_faster(self, n: int, limit: int) -> int | None:
         """The smallest pareto allocation above ``n`` and at most ``limit``, if any."""

@@ -1,0 +1,168 @@
+"""Re-split layers between the pieces of a schedule (python-mip), keeping everything else.
+
+Cutting MetaOps at layer granularity loses time: a wave lasts as long as its longest piece,
+and rounding each piece to whole layers (the paper's "align" step, or cutting a time-axis
+schedule into waves) leaves the others short of it. With the waves, their pieces and the
+pieces' allocations fixed, choosing how many layers each piece runs is a small integer
+program that CBC solves quickly and whose LP relaxation is tight:
+
+    min sum_w d_w   s.t.  d_w >= k_p * T_m(n_p)  for every piece p of wave w,
+                          sum over the pieces p of m of k_p = L_m,  k_p integer >= 0.
+
+Any solution is a valid schedule again: a piece left with no layers is dropped, an op then
+finishes no later than before and starts no earlier, so dependencies still hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+
+import mip
+
+from spindle_dsl.planner.problem import Piece, Problem, Schedule
+
+GAP = 1e-2  # stop within 1% of the optimum: CBC finds the solution at once, proving is slow
+
+
+def _build(problem: Problem, sched: Schedule, scale: float, integer: bool = True):
+    model = mip.Model("resplit", sense=mip.MINIMIZE, solver_name=mip.CBC)
+    model.verbose = 0
+    model.threads = 1
+    model.max_mip_gap = GAP
+    d = [model.add_var(f"d_{w}", lb=0.0) for w in range(len(sched.waves))]
+    k: dict[tuple[int, int], mip.Var] = {}
+    own: dict[str, list[mip.Var]] = {}
+    for w, wave in enumerate(sched.waves):
+        for j, p in enumerate(wave):
+            op = problem.op(p.op)
+            kind = mip.INTEGER if integer else mip.CONTINUOUS
+            v = model.add_var(f"k_{w}_{j}", var_type=kind, lb=0, ub=op.layers)
+            k[w, j] = v
+            own.setdefault(p.op, []).append(v)
+            model.add_constr(d[w] >= op.t(p.n) / scale * v, f"dur_{w}_{j}")
+    for op_id, vs in own.items():
+        model.add_constr(mip.xsum(vs) == problem.op(op_id).layers, f"cover_{op_id}")
+    model.objective = mip.xsum(d)
+    return model, d, k
+
+
+def _with_layers(sched: Schedule, layers: dict[tuple[int, int], int]) -> Schedule:
+    nxt: dict[str, int] = {}
+    waves = []
+    for w, wave in enumerate(sched.waves):
+        row = []
+        for j, p in enumerate(wave):
+            n_layers = layers[w, j]
+            if n_layers > 0:
+                first = nxt.get(p.op, 0)
+                row.append(Piece(p.op, first, first + n_layers, p.n))
+                nxt[p.op] = first + n_layers
+        if row:
+            waves.append(tuple(row))
+    return Schedule(sched.name, tuple(waves), sched.status, sched.gap, sched.notes)
+
+
+def _growth(op, sched: Schedule, out, dur, key: tuple[int, int]) -> tuple[float, float]:
+    """How much a piece's wave grows if the piece takes one more layer (then: its slack)."""
+    w, j = key
+    t = (out[key] + 1) * op.t(sched.waves[w][j].n)
+    return (max(0.0, t - dur[w]), t - dur[w])
+
+
+def _round(
+    problem: Problem, sched: Schedule, frac: dict[tuple[int, int], float]
+) -> dict[tuple[int, int], int]:
+    """Round an LP split to whole layers, wave-aware.
+
+    Every piece is rounded down, so no wave outgrows the LP; then each op's missing layers
+    go, one at a time, to its piece whose wave grows least by taking one (slowest ops first,
+    as their layers are the hardest to hide).
+    """
+    out = {key: int(v + 1e-9) for key, v in frac.items()}
+    dur = _durations(problem, sched, out)
+    pieces: dict[str, list[tuple[int, int]]] = {}
+    for w, wave in enumerate(sched.waves):
+        for j, p in enumerate(wave):
+            pieces.setdefault(p.op, []).append((w, j))
+    order = sorted(
+        pieces, key=lambda o: -max(problem.op(o).t(sched.waves[w][j].n) for w, j in pieces[o])
+    )
+    for op_id in order:
+        op = problem.op(op_id)
+        missing = op.layers - sum(out[key] for key in pieces[op_id])
+        for _ in range(missing):
+            key = min(pieces[op_id], key=lambda key, op=op: _growth(op, sched, out, dur, key))
+            out[key] += 1
+            w, j = key
+            dur[w] = max(dur[w], out[key] * op.t(sched.waves[w][j].n))
+    return out
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Silence file descriptor 1: CBC's LP solver logs there even at log level 0."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no real stdout (some notebook kernels): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _durations(problem: Problem, sched: Schedule, layers: dict[tuple[int, int], int]):
+    return [
+        max(layers[w, j] * problem.op(p.op).t(p.n) for j, p in enumerate(wave))
+        for w, wave in enumerate(sched.waves)
+    ]
+
+
+def resplit(problem: Problem, sched: Schedule, time_limit_s: float) -> Schedule:
+    """``sched`` with its layers re-divided between its pieces (or unchanged if no better).
+
+    First the LP relaxation, rounded cumulatively per op (fast at any size); then CBC's
+    branch and bound, started from the better of that and ``sched``, for the time left.
+    """
+    if not sched.waves or time_limit_s <= 0:
+        return sched
+    t0 = time.perf_counter()
+    scale = sched.compute_s(problem) or 1.0
+    best = {(w, j): p.layers for w, wave in enumerate(sched.waves) for j, p in enumerate(wave)}
+    best_s = sum(_durations(problem, sched, best))
+    try:
+        model, d, k = _build(problem, sched, scale, integer=False)
+        with _quiet_stdout():
+            lp = model.optimize(max_seconds=time_limit_s)
+        if lp == mip.OptimizationStatus.OPTIMAL:
+            rounded = _round(problem, sched, {key: v.x or 0.0 for key, v in k.items()})
+            rounded_s = sum(_durations(problem, sched, rounded))
+            if rounded_s < best_s:
+                best, best_s = rounded, rounded_s
+        left = time_limit_s - (time.perf_counter() - t0)
+        if left > 0.02:
+            model, d, k = _build(problem, sched, scale)
+            durs = _durations(problem, sched, best)
+            model.start = [(v, float(best[key])) for key, v in k.items()] + [
+                (d[w], dur / scale) for w, dur in enumerate(durs)
+            ]
+            status = model.optimize(max_seconds=left)
+            if status in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE):
+                found = {key: round(v.x or 0.0) for key, v in k.items()}
+                found_s = sum(_durations(problem, sched, found))
+                if found_s < best_s:
+                    best, best_s = found, found_s
+    except Exception:  # a CBC failure keeps the best split found so far
+        pass
+    if best_s >= sched.compute_s(problem) * (1 - 1e-9):
+        return sched
+    return _with_layers(sched, best)
