@@ -49,6 +49,9 @@ def summary(result: RunResult, sequential_s: float | None = None) -> str:
         last = result.steps[-1]
         losses = ", ".join(f"{t} {v:.4f}" for t, v in last.losses)
         lines.append(f"final loss (step {last.step}): {losses}")
+    if not result.steps:
+        lines.append(f"nothing to do: the checkpoint is already at step {result.resumed_from}")
+        return "\n".join(lines)
     measured, predicted = result.measured_step_s, result.predicted_step_s
     lines.append(f"{'step time':<22}{'measured':>12}{'predicted':>12}{'ratio':>9}")
     ratio = measured / predicted if predicted > 0 else float("nan")

@@ -197,8 +197,9 @@ def sequential_plan(graph: MetaGraph) -> Plan:
 
 
 def clip_like(devices: int = 4) -> MetaGraph:
-    """Contrastive and mse tasks, a frozen encoder, a shared text encoder, a resampler, and a
-    task whose batch (3) is smaller than some device groups (empty shards)."""
+    """Contrastive and mse tasks, a frozen encoder, a shared text encoder, a resampler, a task
+    whose batch (3) is smaller than some device groups (empty shards), and a MetaOp (fuse) with
+    two upstream inputs, one of which (imu_enc) also feeds another consumer."""
     return lower(
         {
             "img_enc": ("vit", dict(layers=2, hidden=32, heads=2, patch=2), True),
@@ -207,6 +208,7 @@ def clip_like(devices: int = 4) -> MetaGraph:
             "imu_head": ("mlp", {"in": 16, "out": 24, "hidden": 20}, False),
             "text_enc": ("transformer", dict(layers=3, hidden=24, heads=2, vocab=64), False),
             "res": ("resampler", {"in": 16, "hidden": 16, "heads": 2, "out_tokens": 4}, False),
+            "fuse": ("mlp", {"in": 16, "out": 16}, False),
         },
         [
             ModalityInfo("image", 8),
@@ -228,7 +230,16 @@ def clip_like(devices: int = 4) -> MetaGraph:
                 3,
                 "contrastive",
             ),
-            "regress": ([("imu", "imu_enc", None), ("imu_enc", "res", None)], 5, "mse"),
+            "regress": (
+                [
+                    ("imu", "imu_enc", None),
+                    ("imu_enc", "res", None),
+                    ("imu_enc", "fuse", None),
+                    ("res", "fuse", None),
+                ],
+                5,
+                "mse",
+            ),
         },
         devices,
     )
@@ -247,7 +258,7 @@ CLIP_WAVES = (
         ("image_text/img_head", 0, 1, (2,)),
         ("regress/res", 0, 1, (3,)),
     ),
-    (("imu_text/text_enc", 2, 3, (2, 3)),),
+    (("imu_text/text_enc", 2, 3, (2, 3)), ("regress/fuse", 0, 1, (1, 0))),
 )
 
 TINY_WAVES = (
