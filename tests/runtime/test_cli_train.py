@@ -34,7 +34,8 @@ def test_train_writes_log_trace_checkpoint_and_summary(tmp_path, shared_dir, cap
     # a second run resumes at step 2 and has nothing left to do
     assert main(["train", spec, "--nproc", "2", "--steps", "2", "--checkpoint-dir", str(ckpt),
                  "--no-progress"]) == 0  # fmt: skip
-    assert "resumed from step 2" in capfd.readouterr().out
+    out = capfd.readouterr().out
+    assert "resumed from step 2" in out and "nothing to do" in out
 
 
 def test_a_plan_for_other_devices_is_refused_before_spawning(tmp_path, shared_dir, capfd):
