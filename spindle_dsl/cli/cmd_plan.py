@@ -36,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="MILP solver time limit in seconds (default: %(default)s)",
     )
+    parser.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="plan even if the plan does not fit in device memory (it is noted in the plan, "
+        "and `spindle validate` reports it)",
+    )
     parser.add_argument("--out", metavar="PLAN.json", help="write the plan here")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="print the summary only")
@@ -142,7 +148,13 @@ def run(args: argparse.Namespace) -> int:
 
     graph = load_graph(args)
     cost = load_cost_model(args, graph)
-    plan = make_plan(graph, cost, scheduler=args.scheduler, time_limit_s=args.time_limit)
+    plan = make_plan(
+        graph,
+        cost,
+        scheduler=args.scheduler,
+        time_limit_s=args.time_limit,
+        check_memory=not args.no_memory_check,
+    )
     s = summary(plan)
     if args.json:
         print(json.dumps(s, indent=1))

@@ -171,12 +171,15 @@ def _extras(plan: Plan) -> list[str]:
             errs.append(
                 f"memory: {len(plan.memory_bytes)} figures for {plan.cluster.devices} devices"
             )
-        for d, b in enumerate(plan.memory_bytes):
-            if b < 0 or b > plan.cluster.memory_bytes:
-                errs.append(
-                    f"memory: device {d} is predicted to hold {b} bytes, "
-                    f"outside [0, {plan.cluster.memory_bytes}]"
-                )
+        cap = plan.cluster.memory_bytes
+        bad = [d for d, b in enumerate(plan.memory_bytes) if b < 0 or b > cap]
+        if bad:
+            worst = max(bad, key=lambda d: abs(plan.memory_bytes[d]))
+            errs.append(
+                f"memory: {len(bad)} device(s) are predicted to hold more than their "
+                f"{cap / 2**30:.1f} GiB (or a negative amount); worst: device {worst} with "
+                f"{plan.memory_bytes[worst] / 2**30:.1f} GiB"
+            )
     parts = dict(plan.breakdown)
     if "compute_s" in parts:
         waves = sum(w.duration_s for w in plan.waves)

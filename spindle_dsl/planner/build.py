@@ -65,7 +65,7 @@ def _gib(x: float) -> str:
 
 
 def _op_spec(op: MetaOp, graph: MetaGraph, cost: CostModel, curves: Curves) -> OpSpec:
-    """The op's curve, restricted to allocations where one layer fits on a device."""
+    """The op's curve, restricted to allocations on which one of its layers fits."""
     cap = graph.cluster.device.memory_bytes
     N = graph.cluster.devices
     pts = [(n, s) for n, s in curves[op.id].items() if n <= N]
@@ -177,17 +177,48 @@ def evaluate(ctx: PlanContext, sched: Schedule) -> Evaluated:
     return Evaluated(sched, placement, timing)
 
 
+def frugal_bytes(ctx: PlanContext, op_id: str) -> int:
+    """Least device-bytes one MetaOp can occupy: min over n of n * memory(all its layers)."""
+    op = ctx.graph.op(op_id)
+    return min(n * ctx.cost.memory_bytes(op, n, op.layers) for n in ctx.problem.op(op_id).ns)
+
+
 def overflow_message(ctx: PlanContext, ev: Evaluated) -> str:
-    """Say which MetaOp does not fit where, by how much, and what to change."""
-    d, op_id, total = max(ev.placement.overflow, key=lambda t: t[2])
+    """Say what does not fit, by how much, and what to change.
+
+    When the MetaOps cannot fit even in the cluster's total memory, say so with the biggest
+    ones; otherwise name the fullest device and the MetaOps that fill it.
+    """
     cap = ctx.topology.capacity
-    piece = next(p for w in ev.placement.waves for p in w if p.op == op_id and d in p.devices)
-    own = ctx.cost.memory_bytes(ctx.graph.op(op_id), piece.n, piece.layers)
+    name = ctx.graph.cluster.device.name
+    N = ctx.topology.devices
+    advice = (
+        "use more devices (--devices) or larger ones (--device), a smaller global batch, "
+        "or freeze some modules"
+    )
+    frugal = {o.id: frugal_bytes(ctx, o.id) for o in ctx.problem.ops}
+    total = sum(frugal.values())
+    if total > N * cap:
+        top = sorted(frugal.items(), key=lambda kv: -kv[1])[:3]
+        biggest = ", ".join(f"'{k}' {_gib(v)}" for k, v in top)
+        return (
+            f"the MetaOps do not fit: they need at least {_gib(total)} of device memory in all "
+            f"(each on its "
+            f"most memory-frugal allocation; largest: {biggest}), but {N} x {name} hold "
+            f"{_gib(N * cap)}; {advice} (at least {-(-total // cap)} devices of this kind)"
+        )
+    d = max(range(N), key=lambda i: ev.placement.memory[i])
+    parts: dict[str, int] = {}
+    for wave in ev.placement.waves:
+        for p in wave:
+            if d in p.devices:
+                need = ctx.cost.memory_bytes(ctx.graph.op(p.op), p.n, p.layers)
+                parts[p.op] = parts.get(p.op, 0) + need
+    top = sorted(parts.items(), key=lambda kv: -kv[1])
+    listed = ", ".join(f"'{k}' {_gib(v)}" for k, v in top[:3])
     return (
-        f"MetaOp '{op_id}' does not fit: device {d} would hold {_gib(total)} "
-        f"({_gib(own)} of it for layers {piece.first}-{piece.end - 1} of '{op_id}' on "
-        f"{piece.n} devices), but a {ctx.graph.cluster.device.name} has {_gib(cap)}; "
-        "use more devices (--devices), a smaller global batch, or freeze some modules"
+        f"MetaOp '{top[0][0]}' does not fit: device {d} would hold "
+        f"{_gib(ev.placement.memory[d])} ({listed}), but a {name} has {_gib(cap)}; {advice}"
     )
 
 

@@ -82,17 +82,32 @@ def test_sequential_keeps_everything_on_all_devices(graph):
     assert dict(plan.breakdown)["transfer_s"] == 0
 
 
-def test_memory_overflow_names_the_metaop_and_what_to_change(graph):
-    small = replace(
-        graph,
-        cluster=graph.cluster.with_overrides(memory_bytes=40_000_000),
-    )
+def test_memory_overflow_names_the_metaops_and_what_to_change(graph):
+    # sequential keeps every layer on all 16 devices (~580 MB each); spread out they fit
+    small = replace(graph, cluster=graph.cluster.with_overrides(memory_bytes=400_000_000))
     with pytest.raises(PlanError) as err:
         make_plan(small, SynthCost(small.cluster), scheduler="sequential")
     text = str(err.value)
-    assert "does not fit" in text and "GiB" in text
+    assert "does not fit: device" in text and "GiB" in text
     assert any(f"'{m.id}'" in text for m in graph.metaops)
     assert "more devices" in text and "batch" in text
+    # the default scheduler spreads the layers instead, and then it fits
+    plan = make_plan(small, SynthCost(small.cluster), time_limit_s=0.3)
+    assert validate_plan(plan) == []
+    assert max(plan.memory_bytes) <= 400_000_000
+
+
+def test_a_workload_bigger_than_the_whole_cluster_says_so(graph):
+    tiny = replace(graph, cluster=graph.cluster.with_overrides(memory_bytes=20_000_000))
+    with pytest.raises(PlanError, match=r"need at least .* in all .* devices of this kind"):
+        make_plan(tiny, SynthCost(tiny.cluster))
+
+
+def test_memory_check_off_returns_the_plan_with_a_note(graph):
+    tiny = replace(graph, cluster=graph.cluster.with_overrides(memory_bytes=20_000_000))
+    plan = make_plan(tiny, SynthCost(tiny.cluster), scheduler="paper", check_memory=False)
+    assert any(n.startswith("memory check off") for n in plan.notes)
+    assert any("memory" in e for e in validate_plan(plan))
 
 
 def test_a_layer_too_big_for_any_device_is_a_plan_error(graph):
