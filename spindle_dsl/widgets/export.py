@@ -62,6 +62,8 @@ def reproduce_command(result: Result, spec_file: Path, plan_file: Path) -> str:
     if s.scheduler != "default":
         parts += ["--scheduler", s.scheduler]
     parts += ["--time-limit", f"{s.time_limit_s:g}"]
+    if not s.check_memory:
+        parts.append("--no-memory-check")
     parts += ["--out", str(plan_file)]
     return " ".join(parts)
 

@@ -129,3 +129,7 @@ def test_time_limit_and_memory_controls_reach_the_planner(widget):
     assert widget.view.settings.time_limit_s == 1.0 and widget.plan is not None
     widget.check_memory.value = False
     assert widget.view.settings.check_memory is False and widget.view.ok
+    from spindle_dsl.widgets.export import reproduce_command
+
+    command = reproduce_command(widget.view.result, Path("s.spindle"), Path("p.json"))
+    assert command.endswith("--time-limit 1 --no-memory-check --out p.json")
