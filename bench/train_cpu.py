@@ -4,12 +4,13 @@ worker processes (gloo, CPU), and measured vs predicted step time.
 Profiles the spec's layers on this machine first (``spindle profile``, one thread per worker,
 as the workers run) unless ``--profile`` names a profile, plans with the default scheduler and
 with the sequential baseline under both the profile-fitted and the analytic cost model, trains
-every distinct plan for ``--steps`` steps on ``--nproc`` processes (``--repeat`` rounds,
-alternating plans, so a busy machine slows all of them alike), and prints the median step time
-of each beside its prediction. ``--exactness`` also trains the default plan in float32 and in
-float64 and prints how far its losses and parameters are from the single-process oracle.
+every distinct plan for ``--steps`` steps on the same ``--nproc`` worker processes (each plan a
+fresh model, one step of each in turn, so a busy machine slows all of them alike), and prints
+the median step time of each beside its prediction. ``--exactness`` also trains the default
+plan in float32 and in float64 and prints how far its losses and parameters are from the
+single-process oracle.
 
-    .venv/bin/python bench/train_cpu.py [SPEC] [--nproc 4] [--steps 20] [--repeat 2]
+    .venv/bin/python bench/train_cpu.py [SPEC] [--nproc 4] [--steps 30] [--exactness]
 """
 
 from __future__ import annotations
@@ -47,10 +48,6 @@ def _shape(plan) -> tuple:
     )
 
 
-def _median_step(result) -> float:
-    return result.measured_step_s
-
-
 def _exactness(graph, plan, nproc: int, steps: int) -> None:
     import torch
     from spindle_dsl.backends.base import RunConfig
@@ -86,8 +83,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec", nargs="?", default=str(DEFAULT_SPEC))
     ap.add_argument("--nproc", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--repeat", type=int, default=2, help="rounds over the plans (default 2)")
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--profile", help="a profile from `spindle profile` (default: make one)")
     ap.add_argument("--no-profile", action="store_true", help="analytic cost model only")
     ap.add_argument("--exactness", action="store_true", help="also compare with the oracle")
@@ -116,12 +112,16 @@ def main() -> int:
         shapes: dict[tuple, list[tuple[str, str]]] = {}
         for key, plan in plans.items():
             shapes.setdefault(_shape(plan), []).append(key)
-        times: dict[tuple, list[float]] = {s: [] for s in shapes}
-        for _ in range(args.repeat):
-            for shape, keys in shapes.items():
-                config = RunConfig(steps=args.steps, progress=False)
-                result = TorchBackend().train(graph, plans[keys[0]], config, nproc=args.nproc)
-                times[shape].append(_median_step(result))
+        # One job: the same worker processes hold every distinct plan (each a fresh model)
+        # and step them in turn, so machine load falls on all plans alike.
+        order = list(shapes)
+        first, *rest = (plans[shapes[shape][0]] for shape in order)
+        config = RunConfig(steps=args.steps, progress=False)
+        result = TorchBackend().train(graph, first, config, nproc=args.nproc, compare=tuple(rest))
+        runs = [result.steps, *result.extra["compared"]]
+        times = {
+            shape: [r.seconds for r in run[1:]] for shape, run in zip(order, runs, strict=True)
+        }
     except SpindleError as exc:
         print(exc.render(), file=sys.stderr)
         return 1
@@ -129,7 +129,8 @@ def main() -> int:
     cores = os.cpu_count()
     print(
         f"\n{Path(args.spec).name}: {args.nproc} gloo worker processes on {cores} CPU cores, "
-        f"1 thread each, float32, median of steps 2..{args.steps}, {args.repeat} round(s)"
+        f"1 thread each, float32; every plan stepped in turn on the same processes, "
+        f"median step time of steps 2..{args.steps}"
     )
     print(
         f"{'plan':<12}{'cost model':<12}{'waves':>6}{'predicted s':>13}{'measured s':>12}"

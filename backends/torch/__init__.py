@@ -52,8 +52,13 @@ class TorchBackend(Backend):
         nproc: int | None = None,
         datasets: Mapping[str, Any] | None = None,
         planner: Callable[[], Plan] | None = None,
+        compare: tuple[Plan, ...] = (),
     ) -> RunResult | None:
-        """Train; ``plan`` None asks ``planner`` for one (once, on rank 0 or in the parent)."""
+        """Train; ``plan`` None asks ``planner`` for one (once, on rank 0 or in the parent).
+
+        ``compare`` adds plans of the same spec that the same processes train side by side,
+        each a fresh model, one step of each after every step of ``plan``; their step records
+        come back in ``result.extra["compared"]`` (the benchmark's fair comparison)."""
         from .launch import spawn
         from .worker import Job, preflight, run_rank
 
@@ -62,10 +67,11 @@ class TorchBackend(Backend):
                 if planner is None:
                     raise ExecutionError("no plan given and no planner to make one")
                 plan = planner()
-            preflight(graph, plan, nproc, datasets)
-            job = Job(graph, plan, config, dict(datasets or {}))
+            for p in (plan, *compare):
+                preflight(graph, p, nproc, datasets)
+            job = Job(graph, plan, config, dict(datasets or {}), tuple(compare))
             return spawn(job, nproc, hang_timeout_s=config.hang_timeout_s)
-        job = Job(graph, plan, config, dict(datasets or {}))
+        job = Job(graph, plan, config, dict(datasets or {}), tuple(compare))
         env = torchrun_env()
         rank, world, local = env if env is not None else (0, 1, 0)
         return run_rank(job, rank, world, local, planner=planner)

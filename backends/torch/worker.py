@@ -26,14 +26,11 @@ from spindle_dsl.plan.model import Plan
 from ..base import RunConfig, RunResult, StepRecord
 from . import checkpoint
 from .data import TaskData
-from .executor import StepExecutor
-from .grads import GradReducer
 from .losses import check_task
-from .optim import make_optimizer
-from .params import DTYPES, PartStore
 from .progress import Progress
 from .schedule import Schedule, build_schedule
 from .trace import Tracer, write_measured_trace
+from .trainer import Trainer
 
 
 @dataclass(frozen=True)
@@ -44,6 +41,7 @@ class Job:
     plan: Plan | None  # None: rank 0 makes one (``planner``) and broadcasts it
     config: RunConfig
     datasets: Mapping[str, Any] = field(default_factory=dict)
+    compare: tuple[Plan, ...] = ()  # more plans to step in turn on the same processes (bench)
 
 
 def preflight(
@@ -148,31 +146,15 @@ def _train(
     beat: Callable[[str], None],
 ) -> RunResult | None:
     config, graph = job.config, job.graph
-    dtype = DTYPES[config.dtype]
-    schedule = build_schedule(graph, plan, world_size)
-    beat("building parameters")
-    store = PartStore(graph, schedule.parts_of(rank), config.seed, dtype, device)
-    opt = make_optimizer(
-        (t for _, _, t in store.trainable()),
-        lr=config.lr,
-        weight_decay=config.weight_decay,
-        betas=config.betas,
-        eps=config.eps,
-    )
-    reducer = GradReducer(schedule, rank, store)
-    data = TaskData(graph, config.seed, job.datasets, dtype, device)
     tracer = Tracer(rank, enabled=bool(config.trace))
-    executor = StepExecutor(
-        graph,
-        schedule,
-        rank,
-        store,
-        data,
-        dtype=dtype,
-        device=device,
-        tracer=tracer,
-        heartbeat=beat,
-    )
+    trainer = Trainer(graph, plan, config, job.datasets, rank, world_size, device, tracer, beat)
+    # Plans to compare on these same processes: fresh models stepped in turn with the main
+    # one, never traced, logged or checkpointed.
+    others = [
+        Trainer(graph, p, config, job.datasets, rank, world_size, device, Tracer(rank, False), beat)
+        for p in job.compare
+    ]
+    schedule, store, opt = trainer.schedule, trainer.store, trainer.opt
     meta = {"spec_sha256": graph.spec_sha256, "dtype": config.dtype, "seed": config.seed}
     start = 0
     if config.checkpoint_dir and config.resume:
@@ -181,7 +163,6 @@ def _train(
             checkpoint.check_compatible(info, meta)
             checkpoint.load(info, store, opt)
             start = min(info.step, config.steps)
-    tasks = [t.name for t in graph.tasks if t.batch > 0]
     lead = rank == 0
     log = open(config.log_json, "a" if start else "w") if lead and config.log_json else None  # noqa: SIM115
     progress = (
@@ -190,25 +171,13 @@ def _train(
         else None
     )
     records: list[StepRecord] = []
+    compared: list[list[StepRecord]] = [[] for _ in others]
     last_ckpt = None
     try:
         for step in range(start, config.steps):
-            t0 = time.perf_counter()
-            with tracer.span(f"step {step + 1}", "step"):
-                shares = executor.run(step)
-                beat(f"step {step + 1} gradient reduction")
-                with tracer.span("reduce gradients", "reduce"):
-                    reducer.reduce()
-                with tracer.span("optimizer", "optimizer"):
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                totals = torch.tensor(
-                    [shares[t] for t in tasks], dtype=torch.float64, device=device
-                )
-                dist.all_reduce(totals)
-            record = StepRecord(
-                step + 1, tuple(zip(tasks, totals.tolist(), strict=True)), time.perf_counter() - t0
-            )
+            record = trainer.step(step)
+            for i, other in enumerate(others):
+                compared[i].append(other.step(step))
             records.append(record)
             if log is not None:
                 log.write(json.dumps(record.to_json()) + "\n")
@@ -265,5 +234,9 @@ def _train(
         predicted_step_s=plan.iteration_s,
         checkpoint=str(last_ckpt) if last_ckpt else None,
         trace=trace_path,
-        extra={"baselines": dict(plan.baselines), "scheduler": plan.solver.name},
+        extra={
+            "baselines": dict(plan.baselines),
+            "scheduler": plan.solver.name,
+            "compared": [tuple(c) for c in compared],
+        },
     )
