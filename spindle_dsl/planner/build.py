@@ -139,7 +139,10 @@ def context(graph: MetaGraph, cost: CostModel) -> PlanContext:
                 dict.fromkeys([*partners.get(op_id, ()), *(o for o in g.metaops if o != op_id)])
             )
     c = graph.cluster
-    topo = Topology(c.devices, c.devices_per_node, c.device.memory_bytes, partners)
+    weight = dict(flows.carry_bytes)
+    for _src, dst, nbytes in flows.edges:  # a MetaOp's first piece pulls its inputs
+        weight[dst] = max(weight[dst], nbytes)
+    topo = Topology(c.devices, c.devices_per_node, c.device.memory_bytes, partners, weight)
     return PlanContext(graph, cost, curves, problem, flows, topo)
 
 

@@ -200,7 +200,8 @@ def rebalance(problem: Problem, sched: Schedule) -> Schedule:
                 alloc[p.op] = p.n
         old = max(p.layers * ops[p.op].t(p.n) for p in wave)
         added = sum(switches(wi, p.op, alloc[p.op]) - switches(wi, p.op, p.n) for p in wave)
-        if sum(alloc.values()) <= problem.devices and new + added < old * (1 - 1e-9):
+        shorter = new < old * (1 - 1e-9) and new + added < old * (1 - 1e-9)
+        if sum(alloc.values()) <= problem.devices and shorter:
             out.append(tuple(Piece(p.op, p.first, p.end, alloc[p.op]) for p in wave))
         else:
             out.append(wave)

@@ -19,7 +19,7 @@ every forward wave are kept until the backward waves use them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spindle_dsl.planner.problem import Piece, Problem, Schedule
 
@@ -57,6 +57,7 @@ class Topology:
     per_node: int
     capacity: int  # bytes per device
     partners: dict[str, tuple[str, ...]]  # ops sharing parameters with each op
+    weight: dict[str, float] = field(default_factory=dict)  # bytes a move of the op costs
 
 
 class _Placer:
@@ -86,23 +87,30 @@ class _Placer:
     def fits(self, d: int, need: int) -> bool:
         return self.used[d] + need <= self.topo.capacity
 
-    def choose(self, n: int, pref: list[int], free: dict[int, set[int]], need: int) -> list[int]:
-        """``n`` free devices: preferred ones first, then best-fit or whole nodes.
+    def anchor(self, n: int, pref: list[int], free: dict[int, set[int]], need: int) -> list[int]:
+        """Up to ``n`` of the preferred devices that are free (and fit), fullest node first.
 
         ``free`` maps node -> its free devices and is updated in place.
         """
-        chosen: list[int] = []
         pref_free = [d for d in pref if d in free.get(self.node(d), ()) and self.fits(d, need)]
-        if pref_free:
-            by_node: dict[int, list[int]] = {}
-            for d in pref_free:
-                by_node.setdefault(self.node(d), []).append(d)
-            for _, ds in sorted(by_node.items(), key=lambda kv: -len(kv[1])):
-                chosen.extend(ds[: n - len(chosen)])
-                if len(chosen) == n:
-                    break
-            for d in chosen:
-                free[self.node(d)].discard(d)
+        by_node: dict[int, list[int]] = {}
+        for d in pref_free:
+            by_node.setdefault(self.node(d), []).append(d)
+        chosen: list[int] = []
+        for _, ds in sorted(by_node.items(), key=lambda kv: -len(kv[1])):
+            chosen.extend(ds[: n - len(chosen)])
+            if len(chosen) == n:
+                break
+        for d in chosen:
+            free[self.node(d)].discard(d)
+        return chosen
+
+    def complete(
+        self, n: int, chosen: list[int], free: dict[int, set[int]], need: int
+    ) -> list[int]:
+        """Add free devices to ``chosen`` until it has ``n``: first in the nodes it already
+        touches, then the best-fitting node (or whole nodes for large groups)."""
+        chosen = list(chosen)
         tight = self.max_used + need > self.topo.capacity
         # where memory is tight, count only the devices this piece still fits on
         room = {
@@ -110,9 +118,6 @@ class _Placer:
             for k, ds in free.items()
             if ds
         }
-        if not any(room.values()):
-            room = {k: len(free[k]) for k in room}  # it overflows somewhere regardless
-            tight = False
         touched = {self.node(d) for d in chosen}
         while len(chosen) < n:
             want = n - len(chosen)
@@ -149,22 +154,27 @@ class _Placer:
         return ds[:want]
 
     def place_wave(self, wave: tuple[Piece, ...]) -> tuple[PlacedPiece, ...]:
+        """Two passes: every piece first claims what it can of its preferred devices (the
+        pieces that would move the most bytes first), then each completes its group."""
         free: dict[int, set[int]] = {}
         for d in range(self.topo.devices):
             free.setdefault(self.node(d), set()).add(d)
-        order = sorted(wave, key=lambda p: (p.op not in self.last, -p.n))
+        needs = {p.op: self.memory(p.op, p.n, p.layers) for p in wave}
+        order = sorted(wave, key=lambda p: (p.op not in self.last, -self.topo.weight.get(p.op, 0)))
+        anchored = {p.op: self.anchor(p.n, self.preferred(p), free, needs[p.op]) for p in order}
         placed: dict[str, PlacedPiece] = {}
-        for p in order:
-            need = self.memory(p.op, p.n, p.layers)
-            ds = self.choose(p.n, self.preferred(p), free, need)
+        for p in sorted(wave, key=lambda p: -p.n):
+            need = needs[p.op]
+            ds = self.complete(p.n, anchored[p.op], free, need)
             for d in ds:
                 self.used[d] += need
                 self.node_used[self.node(d)] += need
                 self.max_used = max(self.max_used, self.used[d])
                 if self.used[d] > self.topo.capacity:
                     self.overflow.append((d, p.op, self.used[d]))
-            self.last[p.op] = tuple(ds)
             placed[p.op] = PlacedPiece(p.op, p.first, p.end, tuple(ds))
+        for p in wave:
+            self.last[p.op] = placed[p.op].devices
         return tuple(placed[p.op] for p in wave)
 
 

@@ -11,10 +11,12 @@ from synth import random_problem, synth_op
 
 from spindle_dsl.planner.baselines import BASELINES, waveify
 from spindle_dsl.planner.bounds import level_reference_s, lower_bound_s
-from spindle_dsl.planner.crosslevel import backfill, rebalance
+from spindle_dsl.planner.crosslevel import backfill, improve, rebalance
 from spindle_dsl.planner.listsched import Span, cpa_schedule
 from spindle_dsl.planner.milp_scheduler import milp_schedule
+from spindle_dsl.planner.polish import polish
 from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
+from spindle_dsl.planner.resplit import resplit
 from spindle_dsl.planner.wavefront import paper_schedule
 
 
@@ -106,3 +108,42 @@ def test_single_device_cluster_runs_everything_in_turn():
     p = Problem((synth_op("a/x", 3, (), 1, 0.1), synth_op("a/y", 2, ("a/x",), 1, 0.1)), 1)
     for s in (paper_schedule(p), milp_schedule(p, 0.2), *(f(p) for f in BASELINES.values())):
         assert schedule_errors(p, s) == []
+
+
+def test_resplit_moves_layers_to_even_out_waves():
+    ns = (1, 2)
+    a = OpSpec("a/m", 8, (), ns, (1.0, 0.5))
+    b = OpSpec("b/m", 8, (), ns, (1.0, 0.5))
+    p = Problem((a, b), 2)
+    # wave 0 runs a 6 layers beside b's 2; wave 1 the other way round: 6 + 6 seconds
+    s = Schedule(
+        "x",
+        (
+            (Piece("a/m", 0, 6, 1), Piece("b/m", 0, 2, 1)),
+            (Piece("a/m", 6, 8, 1), Piece("b/m", 2, 8, 1)),
+        ),
+    )
+    r = resplit(p, s, 1.0)
+    assert schedule_errors(p, r) == []
+    assert r.compute_s(p) == pytest.approx(8.0)  # 4 + 4 layers a wave each
+
+
+def test_polish_merges_a_wave_that_only_costs_time():
+    ns = (1, 2)
+    a = OpSpec("a/m", 2, (), ns, (1.0, 0.5))
+    b = OpSpec("b/m", 1, (), ns, (1.0, 0.5))
+    p = Problem((a, b), 2)
+    s = Schedule("x", ((Piece("a/m", 0, 2, 1),), (Piece("b/m", 0, 1, 1),)))
+    polished = polish(p, s, lambda x: (0.0, x.compute_s(p) + 0.1 * len(x.waves)), 5.0)
+    assert len(polished.waves) == 1
+    assert schedule_errors(p, polished) == []
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 100_000), st.sampled_from([2, 8, 24]), st.integers(1, 8))
+def test_improve_keeps_schedules_valid_and_never_slower(seed, N, k):
+    p = random_problem(random.Random(seed), N, k)
+    for s in (paper_schedule(p), cpa_schedule(p)):
+        better = improve(p, s, 0.1)
+        assert schedule_errors(p, better) == []
+        assert better.compute_s(p) <= s.compute_s(p) * (1 + 1e-9)
