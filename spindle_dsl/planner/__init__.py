@@ -75,10 +75,12 @@ def make_plan(
 ) -> Plan:
     """Plan one training iteration of ``graph`` (see the module docstring for schedulers).
 
-    Raises ``PlanError`` for an unknown scheduler or when the plan does not fit in device
-    memory. ``check_memory=False`` returns the plan anyway, with notes saying where it does
-    not fit (``validate_plan`` still reports the overflow): for comparing schedules under a
-    cost model whose memory figures are known to be pessimistic.
+    ``time_limit_s`` bounds the ``milp`` scheduler's solver and search time (the whole call
+    also prices curves, runs the baselines and places every candidate). Raises
+    ``PlanError`` for an unknown scheduler or when the plan does not fit in device memory.
+    ``check_memory=False`` returns the plan anyway, with notes saying where it does not fit
+    (``validate_plan`` still reports the overflow): for comparing schedules under a cost
+    model whose memory figures are known to be pessimistic.
     """
     if scheduler not in SCHEDULERS:
         raise PlanError(f"unknown scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})")

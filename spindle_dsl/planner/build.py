@@ -235,6 +235,11 @@ def to_plan(
     notes: tuple[str, ...],
     extra: dict,
 ) -> Plan:
+    """The plan file: the format's required fields plus ``breakdown`` (compute_s,
+    transfer_s, grad_sync_s), ``memory_bytes`` (predicted peak per device), ``notes``, and
+    the ``extra`` fields ``make_plan`` adds: ``scheduler`` (asked for), ``candidates_s``
+    (iteration time of every schedule considered), ``level_reference_s`` (sum over
+    MetaLevels of the continuous optimum) and ``solver_notes``."""
     graph = ctx.graph
     metaops = tuple(
         PlanMetaOp(
