@@ -30,9 +30,13 @@ def test_hand_plan_matches_oracle(tmp_path, graph_fn, waves, steps):
     ref = ReferenceModel(graph, dtype="float64")
     history = ref.train(steps)
     config = RunConfig(steps=steps, dtype="float64", checkpoint_dir=str(tmp_path), progress=False)
-    result = TorchBackend().train(graph, plan, config, nproc=4)
+    # the same processes also step a fresh model under the sequential plan (the benchmark's
+    # side-by-side mode); it must train the same model, untouched by the first
+    compare = (h.sequential_plan(graph),)
+    result = TorchBackend().train(graph, plan, config, nproc=4, compare=compare)
     assert [s.step for s in result.steps] == list(range(1, steps + 1))
     assert loss_errors(history, result.steps) < 1e-12
+    assert loss_errors(history, result.extra["compared"][0]) < 1e-12
     worst, where = worst_relative(ref.state(), checkpoint_state(tmp_path))
     assert worst < 1e-9, where
     # the oracle moved: a broken optimizer step would not be caught otherwise
