@@ -204,7 +204,8 @@ class StepExecutor:
             back = exchange(
                 self.rank, flows, grads, reverse=True, dtype=self.dtype, device=self.device
             )
-            pending = [(readouts[k], g) for k, g in back.items()]
+            # (an empty shard's readout has no graph: nothing to propagate)
+            pending = [(readouts[k], g) for k, g in back.items() if readouts[k].requires_grad]
             if pending:
                 torch.autograd.backward([r for r, _ in pending], [g for _, g in pending])
         out_grads: dict[StageKey, torch.Tensor] = {}
