@@ -34,9 +34,17 @@ system-deps:
 	      || echo "warning: could not install chromium; the report's browser test will be skipped"; \
 	  else echo "warning: no chromium and no apt-get as root; the report's browser test will be skipped"; fi; }
 
+# The main job on the bundled tiny example: check it, plan it (JSON, wave picture, Perfetto
+# trace, HTML report), then train it for real for 5 steps on 4 local worker processes.
 demo: $(STAMP) system-deps
 	mkdir -p $(OUT)
 	$(BIN)/spindle check examples/tiny_mm.spindle
+	$(BIN)/spindle plan examples/tiny_mm.spindle --out $(OUT)/plan.json \
+	  --svg $(OUT)/waves.svg --trace $(OUT)/plan-trace.json
+	$(BIN)/spindle report examples/tiny_mm.spindle -o $(OUT)/report.html
+	$(BIN)/spindle train examples/tiny_mm.spindle --plan $(OUT)/plan.json --nproc 4 --steps 5 \
+	  --log-json $(OUT)/train-log.jsonl --trace $(OUT)/train-trace.json
+	@echo "outputs in $(OUT)/: plan.json waves.svg plan-trace.json report.html train-log.jsonl train-trace.json"
 
 test: $(STAMP) system-deps
 	$(BIN)/ruff check .
