@@ -10,6 +10,9 @@ parameter by parameter).
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import handgraph as h
 import pytest
 from runtime_helpers import checkpoint_state, loss_errors, worst_relative
@@ -42,3 +45,26 @@ def test_hand_plan_matches_oracle(tmp_path, graph_fn, waves, steps):
     # the oracle moved: a broken optimizer step would not be caught otherwise
     fresh = ReferenceModel(graph, dtype="float64").state()
     assert worst_relative(fresh, checkpoint_state(tmp_path))[0] > 1e-4
+
+
+def _random_plan(graph, rng: random.Random, n: int):
+    """Each MetaOp cut into up to three layer ranges, each on a random device group (any size,
+    any order), one entry per wave: every kind of split, gather and empty shard turns up."""
+    waves = []
+    for op in graph.metaops:
+        k = min(op.layers - 1, rng.randint(0, 2))
+        bounds = [0, *sorted(rng.sample(range(1, op.layers), k)), op.layers]
+        for a, b in itertools.pairwise(bounds):
+            waves.append([(op.id, a, b, tuple(rng.sample(range(n), rng.randint(1, n))))])
+    return h.make_plan(graph, waves)
+
+
+def test_random_plans_match_oracle():
+    graph = h.clip_like(4)
+    rng = random.Random(2024)
+    plans = [_random_plan(graph, rng, 4) for _ in range(3)]
+    history = ReferenceModel(graph, dtype="float64").train(2)
+    config = RunConfig(steps=2, dtype="float64", progress=False)
+    result = TorchBackend().train(graph, plans[0], config, nproc=4, compare=tuple(plans[1:]))
+    for run in (result.steps, *result.extra["compared"]):
+        assert loss_errors(history, run) < 1e-12
