@@ -14,6 +14,11 @@ so T(n) >= FLOPs / (n * peak) always holds). A trainable layer adds the ring all
 gradients over the data-parallel group (NVLink inside a node, the network across nodes),
 counted in full (no overlap with backward assumed). The efficiency figures are assumptions;
 ``spindle profile`` replaces the compute part with measurements.
+
+A MetaOp that recomputes its activations (full per-layer checkpointing) runs each layer's
+forward twice: one more forward's FLOPs (fwd+bwd = 4x forward instead of 3x when training, 3x
+instead of 2x when only input gradients flow) and, under tensor parallelism, one more round of
+the forward's activation all-reduces. Memory is priced in ``cost.memory``.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from functools import lru_cache
 
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost import comm
-from spindle_dsl.cost.base import Curve, Curves
-from spindle_dsl.cost.memory import dtype_bytes, slice_memory_bytes
+from spindle_dsl.cost.base import Curve, Curves, SliceMemory
+from spindle_dsl.cost.memory import dtype_bytes, slice_memory, slice_memory_bytes
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 
 
@@ -50,13 +55,13 @@ def device_model(cluster: Cluster) -> DeviceModel:
     return CPU_MODEL if comm.is_cpu(cluster) else GPU_MODEL
 
 
-def backward_multiplier(op: MetaOp) -> int:
+def backward_multiplier(op: MetaOp, recompute: bool = False) -> int:
     """Forward+backward FLOPs over forward FLOPs: 3 when training weights (input and weight
     gradients), 2 when frozen but gradients must flow through (input gradients only), 1 with
-    no backward pass."""
+    no backward pass; recomputing activations adds one forward to a pass with a backward."""
     if not op.needs_backward:
         return 1
-    return 2 if op.frozen else 3
+    return (2 if op.frozen else 3) + (1 if recompute else 0)
 
 
 # Kinds the model knows how to split by tensor parallelism: the argument whose divisors are the
@@ -111,18 +116,20 @@ def compute_seconds(flops_per_device: float, cluster: Cluster) -> float:
     return model.layer_overhead_s + flops_per_device / (cluster.device.peak_flops * efficiency)
 
 
-def price(op: MetaOp, dp: int, tp: int, cluster: Cluster) -> Config:
-    """Seconds of one layer forward+backward with ``dp`` replicas of ``tp``-way layers."""
+def price(op: MetaOp, dp: int, tp: int, cluster: Cluster, recompute: bool = False) -> Config:
+    """Seconds of one layer forward+backward with ``dp`` replicas of ``tp``-way layers (with
+    the extra forward when it ``recompute``s)."""
+    recompute = recompute and op.needs_backward
     shard = comm.ceil_div(op.batch, dp)
     share = shard / op.batch if op.batch else 0.0  # a task the mix leaves out has no samples
-    work = backward_multiplier(op) * op.forward_flops_per_layer * share / tp
+    work = backward_multiplier(op, recompute) * op.forward_flops_per_layer * share / tp
     compute = compute_seconds(work, cluster)
     tp_comm = 0.0
     if tp > 1:
         _, per_pass, basis = _TP_RULES[op.kind]
         tokens = op.tokens if basis == "in" else op.out_tokens
         message = shard * tokens * op.out_width * dtype_bytes(cluster)
-        passes = 2 if op.needs_backward else 1
+        passes = (2 if op.needs_backward else 1) + (1 if recompute else 0)
         bandwidth, latency = comm.link(cluster, crosses_nodes=False)
         tp_comm = per_pass * passes * comm.ring_allreduce_seconds(message, tp, bandwidth, latency)
     grad = 0.0
@@ -134,11 +141,15 @@ def price(op: MetaOp, dp: int, tp: int, cluster: Cluster) -> Config:
 
 
 @lru_cache(maxsize=4096)
-def best_configs(op: MetaOp, cluster: Cluster) -> tuple[Config, ...]:
+def best_configs(op: MetaOp, cluster: Cluster, recompute: bool = False) -> tuple[Config, ...]:
     """The fastest config for every n in 1..devices (index n - 1), idle devices allowed."""
     best: list[Config] = []
     for n in range(1, cluster.devices + 1):
-        exact = [price(op, n // tp, tp, cluster) for tp in tp_degrees(op, cluster) if n % tp == 0]
+        exact = [
+            price(op, n // tp, tp, cluster, recompute)
+            for tp in tp_degrees(op, cluster)
+            if n % tp == 0
+        ]
         fastest = min(exact, key=lambda c: c.seconds)
         if best and best[-1].seconds <= fastest.seconds:
             fastest = Config(n, *_tail(best[-1]))
@@ -158,21 +169,31 @@ class AnalyticCostModel:
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
 
-    def config(self, op: MetaOp, n: int) -> Config:
+    def config(self, op: MetaOp, n: int, recompute: bool = False) -> Config:
         """How one layer of ``op`` runs on ``n`` devices (what T_m(n) assumes)."""
-        return best_configs(op, self.cluster)[n - 1]
+        return best_configs(op, self.cluster, recompute and op.needs_backward)[n - 1]
 
-    def curves(self, graph: MetaGraph) -> Curves:
+    def curves(self, graph: MetaGraph, recompute: frozenset[str] = frozenset()) -> Curves:
         ns = tuple(range(1, self.cluster.devices + 1))
         curves = tuple(
-            Curve(op.id, ns, tuple(c.seconds for c in best_configs(op, self.cluster)))
+            Curve(
+                op.id,
+                ns,
+                tuple(c.seconds for c in best_configs(op, self.cluster, op.id in recompute)),
+            )
             for op in graph.metaops
         )
         return Curves(curves, source="analytic")
 
     def memory_bytes(self, op: MetaOp, n: int, layers: int) -> int:
         c = self.config(op, n)
-        return slice_memory_bytes(op, layers, c.dp, c.tp, self.cluster)
+        return slice_memory_bytes(op, layers, c.dp, c.tp, self.cluster, n)
+
+    def slice_memory(
+        self, graph: MetaGraph, op: MetaOp, n: int, first: int, end: int, recompute: bool = False
+    ) -> SliceMemory:
+        c = self.config(op, n, recompute)
+        return slice_memory(graph, op, first, end, c.dp, c.tp, recompute and op.needs_backward)
 
     def transfer_seconds(
         self, nbytes: float, src: Sequence[int], dst: Sequence[int], cluster: Cluster

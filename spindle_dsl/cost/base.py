@@ -5,6 +5,18 @@ forward+backward seconds of one layer of MetaOp m on n devices, for every n the 
 allocate. A ``CostModel`` also prices memory and communication so that the planner can check a
 placement fits and count transfers and gradient synchronisation in the iteration time. Both the
 analytic model and the profile-fitted one implement this protocol.
+
+Memory comes in two grades. ``memory_bytes`` prices a slice on its own, as one number. A
+cost model that also offers ``slice_memory`` (``SliceMemoryModel``; both built-in models do)
+says how the bytes add up across slices, which the planner needs to price what real training
+systems do: parameter *parts* (a layer, an input stage, an LM head: the runtime's unit of
+ownership) count once per device however many MetaOps of a shared module run them there, and
+their optimizer state is sharded over every device that holds the part (ZeRO-1, Megatron's
+distributed optimizer); activations kept for backward add up over the slices a device runs;
+a slice's working set is transient, so only the largest counts. Such a model can also price
+activation recompute (``curves(graph, recompute=...)``), which the planner turns on per
+MetaOp when a plan does not fit otherwise. A model without ``slice_memory`` is planned with
+``memory_bytes`` summed per piece and never recomputes.
 """
 
 from __future__ import annotations
@@ -61,16 +73,49 @@ class Curves:
         return iter(self.curves)
 
 
+@dataclass(frozen=True)
+class PartBytes:
+    """One parameter part a slice holds, as one device of the slice pays for it."""
+
+    key: str  # "module/layer.J", "module/input.MODALITY" or "module/head" (as the runtime names it)
+    replicated: int  # on every device holding it: weights and gradients (a tensor-parallel shard)
+    sharded: int  # optimizer state of the whole part, split evenly over every device holding it
+
+
+@dataclass(frozen=True)
+class SliceMemory:
+    """Bytes per device to run layers ``[first, end)`` of a MetaOp on ``n`` devices.
+
+    The three terms add up differently across the slices one device runs: ``parts`` count once
+    per device (deduplicated by key), ``kept`` adds up (activations wait for the backward
+    pass, which starts after every forward wave), ``working`` is transient (only a device's
+    largest counts).
+    """
+
+    parts: tuple[PartBytes, ...]
+    kept: int  # activations kept from forward until backward (recompute keeps layer inputs)
+    working: int  # alive only while one layer (or the LM loss) runs
+
+    def alone(self, n: int) -> int:
+        """Peak bytes per device when this slice is all its ``n`` devices hold."""
+        state = sum(p.replicated + -(-p.sharded // max(n, 1)) for p in self.parts)
+        return state + self.kept + self.working
+
+
 class CostModel(Protocol):
     """Prices compute, memory and communication for one MetaGraph on one cluster."""
 
     def curves(self, graph: MetaGraph) -> Curves:
-        """T_m(n) for every MetaOp and every valid n from 1 to the cluster size."""
+        """T_m(n) for every MetaOp and every valid n from 1 to the cluster size.
+
+        A ``SliceMemoryModel`` also takes ``recompute``: the ids of MetaOps that recompute
+        their activations, whose curves then include the extra forward pass."""
         ...
 
     def memory_bytes(self, op: MetaOp, n: int, layers: int) -> int:
-        """Peak bytes per device to train ``layers`` layers of ``op`` on ``n`` devices:
-        parameters, gradients, optimizer state and the activations kept for backward."""
+        """Peak bytes per device to train ``layers`` layers of ``op`` on ``n`` devices with
+        nothing else on them: parameters, gradients, optimizer state (sharded over the ``n``
+        devices where the model shards it) and the activations kept for backward."""
         ...
 
     def transfer_seconds(
@@ -83,3 +128,22 @@ class CostModel(Protocol):
     def allreduce_seconds(self, nbytes: float, devices: Sequence[int], cluster: Cluster) -> float:
         """Time to all-reduce ``nbytes`` of gradients over ``devices`` (ring, intra vs inter)."""
         ...
+
+
+class SliceMemoryModel(CostModel, Protocol):
+    """A cost model that prices memory per parameter part and can price activation recompute
+    (see the module docstring); the planner checks for ``slice_memory`` to use it."""
+
+    def curves(self, graph: MetaGraph, recompute: frozenset[str] = frozenset()) -> Curves: ...
+
+    def slice_memory(
+        self, graph: MetaGraph, op: MetaOp, n: int, first: int, end: int, recompute: bool = False
+    ) -> SliceMemory:
+        """Bytes per device to run layers ``[first, end)`` of ``op`` on ``n`` devices, with
+        or without recomputing its activations in the backward pass."""
+        ...
+
+
+def has_slice_memory(cost: object) -> bool:
+    """Whether ``cost`` prices memory per part and activation recompute."""
+    return callable(getattr(cost, "slice_memory", None))

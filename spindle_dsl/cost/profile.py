@@ -33,9 +33,9 @@ from spindle_dsl.atomic import write_atomic
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost import comm
 from spindle_dsl.cost.analytic import backward_multiplier
-from spindle_dsl.cost.base import Curve, Curves
+from spindle_dsl.cost.base import Curve, Curves, SliceMemory
 from spindle_dsl.cost.fit import PiecewiseFit, Segment
-from spindle_dsl.cost.memory import slice_memory_bytes
+from spindle_dsl.cost.memory import slice_memory, slice_memory_bytes
 from spindle_dsl.errors import SpindleError
 from spindle_dsl.metagraph import ArgValue, MetaGraph, MetaOp
 
@@ -202,6 +202,7 @@ class ProfiledCostModel:
         self.cluster = cluster
         self.profile = profile
         self.source = source
+        self._best_memo: dict[tuple[MetaOp, bool], list[tuple[int, float]]] = {}
 
     def _entry(self, op: MetaOp) -> ProfileEntry:
         entry = self.profile.lookup(op)
@@ -216,10 +217,13 @@ class ProfiledCostModel:
             f"on this spec again"
         )
 
-    def _time(self, op: MetaOp, dp: int) -> float:
+    def _time(self, op: MetaOp, dp: int, recompute: bool = False) -> float:
+        """Measured layer time at ``dp``'s shard; recomputing reads the fit at the work of
+        one more forward (the fit maps per-device FLOPs to seconds for this shape and mode)."""
         entry = self._entry(op)
         shard = comm.ceil_div(op.batch, dp)
-        per_sample = backward_multiplier(op) * op.forward_flops_per_layer / max(op.batch, 1)
+        mult = backward_multiplier(op, recompute and op.needs_backward)
+        per_sample = mult * op.forward_flops_per_layer / max(op.batch, 1)
         seconds = entry.fit.predict(per_sample * shard)
         if not op.frozen and dp > 1:
             bandwidth, latency = comm.link(
@@ -228,27 +232,40 @@ class ProfiledCostModel:
             seconds += comm.ring_allreduce_seconds(op.param_bytes_per_layer, dp, bandwidth, latency)
         return max(seconds, 1e-9)
 
-    def _best(self, op: MetaOp) -> list[tuple[int, float]]:
+    def _best(self, op: MetaOp, recompute: bool = False) -> list[tuple[int, float]]:
         """(dp, seconds) for every n: the fastest dp <= n (idle devices allowed)."""
-        out: list[tuple[int, float]] = []
-        for n in range(1, self.cluster.devices + 1):
-            t = self._time(op, n)
-            out.append((n, t) if not out or t < out[-1][1] else out[-1])
-        return out
+        key = (op, recompute)
+        if key not in self._best_memo:
+            out: list[tuple[int, float]] = []
+            for n in range(1, self.cluster.devices + 1):
+                t = self._time(op, n, recompute)
+                out.append((n, t) if not out or t < out[-1][1] else out[-1])
+            self._best_memo[key] = out
+        return self._best_memo[key]
 
-    def curves(self, graph: MetaGraph) -> Curves:
+    def curves(self, graph: MetaGraph, recompute: frozenset[str] = frozenset()) -> Curves:
         missing = [op for op in graph.metaops if self.profile.lookup(op) is None]
         if missing:
             raise self._missing(missing)
         ns = tuple(range(1, self.cluster.devices + 1))
         return Curves(
-            tuple(Curve(op.id, ns, tuple(t for _, t in self._best(op))) for op in graph.metaops),
+            tuple(
+                Curve(op.id, ns, tuple(t for _, t in self._best(op, op.id in recompute)))
+                for op in graph.metaops
+            ),
             source=self.source,
         )
 
     def memory_bytes(self, op: MetaOp, n: int, layers: int) -> int:
         dp = self._best(op)[n - 1][0]
-        return slice_memory_bytes(op, layers, dp, 1, self.cluster)
+        return slice_memory_bytes(op, layers, dp, 1, self.cluster, n)
+
+    def slice_memory(
+        self, graph: MetaGraph, op: MetaOp, n: int, first: int, end: int, recompute: bool = False
+    ) -> SliceMemory:
+        recompute = recompute and op.needs_backward
+        dp = self._best(op, recompute)[n - 1][0]
+        return slice_memory(graph, op, first, end, dp, 1, recompute)
 
     def transfer_seconds(
         self, nbytes: float, src: Sequence[int], dst: Sequence[int], cluster: Cluster

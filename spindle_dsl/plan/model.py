@@ -4,6 +4,13 @@ A plan is what every later stage reads: the renderer draws it, the runtime execu
 diff it. It is self-contained (the MetaOps carry their curves) so that a plan file can be
 validated, drawn and compared without the spec; the runtime still needs the spec for the model.
 Fields beyond the required ones are documented where they are declared.
+
+Optional per-MetaOp field ``"recompute": true`` (written only when true, read back as false
+when absent): the MetaOp runs with activation recompute (full per-layer checkpointing), which
+the planner turns on when the plan would not fit in device memory otherwise. The runtime keeps
+only each layer's input from the forward pass and runs the layer's forward again inside its
+backward (``torch.utils.checkpoint`` per layer); ``seconds_per_layer`` of such a MetaOp is
+already its curve with that extra forward, and the plan's ``notes`` say why it was chosen.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ class PlanMetaOp:
     forward_flops_per_layer: float
     param_bytes_per_layer: int
     seconds_per_layer: tuple[tuple[int, float], ...]  # (n, T_m(n)), n increasing
+    recompute: bool = False  # recompute activations in backward (see the module docstring)
 
     def seconds_at(self, n: int) -> float:
         return dict(self.seconds_per_layer)[n]
@@ -136,6 +144,7 @@ class Plan:
                     "forward_flops_per_layer": m.forward_flops_per_layer,
                     "param_bytes_per_layer": m.param_bytes_per_layer,
                     "seconds_per_layer": {str(n): s for n, s in m.seconds_per_layer},
+                    **({"recompute": True} if m.recompute else {}),
                 }
                 for m in self.metaops
             ],
@@ -228,6 +237,7 @@ class Plan:
                         seconds_per_layer=tuple(
                             sorted((int(n), float(s)) for n, s in m["seconds_per_layer"].items())
                         ),
+                        recompute=_flag(m.get("recompute", False), f"metaop {m['id']} recompute"),
                     )
                     for m in d["metaops"]
                 ),
@@ -280,3 +290,10 @@ class Plan:
         if not isinstance(data, dict):
             raise PlanFormatError(f"{path}: a plan is a JSON object")
         return cls.from_dict(data)
+
+
+def _flag(value: Any, what: str) -> bool:
+    """A JSON boolean; anything else is a malformed plan (``"false"`` is not false)."""
+    if not isinstance(value, bool):
+        raise PlanFormatError(f"malformed plan: {what} must be true or false, got {value!r}")
+    return value

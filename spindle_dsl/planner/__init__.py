@@ -9,6 +9,10 @@
 * ``default``: ``milp``, ``paper`` and the baselines all placed and timed with transfers and
   gradient sync, keeping the fastest that fits in memory (the plan says which won);
 * ``sequential``, ``distmm``, ``optimus``: the baselines, as plans of their own.
+
+Memory: with a cost model that prices memory per parameter part (both built-in models), a plan
+that does not fit turns on activation recompute for the MetaOps that free the most memory per
+second of extra compute, and plans again (``recompute``); the plan marks them and says why.
 """
 
 from __future__ import annotations
@@ -17,20 +21,15 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from spindle_dsl.cost.base import CostModel
+from spindle_dsl.cost.base import CostModel, has_slice_memory
 from spindle_dsl.errors import PlanError
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.plan.model import Plan
+from spindle_dsl.planner import recompute
 from spindle_dsl.planner.baselines import BASELINES
 from spindle_dsl.planner.bounds import level_reference_s, lower_bound_s
-from spindle_dsl.planner.build import (
-    Evaluated,
-    PlanContext,
-    context,
-    evaluate,
-    overflow_message,
-    to_plan,
-)
+from spindle_dsl.planner.build import Evaluated, PlanContext, context, evaluate, to_plan
+from spindle_dsl.planner.memfit import overflow_message
 from spindle_dsl.planner.milp_scheduler import milp_schedule
 from spindle_dsl.planner.problem import Schedule
 from spindle_dsl.planner.wavefront import paper_schedule
@@ -65,6 +64,49 @@ def _schedules(
     return out
 
 
+def _cached(ctx: PlanContext) -> Callable[[Schedule], Evaluated]:
+    """Placement and timing depend only on the waves: evaluate each schedule once."""
+    memo: dict[tuple, Evaluated] = {}
+
+    def cached(s: Schedule) -> Evaluated:
+        if s.waves not in memo:
+            memo[s.waves] = evaluate(ctx, s)
+        ev = memo[s.waves]
+        return ev if ev.schedule is s else replace(ev, schedule=s)
+
+    return cached
+
+
+def _plan_round(
+    ctx: PlanContext, scheduler: str, time_limit_s: float, check_memory: bool
+) -> tuple[dict[str, Evaluated], Evaluated]:
+    """Every candidate schedule evaluated, and the one ``scheduler`` picks."""
+    cached = _cached(ctx)
+    schedules = _schedules(ctx, scheduler, time_limit_s, check_memory, cached)
+    evaluated = {k: cached(s) for k, s in schedules.items()}
+    if scheduler == "default":
+        chosen = min(evaluated.values(), key=lambda e: _key(e, ctx, check_memory))
+    else:
+        chosen = evaluated[scheduler]
+    return evaluated, chosen
+
+
+def _quick(scheduler: str) -> Callable[[PlanContext], list[Evaluated]]:
+    """What the fit loop judges a recompute choice by: the schedules ``scheduler`` would
+    consider, less the MILP (the paper's plan stands in for it; the final round runs it)."""
+
+    def judge(ctx: PlanContext) -> list[Evaluated]:
+        cached = _cached(ctx)
+        if scheduler in BASELINES:
+            return [cached(BASELINES[scheduler](ctx.problem))]
+        paper = cached(paper_schedule(ctx.problem))
+        if scheduler != "default":
+            return [paper]
+        return [paper, *(cached(fn(ctx.problem)) for fn in BASELINES.values())]
+
+    return judge
+
+
 def make_plan(
     graph: MetaGraph,
     cost: CostModel,
@@ -77,34 +119,36 @@ def make_plan(
 
     ``time_limit_s`` bounds the ``milp`` scheduler's solver and search time (the whole call
     also prices curves, runs the baselines and places every candidate). Raises
-    ``PlanError`` for an unknown scheduler or when the plan does not fit in device memory.
-    ``check_memory=False`` returns the plan anyway, with notes saying where it does not fit
-    (``validate_plan`` still reports the overflow): for comparing schedules under a cost
-    model whose memory figures are known to be pessimistic.
+    ``PlanError`` for an unknown scheduler or when the plan does not fit in device memory
+    even with activation recompute wherever it helps.
+    ``check_memory=False`` returns the plan anyway, without recompute, with notes saying
+    where it does not fit (``validate_plan`` still reports the overflow): for comparing
+    schedules under a cost model whose memory figures are known to be pessimistic.
     """
     if scheduler not in SCHEDULERS:
         raise PlanError(f"unknown scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})")
     t0 = time.perf_counter()
-    ctx = context(graph, cost)
-    memo: dict[tuple, Evaluated] = {}
-
-    def cached(s: Schedule) -> Evaluated:
-        """Placement and timing depend only on the waves: evaluate each schedule once."""
-        if s.waves not in memo:
-            memo[s.waves] = evaluate(ctx, s)
-        ev = memo[s.waves]
-        return ev if ev.schedule is s else replace(ev, schedule=s)
-
-    schedules = _schedules(ctx, scheduler, time_limit_s, check_memory, cached)
-    evaluated = {k: cached(s) for k, s in schedules.items()}
-    baselines = {k: evaluated[k].iteration_s for k in BASELINES}
-    if scheduler == "default":
-        chosen = min(evaluated.values(), key=lambda e: _key(e, ctx, check_memory))
+    state: recompute.FitState | None = None
+    if check_memory and has_slice_memory(cost):
+        state = recompute.fit(graph, cost, _quick(scheduler))
+        ctx = state.ctx
     else:
-        chosen = evaluated[scheduler]
+        ctx = context(graph, cost)
+    evaluated, chosen = _plan_round(ctx, scheduler, time_limit_s, check_memory)
+    while state is not None and not chosen.fits:  # the MILP's pick may still overflow
+        nxt = state.step(chosen)
+        if nxt is None:
+            break
+        state, ctx = nxt, nxt.ctx
+        evaluated, chosen = _plan_round(ctx, scheduler, time_limit_s, check_memory)
     if not chosen.fits and check_memory:
-        raise PlanError(overflow_message(ctx, chosen))
+        names = [c.op for c in state.candidates] if state else ()
+        raise PlanError(overflow_message(ctx, chosen, names))
+    baselines = {k: evaluated[k].iteration_s for k in BASELINES}
     notes = _notes(scheduler, chosen, evaluated)
+    note = state.note() if state else None
+    if note:
+        notes += (note,)
     if not chosen.fits:
         notes += ("memory check off: " + overflow_message(ctx, chosen),)
     extra = {

@@ -1,16 +1,17 @@
 """From a MetaGraph and a cost model to the planner's inputs, and from schedules to a Plan.
 
 ``PlanContext`` gathers everything the schedulers, placement and timing read, computed once
-per planning call: the ``Problem`` (curves reduced to the allocations that fit in memory),
-the data flows between MetaOps, and the topology. ``evaluate`` places and times one
-schedule; ``to_plan`` writes the chosen one in the plan format.
+per planning call and set of recomputing MetaOps: the ``Problem`` (curves reduced to the
+allocations on which a layer fits in memory), the data flows between MetaOps, and the
+topology. ``evaluate`` places and times one schedule; ``to_plan`` writes the chosen one in the
+plan format.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from spindle_dsl.cost.base import CostModel, Curves
+from spindle_dsl.cost.base import CostModel, Curves, SliceMemory, has_slice_memory
 from spindle_dsl.errors import PlanError
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 from spindle_dsl.plan.model import (
@@ -23,6 +24,7 @@ from spindle_dsl.plan.model import (
     Wave,
 )
 from spindle_dsl.planner.allocator import level_optimum
+from spindle_dsl.planner.ledger import Ledger, PartLedger, PieceLedger
 from spindle_dsl.planner.placement import Placement, Topology, place
 from spindle_dsl.planner.problem import OpSpec, Problem, Schedule
 from spindle_dsl.planner.timing import Flows, SharedModule, Timing, time_placement
@@ -38,6 +40,31 @@ class PlanContext:
     problem: Problem
     flows: Flows
     topology: Topology
+    recompute: frozenset[str] = frozenset()  # MetaOps that recompute activations in backward
+    memo: dict = field(default_factory=dict, compare=False, repr=False)  # slice memory cache
+
+    @property
+    def per_part(self) -> bool:
+        """Whether memory is priced per parameter part (``SliceMemoryModel``)."""
+        return has_slice_memory(self.cost)
+
+    def slice_memory(self, op_id: str, n: int, first: int, end: int) -> SliceMemory:
+        """Bytes per device of layers ``[first, end)`` of an op on ``n`` devices (cached)."""
+        key = (op_id, n, first, end)
+        if key not in self.memo:
+            op = self.graph.op(op_id)
+            rc = op_id in self.recompute
+            self.memo[key] = self.cost.slice_memory(self.graph, op, n, first, end, rc)  # type: ignore[attr-defined]
+        return self.memo[key]
+
+    def ledger(self) -> Ledger:
+        """An empty ledger for one placement."""
+        if self.per_part:
+            return PartLedger(self.topology.devices, self.slice_memory)
+        graph, cost = self.graph, self.cost
+        return PieceLedger(
+            self.topology.devices, lambda op, n, layers: cost.memory_bytes(graph.op(op), n, layers)
+        )
 
 
 @dataclass(frozen=True)
@@ -64,15 +91,32 @@ def _gib(x: float) -> str:
     return f"{x / GiB:.1f} GiB"
 
 
-def _op_spec(op: MetaOp, graph: MetaGraph, cost: CostModel, curves: Curves) -> OpSpec:
+def _one_layer_bytes(
+    op: MetaOp, n: int, graph: MetaGraph, cost: CostModel, recompute: frozenset[str]
+) -> int:
+    """The most one device needs for a single layer of ``op`` on ``n`` devices: its first
+    layer (with the input stages) or its last (with an LM head and the loss)."""
+    if not has_slice_memory(cost):
+        return cost.memory_bytes(op, n, 1)
+    rc = op.id in recompute
+    ends = {(0, 1), (op.layers - 1, op.layers)}
+    return max(
+        cost.slice_memory(graph, op, n, a, b, rc).alone(n)  # type: ignore[attr-defined]
+        for a, b in ends
+    )
+
+
+def _op_spec(
+    op: MetaOp, graph: MetaGraph, cost: CostModel, curves: Curves, recompute: frozenset[str]
+) -> OpSpec:
     """The op's curve, restricted to allocations on which one of its layers fits."""
     cap = graph.cluster.device.memory_bytes
     N = graph.cluster.devices
     pts = [(n, s) for n, s in curves[op.id].items() if n <= N]
-    fit = [(n, s) for n, s in pts if cost.memory_bytes(op, n, 1) <= cap]
+    fit = [(n, s) for n, s in pts if _one_layer_bytes(op, n, graph, cost, recompute) <= cap]
     if not fit:
         top = max(n for n, _ in pts) if pts else N
-        need = cost.memory_bytes(op, top, 1)
+        need = _one_layer_bytes(op, top, graph, cost, recompute)
         raise PlanError(
             f"MetaOp '{op.id}' does not fit: one of its layers needs {_gib(need)} per device "
             f"even on {top} devices, and a {graph.cluster.device.name} has {_gib(cap)}; "
@@ -120,12 +164,20 @@ def flows_of(graph: MetaGraph) -> Flows:
     return Flows(carry, backward, tuple(edges), tuple(shared))
 
 
-def context(graph: MetaGraph, cost: CostModel) -> PlanContext:
+def context(
+    graph: MetaGraph, cost: CostModel, recompute: frozenset[str] = frozenset()
+) -> PlanContext:
+    """Everything planning reads, with ``recompute`` MetaOps priced as recomputing (only
+    for a cost model with ``slice_memory``; others never recompute)."""
     if not graph.metaops:
         raise PlanError("the spec has no MetaOps to plan (no task runs any module)")
-    curves = cost.curves(graph)
+    if has_slice_memory(cost):
+        curves = cost.curves(graph, recompute=recompute)  # type: ignore[call-arg]
+    else:
+        recompute = frozenset()
+        curves = cost.curves(graph)
     flows = flows_of(graph)
-    ops = tuple(_op_spec(m, graph, cost, curves) for m in graph.metaops)
+    ops = tuple(_op_spec(m, graph, cost, curves, recompute) for m in graph.metaops)
     problem = Problem(ops, graph.cluster.devices)
     n_star: dict[str, float] = {}
     for level in problem.levels:
@@ -143,7 +195,7 @@ def context(graph: MetaGraph, cost: CostModel) -> PlanContext:
     for _src, dst, nbytes in flows.edges:  # a MetaOp's first piece pulls its inputs
         weight[dst] = max(weight[dst], nbytes)
     topo = Topology(c.devices, c.devices_per_node, c.device.memory_bytes, partners, weight)
-    return PlanContext(graph, cost, curves, problem, flows, topo)
+    return PlanContext(graph, cost, curves, problem, flows, topo, recompute)
 
 
 def _switch_s(graph: MetaGraph, cost: CostModel, flows: Flows, op: OpSpec, n_star: float) -> float:
@@ -160,16 +212,8 @@ def _switch_s(graph: MetaGraph, cost: CostModel, flows: Flows, op: OpSpec, n_sta
 
 def evaluate(ctx: PlanContext, sched: Schedule) -> Evaluated:
     """Place ``sched`` on devices and predict its iteration time."""
-    graph, cost, cluster = ctx.graph, ctx.cost, ctx.graph.cluster
-    memo: dict[tuple[str, int, int], int] = {}
-
-    def memory(op_id: str, n: int, layers: int) -> int:
-        key = (op_id, n, layers)
-        if key not in memo:
-            memo[key] = cost.memory_bytes(graph.op(op_id), n, layers)
-        return memo[key]
-
-    placement = place(ctx.problem, sched, ctx.topology, memory)
+    cost, cluster = ctx.cost, ctx.graph.cluster
+    placement = place(ctx.problem, sched, ctx.topology, ctx.ledger())
     timing = time_placement(
         placement,
         lambda op, n: ctx.problem.op(op).t(n),
@@ -178,51 +222,6 @@ def evaluate(ctx: PlanContext, sched: Schedule) -> Evaluated:
         lambda b, ds: cost.allreduce_seconds(b, ds, cluster),
     )
     return Evaluated(sched, placement, timing)
-
-
-def frugal_bytes(ctx: PlanContext, op_id: str) -> int:
-    """Least device-bytes one MetaOp can occupy: min over n of n * memory(all its layers)."""
-    op = ctx.graph.op(op_id)
-    return min(n * ctx.cost.memory_bytes(op, n, op.layers) for n in ctx.problem.op(op_id).ns)
-
-
-def overflow_message(ctx: PlanContext, ev: Evaluated) -> str:
-    """Say what does not fit, by how much, and what to change.
-
-    When the MetaOps cannot fit even in the cluster's total memory, say so with the biggest
-    ones; otherwise name the fullest device and the MetaOps that fill it.
-    """
-    cap = ctx.topology.capacity
-    name = ctx.graph.cluster.device.name
-    N = ctx.topology.devices
-    advice = (
-        "use more devices (--devices) or larger ones (--device), a smaller global batch, "
-        "or freeze some modules"
-    )
-    frugal = {o.id: frugal_bytes(ctx, o.id) for o in ctx.problem.ops}
-    total = sum(frugal.values())
-    if total > N * cap:
-        top = sorted(frugal.items(), key=lambda kv: -kv[1])[:3]
-        biggest = ", ".join(f"'{k}' {_gib(v)}" for k, v in top)
-        return (
-            f"the MetaOps do not fit: they need at least {_gib(total)} of device memory in all "
-            f"(each on its "
-            f"most memory-frugal allocation; largest: {biggest}), but {N} x {name} hold "
-            f"{_gib(N * cap)}; {advice} (at least {-(-total // cap)} devices of this kind)"
-        )
-    d = max(range(N), key=lambda i: ev.placement.memory[i])
-    parts: dict[str, int] = {}
-    for wave in ev.placement.waves:
-        for p in wave:
-            if d in p.devices:
-                need = ctx.cost.memory_bytes(ctx.graph.op(p.op), p.n, p.layers)
-                parts[p.op] = parts.get(p.op, 0) + need
-    top = sorted(parts.items(), key=lambda kv: -kv[1])
-    listed = ", ".join(f"'{k}' {_gib(v)}" for k, v in top[:3])
-    return (
-        f"MetaOp '{top[0][0]}' does not fit: device {d} would hold "
-        f"{_gib(ev.placement.memory[d])} ({listed}), but a {name} has {_gib(cap)}; {advice}"
-    )
 
 
 def to_plan(
@@ -256,6 +255,7 @@ def to_plan(
             seconds_per_layer=tuple(
                 zip(ctx.problem.op(m.id).ns, ctx.problem.op(m.id).seconds, strict=True)
             ),
+            recompute=m.id in ctx.recompute,
         )
         for m in graph.metaops
     )

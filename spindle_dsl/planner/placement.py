@@ -11,19 +11,20 @@ these preferences, most important first:
 4. among equals, devices with the most free memory (memory balanced), and no device is filled
    past its capacity while another choice exists.
 
-Memory is the sum, per device, of ``cost.memory_bytes(op, n, layers)`` over the pieces it
-runs: parameters and optimizer state stay for the whole iteration, and the activations of
-every forward wave are kept until the backward waves use them.
+A ``Ledger`` (``planner.ledger``) prices memory: what a piece would add to each device (less
+on a device that already holds parameters it needs) and, once every piece is placed, each
+device's predicted peak. Parameters and optimizer state stay for the whole iteration, and the
+activations of every forward wave are kept until the backward waves use them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from spindle_dsl.planner.problem import Piece, Problem, Schedule
+import numpy as np
 
-MemoryFn = Callable[[str, int, int], int]  # (op id, devices, layers) -> bytes per device
+from spindle_dsl.planner.ledger import DeviceBreakdown, Ledger
+from spindle_dsl.planner.problem import Piece, Problem, Schedule
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Placement:
     waves: tuple[tuple[PlacedPiece, ...], ...]
     memory: tuple[int, ...]  # predicted peak bytes per device id
     overflow: tuple[tuple[int, str, int], ...]  # (device, op that pushed it over, bytes) if any
+    fullest: DeviceBreakdown | None = None  # what fills the device with the highest peak
 
 
 @dataclass(frozen=True)
@@ -61,15 +63,15 @@ class Topology:
 
 
 class _Placer:
-    def __init__(self, problem: Problem, topo: Topology, memory: MemoryFn):
+    def __init__(self, problem: Problem, topo: Topology, ledger: Ledger):
         self.problem = problem
         self.topo = topo
-        self.memory = memory
-        self.used = [0] * topo.devices
-        self.node_used = [0] * (-(-topo.devices // topo.per_node))  # bytes per node
-        self.max_used = 0
+        self.ledger = ledger
+        self.used = np.zeros(topo.devices)  # bytes per device (an upper bound while placing)
+        self.node_used = [0.0] * (-(-topo.devices // topo.per_node))  # bytes per node
         self.last: dict[str, tuple[int, ...]] = {}  # devices of each op's latest piece
-        self.overflow: list[tuple[int, str, int]] = []
+        self.pushed: dict[int, str] = {}  # op that first took a device past its capacity
+        self.last_op: dict[int, str] = {}
 
     def node(self, d: int) -> int:
         return d // self.topo.per_node
@@ -84,10 +86,12 @@ class _Placer:
             out.update(dict.fromkeys(self.last.get(other, ())))
         return list(out)
 
-    def fits(self, d: int, need: int) -> bool:
-        return self.used[d] + need <= self.topo.capacity
+    def fits(self, d: int, need: np.ndarray) -> bool:
+        return bool(self.used[d] + need[d] <= self.topo.capacity)
 
-    def anchor(self, n: int, pref: list[int], free: dict[int, set[int]], need: int) -> list[int]:
+    def anchor(
+        self, n: int, pref: list[int], free: dict[int, set[int]], need: np.ndarray
+    ) -> list[int]:
         """Up to ``n`` of the preferred devices that are free (and fit), fullest node first.
 
         ``free`` maps node -> its free devices and is updated in place.
@@ -106,12 +110,12 @@ class _Placer:
         return chosen
 
     def complete(
-        self, n: int, chosen: list[int], free: dict[int, set[int]], need: int
+        self, n: int, chosen: list[int], free: dict[int, set[int]], need: np.ndarray
     ) -> list[int]:
         """Add free devices to ``chosen`` until it has ``n``: first in the nodes it already
         touches, then the best-fitting node (or whole nodes for large groups)."""
         chosen = list(chosen)
-        tight = self.max_used + need > self.topo.capacity
+        tight = bool(np.max(self.used + need) > self.topo.capacity)
         # where memory is tight, count only the devices this piece still fits on
         room = {
             k: (sum(1 for d in ds if self.fits(d, need)) if tight else len(ds))
@@ -159,27 +163,36 @@ class _Placer:
         free: dict[int, set[int]] = {}
         for d in range(self.topo.devices):
             free.setdefault(self.node(d), set()).add(d)
-        needs = {p.op: self.memory(p.op, p.n, p.layers) for p in wave}
+        needs = {p.op: self.ledger.need(p) for p in wave}
         order = sorted(wave, key=lambda p: (p.op not in self.last, -self.topo.weight.get(p.op, 0)))
         anchored = {p.op: self.anchor(p.n, self.preferred(p), free, needs[p.op]) for p in order}
         placed: dict[str, PlacedPiece] = {}
         for p in sorted(wave, key=lambda p: -p.n):
             need = needs[p.op]
             ds = self.complete(p.n, anchored[p.op], free, need)
+            self.ledger.add(p, ds, need)
             for d in ds:
-                self.used[d] += need
-                self.node_used[self.node(d)] += need
-                self.max_used = max(self.max_used, self.used[d])
+                self.used[d] += need[d]
+                self.node_used[self.node(d)] += float(need[d])
+                self.last_op[d] = p.op
                 if self.used[d] > self.topo.capacity:
-                    self.overflow.append((d, p.op, self.used[d]))
+                    self.pushed.setdefault(d, p.op)
             placed[p.op] = PlacedPiece(p.op, p.first, p.end, tuple(ds))
         for p in wave:
             self.last[p.op] = placed[p.op].devices
         return tuple(placed[p.op] for p in wave)
 
 
-def place(problem: Problem, sched: Schedule, topo: Topology, memory: MemoryFn) -> Placement:
-    """Give every piece of ``sched`` concrete device ids (see the module docstring)."""
-    placer = _Placer(problem, topo, memory)
+def place(problem: Problem, sched: Schedule, topo: Topology, ledger: Ledger) -> Placement:
+    """Give every piece of ``sched`` concrete device ids (see the module docstring);
+    ``ledger`` starts empty and ends holding the placement's memory."""
+    placer = _Placer(problem, topo, ledger)
     waves = tuple(placer.place_wave(w) for w in sched.waves)
-    return Placement(waves, tuple(placer.used), tuple(placer.overflow))
+    memory = ledger.memory()
+    overflow = tuple(
+        (d, placer.pushed.get(d, placer.last_op.get(d, "")), b)
+        for d, b in enumerate(memory)
+        if b > topo.capacity
+    )
+    fullest = ledger.breakdown(max(range(len(memory)), key=memory.__getitem__)) if memory else None
+    return Placement(waves, memory, overflow, fullest)

@@ -1,0 +1,121 @@
+"""What memory a plan needs at the least, and the message that says what does not fit.
+
+``MemoryFloor`` is a bound no placement can beat, read off the cost model once per graph:
+every parameter part lives on at least one device with its whole optimizer state, and every
+sample's kept activations live somewhere (data parallelism only splits them). When even the
+floor exceeds the cluster's memory, no schedule can help, and the message says how many
+devices it would take; otherwise it names the fullest device and what fills it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from spindle_dsl.cost.base import CostModel
+from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.planner.build import Evaluated, PlanContext
+
+GiB = 2**30
+ADVICE = (
+    "use more devices (--devices) or larger ones (--device), a smaller global batch, "
+    "or freeze some modules"
+)
+
+
+def gib(x: float) -> str:
+    return f"{x / GiB:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class MemoryFloor:
+    """Least device memory the whole graph needs, summed over devices."""
+
+    states: int  # every part once: weights, gradients and the whole optimizer state
+    kept: dict[str, int]  # activations each MetaOp keeps for backward, whole batch
+    kept_recompute: dict[str, int]  # the same with activation recompute
+
+    def by_op(self, recompute: Iterable[str]) -> dict[str, int]:
+        rc = set(recompute)
+        return {k: (self.kept_recompute[k] if k in rc else v) for k, v in self.kept.items()}
+
+    def total(self, recompute: Iterable[str]) -> int:
+        return self.states + sum(self.by_op(recompute).values())
+
+
+def memory_floor(graph: MetaGraph, cost: CostModel) -> MemoryFloor:
+    """The floor from a cost model with ``slice_memory`` (one device holds a whole MetaOp:
+    no data-parallel rounding, no tensor-parallel split)."""
+    parts: dict[str, int] = {}
+    kept: dict[str, int] = {}
+    kept_rc: dict[str, int] = {}
+    for op in graph.metaops:
+        plain = cost.slice_memory(graph, op, 1, 0, op.layers, False)  # type: ignore[attr-defined]
+        rc = cost.slice_memory(graph, op, 1, 0, op.layers, True)  # type: ignore[attr-defined]
+        for p in plain.parts:
+            parts[p.key] = max(parts.get(p.key, 0), p.replicated + p.sharded)
+        kept[op.id], kept_rc[op.id] = plain.kept, rc.kept
+    return MemoryFloor(sum(parts.values()), kept, kept_rc)
+
+
+def _frugal_bytes(ctx: PlanContext, op_id: str) -> int:
+    """Without per-part memory: min over n of n * memory(all the op's layers)."""
+    op = ctx.graph.op(op_id)
+    return min(n * ctx.cost.memory_bytes(op, n, op.layers) for n in ctx.problem.op(op_id).ns)
+
+
+def _recompute_words(ctx: PlanContext, candidates: Iterable[str]) -> str:
+    cands = set(candidates)
+    if not ctx.recompute:
+        return ""
+    if cands <= ctx.recompute:
+        return "even with activation recompute on every MetaOp that has a backward pass, "
+    return f"even with activation recompute on {len(ctx.recompute)} MetaOps, "
+
+
+def overflow_message(ctx: PlanContext, ev: Evaluated, candidates: Iterable[str] = ()) -> str:
+    """Say what does not fit, by how much, and what to change (``candidates``: the MetaOps
+    that could recompute, to say whether recompute was exhausted)."""
+    cap = ctx.topology.capacity
+    name = ctx.graph.cluster.device.name
+    N = ctx.topology.devices
+    if ctx.per_part:
+        floor = memory_floor(ctx.graph, ctx.cost)
+        by_op = floor.by_op(ctx.recompute)
+        total = floor.total(ctx.recompute)
+        what = (
+            f"activations kept for backward {gib(sum(by_op.values()))}, parameters with "
+            f"gradients and optimizer state {gib(floor.states)}; "
+        )
+    else:
+        by_op = {o.id: _frugal_bytes(ctx, o.id) for o in ctx.problem.ops}
+        total = sum(by_op.values())
+        what = "each on its most memory-frugal allocation; "
+    words = _recompute_words(ctx, candidates)
+    if total > N * cap:
+        top = sorted(by_op.items(), key=lambda kv: -kv[1])[:3]
+        biggest = ", ".join(f"'{k}' {gib(v)}" for k, v in top)
+        return (
+            f"the MetaOps do not fit: they need at least {gib(total)} of device memory in all "
+            f"({what}largest: {biggest}), but {N} x {name} hold {gib(N * cap)}; {words}"
+            f"{ADVICE} (at least {-(-total // cap)} devices of this kind)"
+        )
+    mem = ev.placement.memory
+    d = max(range(N), key=lambda i: mem[i])
+    fullest = ev.placement.fullest
+    kept = sorted((fullest.kept if fullest else {}).items(), key=lambda kv: -kv[1])
+    if not kept:  # nothing kept for backward: name the MetaOps that run there
+        kept = [(p.op, 0) for w in ev.placement.waves for p in w if d in p.devices]
+    listed = ", ".join(f"'{k}' {gib(v)}" for k, v in kept[:3] if v) or "no activations"
+    extra = ""
+    if fullest and (fullest.state or fullest.working):
+        extra = (
+            f"; parameters, gradients and optimizer state {gib(fullest.state)}, "
+            f"working set {gib(fullest.working)}"
+        )
+    top = kept[0][0] if kept else "?"
+    label = "kept activations: " if ctx.per_part else ""
+    return (
+        f"MetaOp '{top}' does not fit: device {d} would hold {gib(mem[d])} "
+        f"({label}{listed}{extra}), but a {name} has {gib(cap)}; {words}{ADVICE}"
+    )
