@@ -27,10 +27,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost import comm
 from spindle_dsl.cost.base import Curve, Curves, SliceMemory
-from spindle_dsl.cost.memory import dtype_bytes, slice_memory, slice_memory_bytes
+from spindle_dsl.cost.memory import (
+    MemoryInfoCache,
+    dtype_bytes,
+    slice_memory,
+    slice_memory_bytes,
+)
+from spindle_dsl.cost.memory_table import alone_bytes
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 
 
@@ -168,10 +176,20 @@ class AnalyticCostModel:
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
+        self._info = MemoryInfoCache()
+        # configs per op without hashing the MetaOp on every call (planning asks per n)
+        self._configs: dict[tuple[str, bool], tuple[MetaOp, tuple[Config, ...]]] = {}
 
     def config(self, op: MetaOp, n: int, recompute: bool = False) -> Config:
         """How one layer of ``op`` runs on ``n`` devices (what T_m(n) assumes)."""
-        return best_configs(op, self.cluster, recompute and op.needs_backward)[n - 1]
+        recompute = recompute and op.needs_backward
+        if n == 1:  # the only way (no need to price every n)
+            return price(op, 1, 1, self.cluster, recompute)
+        held = self._configs.get((op.id, recompute))
+        if held is None or held[0] is not op:  # same id, another graph: price again
+            held = (op, best_configs(op, self.cluster, recompute))
+            self._configs[(op.id, recompute)] = held
+        return held[1][n - 1]
 
     def curves(self, graph: MetaGraph, recompute: frozenset[str] = frozenset()) -> Curves:
         ns = tuple(range(1, self.cluster.devices + 1))
@@ -189,11 +207,21 @@ class AnalyticCostModel:
         c = self.config(op, n)
         return slice_memory_bytes(op, layers, c.dp, c.tp, self.cluster, n)
 
+    def alone_bytes(
+        self, graph: MetaGraph, op: MetaOp, first: int, end: int, recompute: bool = False
+    ) -> tuple[int, ...]:
+        rc = recompute and op.needs_backward
+        configs = [self.config(op, n, rc) for n in range(1, self.cluster.devices + 1)]
+        dp = np.array([c.dp for c in configs])
+        tp = np.array([c.tp for c in configs])
+        return alone_bytes(self._info(graph, op), op, first, end, dp, tp, rc, self.cluster)
+
     def slice_memory(
         self, graph: MetaGraph, op: MetaOp, n: int, first: int, end: int, recompute: bool = False
     ) -> SliceMemory:
         c = self.config(op, n, recompute)
-        return slice_memory(graph, op, first, end, c.dp, c.tp, recompute and op.needs_backward)
+        rc = recompute and op.needs_backward
+        return slice_memory(self._info(graph, op), op, first, end, c.dp, c.tp, rc, self.cluster)
 
     def transfer_seconds(
         self, nbytes: float, src: Sequence[int], dst: Sequence[int], cluster: Cluster

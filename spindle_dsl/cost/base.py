@@ -143,6 +143,13 @@ class SliceMemoryModel(CostModel, Protocol):
         or without recomputing its activations in the backward pass."""
         ...
 
+    def alone_bytes(
+        self, graph: MetaGraph, op: MetaOp, first: int, end: int, recompute: bool = False
+    ) -> Sequence[int]:
+        """``slice_memory(graph, op, n, first, end, recompute).alone(n)`` for every n from 1
+        to the cluster size, at once (the planner checks every allocation of every op)."""
+        ...
+
 
 def has_slice_memory(cost: object) -> bool:
     """Whether ``cost`` prices memory per part and activation recompute."""

@@ -27,6 +27,8 @@ An op's output is its consumers' input, so it is counted there.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost.base import PartBytes, SliceMemory
 from spindle_dsl.cost.comm import ceil_div, is_cpu
@@ -92,62 +94,117 @@ def lm_text_tokens(graph: MetaGraph, op: MetaOp) -> int:
     return 0
 
 
-def edge_parts(graph: MetaGraph, op: MetaOp, first: int, end: int) -> list[PartBytes]:
-    """Input stages (with the first layer) and the LM head (with the last one)."""
-    cluster, out = graph.cluster, []
+@dataclass(frozen=True)
+class OpMemoryInfo:
+    """What pricing a slice's memory needs of the graph around one op, read off it once."""
+
+    activations: float  # elements one layer keeps for backward, per sample
+    layer_input: float  # elements of one layer's input, per sample
+    inputs: tuple[PartBytes, ...]  # input stages, held with the first layer
+    head: PartBytes | None  # the LM head, held with the last layer
+    text_tokens: int  # tokens the LM loss reads (0: no LM loss on this op)
+    vocab: int
+
+
+def op_memory_info(graph: MetaGraph, op: MetaOp) -> OpMemoryInfo:
+    cluster = graph.cluster
     kind = get_kind(op.kind)
-    if first == 0:
-        module = graph.module(op.segments[0][0])
-        for inp in op.inputs:
-            if inp.from_modality:
-                stage = graph.stage_modality(module.name, inp.source)
-                params = kind.input_stage_params(dict(module.args), stage)
-                key = f"{module.name}/input.{inp.source}"
-                out.append(_part(key, params, 1, cluster, not module.frozen))
-    if end == op.layers and lm_text_tokens(graph, op):
-        module = graph.module(op.segments[-1][0])
-        params = kind.head_params(dict(module.args))
-        out.append(_part(f"{module.name}/head", params, 1, cluster, not module.frozen))
-    return out
+    first = graph.module(op.segments[0][0])
+    inputs = []
+    for inp in op.inputs:
+        if inp.from_modality:
+            params = kind.input_stage_params(
+                dict(first.args), graph.stage_modality(first.name, inp.source)
+            )
+            key = f"{first.name}/input.{inp.source}"
+            inputs.append(_part(key, params, 1, cluster, not first.frozen))
+    text = lm_text_tokens(graph, op)
+    head = None
+    if text:
+        last = graph.module(op.segments[-1][0])
+        params = kind.head_params(dict(last.args))
+        head = _part(f"{last.name}/head", params, 1, cluster, not last.frozen)
+    return OpMemoryInfo(
+        activation_elements_per_sample(op),
+        layer_input_elements_per_sample(op),
+        tuple(inputs),
+        head,
+        text,
+        int(dict(op.args).get("vocab") or 0),
+    )
+
+
+class MemoryInfoCache:
+    """``op_memory_info`` per op of the graph last asked about (planning asks about one graph
+    many thousand times; the graph is held, so its identity cannot be reused)."""
+
+    def __init__(self) -> None:
+        self._graph: MetaGraph | None = None
+        self._memo: dict[str, OpMemoryInfo] = {}
+
+    def __call__(self, graph: MetaGraph, op: MetaOp) -> OpMemoryInfo:
+        if graph is not self._graph:
+            self._graph, self._memo = graph, {}
+        info = self._memo.get(op.id)
+        if info is None:
+            info = self._memo[op.id] = op_memory_info(graph, op)
+        return info
 
 
 def slice_activations(
-    op: MetaOp, layers: int, dp: int, tp: int, cluster: Cluster, recompute: bool
+    op: MetaOp,
+    layers: int,
+    dp: int,
+    tp: int,
+    cluster: Cluster,
+    recompute: bool,
+    info: OpMemoryInfo | None = None,
 ) -> tuple[int, int]:
     """(kept, working) activation bytes per device for ``layers`` layers of ``op``."""
     if layers <= 0 or op.batch <= 0:
         return (0, 0)
     per_device = ceil_div(op.batch, dp) * dtype_bytes(cluster) / tp
-    full = activation_elements_per_sample(op) * per_device
+    act = info.activations if info else activation_elements_per_sample(op)
+    full = act * per_device
     if not op.needs_backward:
         return (0, int(full))
     if recompute:
-        return (int(layer_input_elements_per_sample(op) * per_device * layers), int(full))
+        layer_in = info.layer_input if info else layer_input_elements_per_sample(op)
+        return (int(layer_in * per_device * layers), int(full))
     return (int(full * layers), 0)
 
 
-def head_activations(graph: MetaGraph, op: MetaOp, dp: int) -> tuple[int, int]:
+def head_activations(op: MetaOp, info: OpMemoryInfo, dp: int, cluster: Cluster) -> tuple[int, int]:
     """(kept, working) bytes per device of an LM sink's loss: log-probabilities and the head's
     inputs kept for backward; the logits while the cross-entropy runs."""
-    text = lm_text_tokens(graph, op)
-    if text < 2 or op.batch <= 0:
+    if info.text_tokens < 2 or op.batch <= 0:
         return (0, 0)
-    vocab = int(dict(op.args)["vocab"])
-    rows = ceil_div(op.batch, dp) * (text - 1) * dtype_bytes(graph.cluster)
-    kept = rows * (vocab + 2 * op.out_width) if op.needs_backward else 0
-    return (kept, rows * vocab)
+    rows = ceil_div(op.batch, dp) * (info.text_tokens - 1) * dtype_bytes(cluster)
+    kept = rows * (info.vocab + 2 * op.out_width) if op.needs_backward else 0
+    return (kept, rows * info.vocab)
 
 
 def slice_memory(
-    graph: MetaGraph, op: MetaOp, first: int, end: int, dp: int, tp: int, recompute: bool
+    info: OpMemoryInfo,
+    op: MetaOp,
+    first: int,
+    end: int,
+    dp: int,
+    tp: int,
+    recompute: bool,
+    cluster: Cluster,
 ) -> SliceMemory:
     """Bytes per device to run layers ``[first, end)`` of ``op`` as ``dp`` data-parallel
-    replicas of ``tp``-way tensor-parallel layers (see the module docstring)."""
-    cluster = graph.cluster
-    parts = layer_parts(op, first, end, tp, cluster) + edge_parts(graph, op, first, end)
-    kept, working = slice_activations(op, end - first, dp, tp, cluster, recompute)
+    replicas of ``tp``-way tensor-parallel layers (see the module docstring); ``info`` is
+    ``op_memory_info(graph, op)``."""
+    parts = layer_parts(op, first, end, tp, cluster)
+    if first == 0:
+        parts.extend(info.inputs)
+    kept, working = slice_activations(op, end - first, dp, tp, cluster, recompute, info)
     if end == op.layers:
-        head_kept, head_working = head_activations(graph, op, dp)
+        if info.head is not None:
+            parts.append(info.head)
+        head_kept, head_working = head_activations(op, info, dp, cluster)
         kept, working = kept + head_kept, max(working, head_working)
     return SliceMemory(tuple(parts), kept, working)
 

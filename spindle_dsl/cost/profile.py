@@ -29,13 +29,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from spindle_dsl.atomic import write_atomic
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost import comm
 from spindle_dsl.cost.analytic import backward_multiplier
 from spindle_dsl.cost.base import Curve, Curves, SliceMemory
 from spindle_dsl.cost.fit import PiecewiseFit, Segment
-from spindle_dsl.cost.memory import slice_memory, slice_memory_bytes
+from spindle_dsl.cost.memory import MemoryInfoCache, slice_memory, slice_memory_bytes
+from spindle_dsl.cost.memory_table import alone_bytes
 from spindle_dsl.errors import SpindleError
 from spindle_dsl.metagraph import ArgValue, MetaGraph, MetaOp
 
@@ -203,6 +206,7 @@ class ProfiledCostModel:
         self.profile = profile
         self.source = source
         self._best_memo: dict[tuple[MetaOp, bool], list[tuple[int, float]]] = {}
+        self._info = MemoryInfoCache()
 
     def _entry(self, op: MetaOp) -> ProfileEntry:
         entry = self.profile.lookup(op)
@@ -260,12 +264,20 @@ class ProfiledCostModel:
         dp = self._best(op)[n - 1][0]
         return slice_memory_bytes(op, layers, dp, 1, self.cluster, n)
 
+    def alone_bytes(
+        self, graph: MetaGraph, op: MetaOp, first: int, end: int, recompute: bool = False
+    ) -> tuple[int, ...]:
+        recompute = recompute and op.needs_backward
+        dp = np.array([d for d, _ in self._best(op, recompute)])
+        tp = np.ones(len(dp), dtype=int)
+        return alone_bytes(self._info(graph, op), op, first, end, dp, tp, recompute, self.cluster)
+
     def slice_memory(
         self, graph: MetaGraph, op: MetaOp, n: int, first: int, end: int, recompute: bool = False
     ) -> SliceMemory:
         recompute = recompute and op.needs_backward
-        dp = self._best(op, recompute)[n - 1][0]
-        return slice_memory(graph, op, first, end, dp, 1, recompute)
+        dp = 1 if n == 1 else self._best(op, recompute)[n - 1][0]
+        return slice_memory(self._info(graph, op), op, first, end, dp, 1, recompute, self.cluster)
 
     def transfer_seconds(
         self, nbytes: float, src: Sequence[int], dst: Sequence[int], cluster: Cluster

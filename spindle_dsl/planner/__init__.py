@@ -65,8 +65,9 @@ def _schedules(
 
 
 def _cached(ctx: PlanContext) -> Callable[[Schedule], Evaluated]:
-    """Placement and timing depend only on the waves: evaluate each schedule once."""
-    memo: dict[tuple, Evaluated] = {}
+    """Placement and timing depend only on the waves: evaluate each schedule once (per
+    context, so the fit loop's last round and the final one share their evaluations)."""
+    memo: dict[tuple, Evaluated] = ctx.evaluated
 
     def cached(s: Schedule) -> Evaluated:
         if s.waves not in memo:
@@ -142,7 +143,7 @@ def make_plan(
         state, ctx = nxt, nxt.ctx
         evaluated, chosen = _plan_round(ctx, scheduler, time_limit_s, check_memory)
     if not chosen.fits and check_memory:
-        names = [c.op for c in state.candidates] if state else ()
+        names = [c.op for c in state.candidates] if state and state.ctx.recompute else ()
         raise PlanError(overflow_message(ctx, chosen, names))
     baselines = {k: evaluated[k].iteration_s for k in BASELINES}
     notes = _notes(scheduler, chosen, evaluated)

@@ -42,6 +42,7 @@ class PlanContext:
     topology: Topology
     recompute: frozenset[str] = frozenset()  # MetaOps that recompute activations in backward
     memo: dict = field(default_factory=dict, compare=False, repr=False)  # slice memory cache
+    evaluated: dict = field(default_factory=dict, compare=False, repr=False)  # waves -> Evaluated
 
     @property
     def per_part(self) -> bool:
@@ -92,18 +93,25 @@ def _gib(x: float) -> str:
 
 
 def _one_layer_bytes(
-    op: MetaOp, n: int, graph: MetaGraph, cost: CostModel, recompute: frozenset[str]
-) -> int:
-    """The most one device needs for a single layer of ``op`` on ``n`` devices: its first
-    layer (with the input stages) or its last (with an LM head and the loss)."""
+    op: MetaOp, graph: MetaGraph, cost: CostModel, recompute: frozenset[str]
+) -> list[int]:
+    """For n = 1..devices, the most one device needs for a single layer of ``op`` on ``n``
+    devices: its first layer (with the input stages) or its last (with an LM head and the
+    loss)."""
+    N = graph.cluster.devices
     if not has_slice_memory(cost):
-        return cost.memory_bytes(op, n, 1)
+        return [cost.memory_bytes(op, n, 1) for n in range(1, N + 1)]
     rc = op.id in recompute
-    ends = {(0, 1), (op.layers - 1, op.layers)}
-    return max(
-        cost.slice_memory(graph, op, n, a, b, rc).alone(n)  # type: ignore[attr-defined]
-        for a, b in ends
-    )
+    ends = ((0, 1), (op.layers - 1, op.layers))
+    table = getattr(cost, "alone_bytes", None)
+    if table is not None:
+        first, last = (table(graph, op, a, b, rc) for a, b in ends)
+    else:
+        first, last = (
+            [cost.slice_memory(graph, op, n, a, b, rc).alone(n) for n in range(1, N + 1)]  # type: ignore[attr-defined]
+            for a, b in ends
+        )
+    return [max(x, y) for x, y in zip(first, last, strict=True)]
 
 
 def _op_spec(
@@ -112,11 +120,12 @@ def _op_spec(
     """The op's curve, restricted to allocations on which one of its layers fits."""
     cap = graph.cluster.device.memory_bytes
     N = graph.cluster.devices
+    one = _one_layer_bytes(op, graph, cost, recompute)
     pts = [(n, s) for n, s in curves[op.id].items() if n <= N]
-    fit = [(n, s) for n, s in pts if _one_layer_bytes(op, n, graph, cost, recompute) <= cap]
+    fit = [(n, s) for n, s in pts if one[n - 1] <= cap]
     if not fit:
         top = max(n for n, _ in pts) if pts else N
-        need = _one_layer_bytes(op, top, graph, cost, recompute)
+        need = one[top - 1]
         raise PlanError(
             f"MetaOp '{op.id}' does not fit: one of its layers needs {_gib(need)} per device "
             f"even on {top} devices, and a {graph.cluster.device.name} has {_gib(cap)}; "

@@ -98,16 +98,28 @@ def select_more(ctx: PlanContext, ev: Evaluated, cands: tuple[Candidate, ...]) -
 
 @dataclass(frozen=True)
 class FitState:
-    """Where the fit loop stands: the context to plan with and why it recomputes."""
+    """Where the fit loop stands: the context to plan with and why it recomputes.
+
+    ``cands`` is None until recompute is first considered: pricing every MetaOp's recompute
+    curve is skipped when the plan fits without it.
+    """
 
     ctx: PlanContext
-    candidates: tuple[Candidate, ...]
+    floor: MemoryFloor
+    cands: tuple[Candidate, ...] | None = None
     reasons: tuple[str, ...] = ()
+
+    @property
+    def candidates(self) -> tuple[Candidate, ...]:
+        if self.cands is None:
+            return candidates(self.ctx.graph, self.ctx.cost, self.floor)
+        return self.cands
 
     def step(self, ev: Evaluated) -> FitState | None:
         """One more round of step 3 after ``ev`` overflowed, or None if recompute cannot
         help further."""
-        more = select_more(self.ctx, ev, self.candidates)
+        cands = self.candidates
+        more = select_more(self.ctx, ev, cands)
         if not more:
             return None
         try:
@@ -117,15 +129,16 @@ class FitState:
         mem = ev.placement.memory
         d = max(range(len(mem)), key=mem.__getitem__)
         why = f"device {d} would hold {gib(mem[d])} of {gib(self.ctx.topology.capacity)}"
-        return FitState(nxt, self.candidates, (*self.reasons, why))
+        return FitState(nxt, self.floor, cands, (*self.reasons, why))
 
     def note(self) -> str | None:
         """The plan note naming the recomputing MetaOps and why (None if none recompute)."""
         rc = self.ctx.recompute
         if not rc:
             return None
-        names = ", ".join(f"'{c.op}'" for c in self.candidates if c.op in rc)
-        extra = sum(c.extra_s for c in self.candidates if c.op in rc)
+        cands = self.candidates
+        names = ", ".join(f"'{c.op}'" for c in cands if c.op in rc)
+        extra = sum(c.extra_s for c in cands if c.op in rc)
         total = len(self.ctx.graph.metaops)
         return (
             f"activation recompute on {len(rc)} of {total} MetaOps ({names}): without it "
@@ -138,21 +151,21 @@ class FitState:
 def start(graph: MetaGraph, cost: CostModel) -> FitState:
     """Steps 1 and 2: no recompute, unless the cluster-wide floor demands some."""
     floor = memory_floor(graph, cost)
-    cands = candidates(graph, cost, floor)
     c = graph.cluster
     limit = c.devices * c.device.memory_bytes
+    if floor.total(()) <= limit:
+        return FitState(context(graph, cost), floor)
+    cands = candidates(graph, cost, floor)
     chosen: list[str] = []
-    reasons: tuple[str, ...] = ()
-    if floor.total(()) > limit:
-        for cand in cands:
-            if floor.total(chosen) <= limit:
-                break
-            chosen.append(cand.op)
-        reasons = (
-            f"the MetaOps need at least {gib(floor.total(()))} in all, but {c.devices} x "
-            f"{c.device.name} hold {gib(limit)}",
-        )
-    return FitState(context(graph, cost, frozenset(chosen)), cands, reasons)
+    for cand in cands:
+        if floor.total(chosen) <= limit:
+            break
+        chosen.append(cand.op)
+    why = (
+        f"the MetaOps need at least {gib(floor.total(()))} in all, but {c.devices} x "
+        f"{c.device.name} hold {gib(limit)}"
+    )
+    return FitState(context(graph, cost, frozenset(chosen)), floor, cands, (why,))
 
 
 def fit(
