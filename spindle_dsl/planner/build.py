@@ -89,7 +89,9 @@ class Evaluated:
 
 
 def _gib(x: float) -> str:
-    return f"{x / GiB:.1f} GiB"
+    """Bytes in GiB, with three significant digits below 10 GiB (small test clusters)."""
+    v = x / GiB
+    return f"{v:.1f} GiB" if v >= 10 else f"{v:.3g} GiB"
 
 
 def _one_layer_bytes(

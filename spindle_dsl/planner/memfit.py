@@ -14,17 +14,15 @@ from dataclasses import dataclass
 
 from spindle_dsl.cost.base import CostModel
 from spindle_dsl.metagraph import MetaGraph
-from spindle_dsl.planner.build import Evaluated, PlanContext
+from spindle_dsl.planner.build import Evaluated, PlanContext, _gib
 
-GiB = 2**30
 ADVICE = (
     "use more devices (--devices) or larger ones (--device), a smaller global batch, "
     "or freeze some modules"
 )
 
 
-def gib(x: float) -> str:
-    return f"{x / GiB:.1f} GiB"
+gib = _gib
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,248 @@
+"""The memory model: distributed optimizer, parts, input stages and heads, recompute."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spindle_dsl.cost import make_cost_model
+from spindle_dsl.cost.analytic import AnalyticCostModel, backward_multiplier, price
+from spindle_dsl.cost.base import has_slice_memory
+from spindle_dsl.cost.fit import PiecewiseFit, Segment
+from spindle_dsl.cost.memory import op_memory_info, slice_activations, state_split
+from spindle_dsl.cost.memory_table import alone_bytes
+from spindle_dsl.cost.profile import Profile, ProfiledCostModel, ProfileEntry, Sample, shape_key
+from spindle_dsl.kinds import get_kind
+from spindle_dsl.language import compile_text
+
+# A GPU spec with everything the memory model distinguishes: a shared causal LM with an
+# embedding and a head (lm loss), a frozen encoder, an encoder reading features.
+SPEC = """
+cluster { devices = 16  device = "A800-80GB"  devices_per_node = 8 }
+modality image { tokens = 64 }
+modality audio { tokens = 40  features = 16 }
+modality text  { tokens = 32  vocab = 1000 }
+encoder vision : vit(layers = 4, hidden = 128, heads = 4, patch = 4) <- image frozen
+encoder hearing : transformer(layers = 3, hidden = 64, heads = 4) <- audio
+module  vproj : mlp(in = 128, out = 256)
+module  aproj : mlp(in = 64, out = 256)
+shared  lm : transformer(layers = 6, hidden = 256, heads = 8, causal = true, vocab = 1000)
+task caption { image -> vision -> vproj -> lm; text -> lm; loss = lm }
+task listen  { audio -> hearing -> aproj -> lm; text[16] -> lm; loss = lm }
+mix m { global_batch = 48; caption = 2; listen = 1 }
+"""
+
+
+def linear_profile(graph, alpha: float, beta: float) -> Profile:
+    """A profile measuring every shape of ``graph`` as alpha + beta * FLOPs."""
+    entries = {}
+    for op in graph.metaops:
+        kind, args, tokens, mode = shape_key(op)
+        entries[shape_key(op)] = ProfileEntry(
+            kind,
+            args,
+            tokens,
+            mode,  # type: ignore[arg-type]
+            (op.id,),
+            (Sample(1, 1.0, alpha + beta),),
+            PiecewiseFit((Segment(0.0, float("inf"), alpha, beta),)),
+        )
+    return Profile("cuda", "x", "x", 1, "bfloat16", "s", tuple(entries.values()))
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return compile_text(SPEC).graph
+
+
+@pytest.fixture(scope="module")
+def model(graph):
+    return make_cost_model(graph.cluster)
+
+
+def test_precision_splits_follow_the_distributed_optimizer(cluster) -> None:
+    gpu, cpu = cluster(8), cluster(1, "cpu")
+    assert state_split(gpu, True) == (4, 12)  # bf16 weights + grads | fp32 master, Adam m, v
+    assert state_split(gpu, False) == (2, 0)
+    assert state_split(cpu, True) == (8, 8)  # fp32 weights + grads | Adam m, v
+    assert state_split(cpu, False) == (4, 0)
+
+
+def test_layer_parts_replicate_weights_and_shard_the_optimizer(graph, model) -> None:
+    op = graph.op("caption/lm")
+    cfg = model.config(op, 4)
+    sm = model.slice_memory(graph, op, 4, 2, 4)
+    assert [p.key for p in sm.parts] == ["lm/layer.2", "lm/layer.3"]
+    for p in sm.parts:
+        assert p.replicated == int(op.params_per_layer * 4 / cfg.tp)
+        assert p.sharded == op.params_per_layer * 12
+    shard = -(-(op.params_per_layer * 12) // 4)
+    assert sm.alone(4) == 2 * (int(op.params_per_layer * 4 / cfg.tp) + shard) + sm.kept + sm.working
+
+
+def test_frozen_parts_keep_only_their_weights(graph, model) -> None:
+    op = graph.op("caption/vision")
+    sm = model.slice_memory(graph, op, 1, 0, 1)
+    layer, stage = sm.parts
+    assert layer.key == "vision/layer.0" and stage.key == "vision/input.image"
+    assert layer == type(layer)(layer.key, op.params_per_layer * 2, 0)
+    assert stage.sharded == 0
+
+
+def test_input_stages_ride_with_the_first_layer_and_the_head_with_the_last(graph, model) -> None:
+    op = graph.op("caption/lm")
+    keys = {
+        (a, b): [p.key for p in model.slice_memory(graph, op, 2, a, b).parts]
+        for a, b in [(0, 1), (3, 4), (5, 6), (0, 6)]
+    }
+    assert keys[(0, 1)] == ["lm/layer.0", "lm/input.text"]
+    assert keys[(3, 4)] == ["lm/layer.3"]
+    assert keys[(5, 6)] == ["lm/layer.5", "lm/head"]
+    assert keys[(0, 6)][-2:] == ["lm/input.text", "lm/head"]
+    info = op_memory_info(graph, op)
+    kind, args = get_kind("transformer"), dict(graph.module("lm").args)
+    assert info.head is not None and info.head.sharded == kind.head_params(args) * 12
+    stage = graph.stage_modality("lm", "text")
+    assert info.inputs[0].sharded == kind.input_stage_params(args, stage) * 12
+
+
+def test_every_parameter_of_a_module_is_in_exactly_one_part(graph, model) -> None:
+    """The parts of all MetaOps, deduplicated by key, add up to each module's parameters."""
+    per_param: dict[str, int] = {}
+    for op in graph.metaops:
+        for p in model.slice_memory(graph, op, 1, 0, op.layers).parts:
+            module = p.key.split("/")[0]
+            bytes_per_param = sum(state_split(graph.cluster, not graph.module(module).frozen))
+            per_param[p.key] = (p.replicated + p.sharded) // bytes_per_param
+    for module in graph.modules:
+        held = sum(v for k, v in per_param.items() if k.startswith(module.name + "/"))
+        assert held == module.params, module.name
+
+
+def test_recompute_keeps_layer_inputs_and_rebuilds_one_layer(graph, model) -> None:
+    op = graph.op("listen/hearing")
+    plain = model.slice_memory(graph, op, 4, 0, 3)
+    rc = model.slice_memory(graph, op, 4, 0, 3, recompute=True)
+    cfg = model.config(op, 4, recompute=True)
+    rows = -(-op.batch // cfg.dp) * 2 / cfg.tp  # per-device samples x bf16, per TP shard
+    act = get_kind("transformer").activation_elements(dict(op.args), op.tokens)
+    assert rc.kept == int(op.tokens * op.in_width * rows * 3)
+    assert rc.working == int(act * rows)
+    assert plain.kept == int(act * -(-op.batch // model.config(op, 4).dp) * 2 * 3)
+    assert plain.working == 0 and rc.kept < plain.kept
+    assert rc.parts == plain.parts
+
+
+def test_an_lm_sink_keeps_its_log_probabilities(graph, model) -> None:
+    op = graph.op("listen/lm")  # 16 text tokens: the loss reads 15 positions
+    dp = model.config(op, 2).dp
+    rows = -(-op.batch // dp) * 15 * 2
+    head_kept = rows * (1000 + 2 * 256)
+    last = model.slice_memory(graph, op, 2, 5, 6)
+    middle = model.slice_memory(graph, op, 2, 4, 5)
+    assert last.kept - middle.kept == head_kept
+    assert last.working == rows * 1000  # the logits while the loss runs
+
+
+def test_forward_only_ops_keep_nothing_and_ignore_recompute(build_op, cluster) -> None:
+    c = cluster(2)
+    mlp = {"in": 32, "out": 32}
+    op = build_op("mlp", mlp, batch=8, tokens=4, frozen=True, needs_backward=False, layers=3)
+    one_layer = 4 * 32 * 4 * 2  # tokens x in x per-device samples x bf16
+    assert slice_activations(op, 3, 2, 1, c, recompute=False) == (0, one_layer)
+    assert slice_activations(op, 3, 2, 1, c, recompute=True) == (0, one_layer)
+    assert backward_multiplier(op, recompute=True) == 1
+    assert price(op, 2, 1, c, recompute=True) == price(op, 2, 1, c)
+
+
+def test_backward_multipliers_with_and_without_recompute(build_op) -> None:
+    mlp = {"in": 8, "out": 8}
+    train = build_op("mlp", mlp, batch=2, tokens=2)
+    frozen = build_op("mlp", mlp, batch=2, tokens=2, frozen=True)
+    assert (backward_multiplier(train), backward_multiplier(train, True)) == (3, 4)
+    assert (backward_multiplier(frozen), backward_multiplier(frozen, True)) == (2, 3)
+
+
+def test_recompute_curves_pay_one_more_forward(graph, model) -> None:
+    op = graph.op("caption/lm")
+    base = model.curves(graph)[op.id]
+    slow = model.curves(graph, recompute=frozenset({op.id}))[op.id]
+    assert all(b > a for a, b in zip(base.seconds, slow.seconds, strict=True))
+    c1, r1 = model.config(op, 1), model.config(op, 1, recompute=True)
+    flops = op.forward_flops_per_layer
+    from spindle_dsl.cost.analytic import compute_seconds
+
+    assert c1.compute_s == pytest.approx(compute_seconds(3 * flops, graph.cluster))
+    assert r1.compute_s == pytest.approx(compute_seconds(4 * flops, graph.cluster))
+    # an op the set does not name keeps its curve
+    other = graph.op("listen/lm")
+    assert (
+        model.curves(graph, recompute=frozenset({op.id}))[other.id] == model.curves(graph)[other.id]
+    )
+
+
+def test_tensor_parallel_recompute_repeats_the_forward_all_reduces(build_op, cluster) -> None:
+    c = cluster(8)
+    op = build_op("transformer", {"hidden": 1024, "heads": 16}, batch=64, tokens=512)
+    plain, rc = price(op, 1, 8, c), price(op, 1, 8, c, recompute=True)
+    assert rc.tp_comm_s == pytest.approx(plain.tp_comm_s * 3 / 2)
+
+
+@pytest.mark.parametrize("profiled", [False, True])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_the_allocation_table_matches_slice_memory_exactly(graph, profiled, recompute) -> None:
+    model = make_cost_model(graph.cluster)
+    if profiled:
+        model = ProfiledCostModel(graph.cluster, linear_profile(graph, 2e-4, 1e-12))
+    assert has_slice_memory(model)
+    N = graph.cluster.devices
+    for op in graph.metaops:
+        for a, b in {(0, 1), (op.layers - 1, op.layers), (0, op.layers)}:
+            table = model.alone_bytes(graph, op, a, b, recompute)
+            direct = [
+                model.slice_memory(graph, op, n, a, b, recompute).alone(n) for n in range(1, N + 1)
+            ]
+            assert list(table) == direct, (op.id, a, b)
+
+
+def test_the_table_handles_mixed_tensor_parallel_degrees(graph) -> None:
+    op = graph.op("caption/lm")
+    info = op_memory_info(graph, op)
+    dp = np.array([1, 2, 1, 4, 1, 3])
+    tp = np.array([1, 1, 4, 1, 8, 2])
+    from spindle_dsl.cost.memory import slice_memory
+
+    got = alone_bytes(info, op, 0, 2, dp, tp, True, graph.cluster)
+    want = [
+        slice_memory(info, op, 0, 2, int(d), int(t), True, graph.cluster).alone(n)
+        for n, (d, t) in enumerate(zip(dp, tp, strict=True), start=1)
+    ]
+    assert list(got) == want
+
+
+def test_memory_bytes_alone_shards_the_optimizer_over_its_devices(build_op, cluster) -> None:
+    c = cluster(8)
+    op = build_op("mlp", {"in": 256, "out": 256}, batch=64, tokens=16)
+    model = AnalyticCostModel(c)
+    act = 16 * 256  # the first Linear's input, per sample
+
+    def expected(n: int) -> int:
+        cfg = model.config(op, n)
+        states = op.params_per_layer * 2 * (4 / cfg.tp + 12 / n)
+        return int(states) + int(act * (-(-64 // cfg.dp) * 2 / cfg.tp) * 2)
+
+    assert model.memory_bytes(op, 1, 2) == expected(1) == int(op.params_per_layer * 32) + act * 256
+    assert model.memory_bytes(op, 8, 2) == expected(8) < expected(1)
+
+
+def test_the_profiled_model_prices_recompute_at_one_more_forward(graph) -> None:
+    model = ProfiledCostModel(graph.cluster, linear_profile(graph, 2e-4, 1e-12))
+    op = graph.op("listen/hearing")
+    plain = model.curves(graph)[op.id].at(1)
+    slow = model.curves(graph, recompute=frozenset({op.id}))[op.id].at(1)
+    assert plain == pytest.approx(2e-4 + 1e-12 * 3 * op.forward_flops_per_layer)
+    assert slow == pytest.approx(2e-4 + 1e-12 * 4 * op.forward_flops_per_layer)
+    assert (
+        model.slice_memory(graph, op, 1, 0, 3, True).kept
+        < model.slice_memory(graph, op, 1, 0, 3).kept
+    )

@@ -1,0 +1,83 @@
+"""The placement ledgers: parts once per device, optimizer state shared by holders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spindle_dsl.cost.base import PartBytes, SliceMemory
+from spindle_dsl.planner.ledger import PartLedger, PieceLedger
+from spindle_dsl.planner.placement import Topology, place
+from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
+
+# Two MetaOps "a/m" and "b/m" share module m's two layers (sharded state 1200 B each); each
+# piece keeps 10 B of activations per layer and a 7 B working set.
+REP, SHARD = 100, 1200
+
+
+def fake_slice(op: str, n: int, first: int, end: int) -> SliceMemory:
+    parts = tuple(PartBytes(f"m/layer.{j}", REP, SHARD) for j in range(first, end))
+    return SliceMemory(parts, 10 * (end - first), 7 if op.startswith("a") else 3)
+
+
+def test_a_part_counts_once_per_device_and_its_state_is_split_over_holders() -> None:
+    led = PartLedger(4, fake_slice)
+    a, b = Piece("a/m", 0, 2, 3), Piece("b/m", 0, 2, 2)
+    led.add(a, [0, 1, 2], led.need(a))
+    led.add(b, [2, 3], led.need(b))
+    # every layer is held by devices 0-3: each holds 1200 / 4 of its optimizer state
+    per_layer = REP + SHARD / 4
+    assert led.memory() == (
+        int(np.ceil(2 * per_layer + 20 + 7)),
+        int(np.ceil(2 * per_layer + 20 + 7)),
+        int(np.ceil(2 * per_layer + 40 + 7)),  # both ops' activations, working set max(7, 3)
+        int(np.ceil(2 * per_layer + 20 + 3)),
+    )
+    split = led.breakdown(2)
+    assert split.kept == {"a/m": 20, "b/m": 20} and split.working == 7
+    assert split.state == int(2 * per_layer)
+
+
+def test_need_is_cheaper_where_the_parts_already_are() -> None:
+    led = PartLedger(3, fake_slice)
+    a = Piece("a/m", 0, 2, 1)
+    led.add(a, [0], led.need(a))
+    need = led.need(Piece("b/m", 0, 2, 1))
+    assert need[0] == 20  # activations only; the working set 3 < 7 adds nothing
+    assert need[1] == need[2] == 20 + 3 + 2 * (REP + SHARD)
+
+
+def test_while_placing_the_estimate_never_undercounts() -> None:
+    led = PartLedger(4, fake_slice)
+    pieces = [(Piece("a/m", 0, 1, 2), [0, 1]), (Piece("b/m", 0, 2, 4), [0, 1, 2, 3])]
+    charged = np.zeros(4)
+    for p, ds in pieces:
+        need = led.need(p)
+        charged[ds] += need[ds]
+        led.add(p, ds, need)
+    assert all(m <= c + 1 for m, c in zip(led.memory(), charged, strict=True))
+
+
+def test_piece_ledger_adds_each_piece_in_full() -> None:
+    led = PieceLedger(2, lambda op, n, layers: 100 * layers)
+    p = Piece("a/m", 0, 3, 2)
+    led.add(p, [0, 1], led.need(p))
+    led.add(Piece("b/m", 0, 1, 1), [1], led.need(Piece("b/m", 0, 1, 1)))
+    assert led.memory() == (300, 400)
+    assert led.breakdown(1).kept == {"a/m": 300, "b/m": 100}
+
+
+@pytest.mark.parametrize("capacity", [10_000, 800])
+def test_placement_reports_the_exact_memory_and_only_real_overflow(capacity) -> None:
+    ops = (
+        OpSpec("a/m", 2, (), (1, 2, 3, 4), (4.0, 2.0, 1.5, 1.0)),
+        OpSpec("b/m", 2, ("a/m",), (1, 2, 3, 4), (4.0, 2.0, 1.5, 1.0)),
+    )
+    sched = Schedule("t", ((Piece("a/m", 0, 2, 4),), (Piece("b/m", 0, 2, 4),)))
+    led = PartLedger(4, fake_slice)
+    placement = place(Problem(ops, 4), sched, Topology(4, 4, capacity, {}), led)
+    assert placement.memory == led.memory()
+    over = [d for d, m in enumerate(placement.memory) if m > capacity]
+    assert [d for d, _, _ in placement.overflow] == over
+    assert bool(over) == (capacity < max(placement.memory))
+    assert placement.fullest is not None and placement.fullest.kept == {"a/m": 20, "b/m": 20}
