@@ -3,7 +3,9 @@
 The table lists each wave's entries (MetaOp, layer range, device ids); the summary gives the
 predicted iteration time and its parts, the speed-up over each baseline, the ratio to the
 proven lower bound, the peak memory and the planning time. ``--json`` prints the summary
-as JSON instead (for scripts), ``--out`` writes the plan file atomically.
+as JSON instead (for scripts), ``--out`` writes the plan file atomically. ``--solver``
+picks the MILP solver (HiGHS by default, CBC on request); a solver crash is printed as a
+warning and planning goes on with the best plan found before it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import Any
 
 from spindle_dsl.cli.common import add_spec_arguments, load_cost_model, load_graph
@@ -35,6 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_TIME_LIMIT_S,
         metavar="S",
         help="MILP solver time limit in seconds (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--solver",
+        type=str.lower,
+        choices=("highs", "cbc"),
+        default=None,
+        help="MILP solver for the milp scheduler (default: $SPINDLE_SOLVER, else highs); "
+        "solves run in a separate process, so a solver crash only costs that solve "
+        "(SPINDLE_SOLVER_ISOLATE=0 solves in-process)",
     )
     parser.add_argument(
         "--no-memory-check",
@@ -97,6 +109,14 @@ def summary(plan: Plan) -> dict[str, Any]:
         "devices": plan.cluster.devices,
         "device": plan.cluster.device,
         "scheduler": plan.extra.get("scheduler", plan.solver.name),
+        "milp_solver": next(
+            (
+                n.split(": ", 1)[1]
+                for n in plan.extra.get("solver_notes", ())
+                if n.startswith("solver: ")
+            ),
+            None,
+        ),
         "chosen": plan.solver.name,
         "status": plan.solver.status,
         "gap": plan.solver.gap,
@@ -119,7 +139,8 @@ def summary_text(s: dict[str, Any]) -> str:
     gap = f", gap {s['gap']:.1%}" if s["gap"] is not None else ""
     lines = [
         f"plan: {s['spec']} (mix {s['mix'] or '-'}) on {s['devices']} x {s['device']}",
-        f"scheduler: {s['scheduler']} -> {s['chosen']} ({s['status']}{gap}), {s['waves']} waves",
+        f"scheduler: {s['scheduler']} -> {s['chosen']} ({s['status']}{gap}), {s['waves']} waves"
+        + (f"; MILP solver {s['milp_solver']}" if s["milp_solver"] else ""),
         f"iteration: {s['iteration_s'] * 1e3:.2f} ms = compute {s.get('compute_s', 0) * 1e3:.2f}"
         f" + transfers {s.get('transfer_s', 0) * 1e3:.2f}"
         f" + gradient sync {s.get('grad_sync_s', 0) * 1e3:.2f}",
@@ -145,16 +166,29 @@ def summary_text(s: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from spindle_dsl.planner import make_plan
+    from spindle_dsl.planner.isolate import SolverCrashWarning, warm_up
+    from spindle_dsl.planner.solver import choose_solver
 
+    solver = choose_solver(args.solver)  # a bad name or setting fails before any work
+    if solver.isolated and args.scheduler in ("default", "milp"):
+        warm_up()  # the solver process starts while the spec compiles
     graph = load_graph(args)
     cost = load_cost_model(args, graph)
-    plan = make_plan(
-        graph,
-        cost,
-        scheduler=args.scheduler,
-        time_limit_s=args.time_limit,
-        check_memory=not args.no_memory_check,
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SolverCrashWarning)
+        plan = make_plan(
+            graph,
+            cost,
+            scheduler=args.scheduler,
+            time_limit_s=args.time_limit,
+            check_memory=not args.no_memory_check,
+            solver=solver.name,
+        )
+    for w in caught:
+        if issubclass(w.category, SolverCrashWarning):
+            print(f"warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     s = summary(plan)
     if args.json:
         print(json.dumps(s, indent=1))

@@ -32,6 +32,7 @@ from spindle_dsl.planner.build import Evaluated, PlanContext, context, evaluate,
 from spindle_dsl.planner.memfit import overflow_message
 from spindle_dsl.planner.milp_scheduler import milp_schedule
 from spindle_dsl.planner.problem import Schedule
+from spindle_dsl.planner.solver import SolverChoice, choose_solver
 from spindle_dsl.planner.wavefront import paper_schedule
 
 SCHEDULERS: tuple[str, ...] = ("default", "milp", "paper", *BASELINES)
@@ -49,6 +50,7 @@ def _schedules(
     time_limit_s: float,
     check_memory: bool,
     evaluate: Callable[[Schedule], Evaluated],
+    solver: SolverChoice | None = None,
 ) -> dict[str, Schedule]:
     out: dict[str, Schedule] = {}
     if scheduler in ("default", "milp"):
@@ -56,7 +58,7 @@ def _schedules(
         def objective(s: Schedule) -> tuple[float, float]:
             return _key(evaluate(s), ctx, check_memory)
 
-        out["milp"] = milp_schedule(ctx.problem, time_limit_s, objective)
+        out["milp"] = milp_schedule(ctx.problem, time_limit_s, objective, solver)
     if scheduler in ("default", "paper"):
         out["paper"] = paper_schedule(ctx.problem)
     for name, fn in BASELINES.items():
@@ -79,11 +81,15 @@ def _cached(ctx: PlanContext) -> Callable[[Schedule], Evaluated]:
 
 
 def _plan_round(
-    ctx: PlanContext, scheduler: str, time_limit_s: float, check_memory: bool
+    ctx: PlanContext,
+    scheduler: str,
+    time_limit_s: float,
+    check_memory: bool,
+    solver: SolverChoice | None = None,
 ) -> tuple[dict[str, Evaluated], Evaluated]:
     """Every candidate schedule evaluated, and the one ``scheduler`` picks."""
     cached = _cached(ctx)
-    schedules = _schedules(ctx, scheduler, time_limit_s, check_memory, cached)
+    schedules = _schedules(ctx, scheduler, time_limit_s, check_memory, cached, solver)
     evaluated = {k: cached(s) for k, s in schedules.items()}
     if scheduler == "default":
         chosen = min(evaluated.values(), key=lambda e: _key(e, ctx, check_memory))
@@ -115,6 +121,7 @@ def make_plan(
     scheduler: str = "default",
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     check_memory: bool = True,
+    solver: str | None = None,
 ) -> Plan:
     """Plan one training iteration of ``graph`` (see the module docstring for schedulers).
 
@@ -125,9 +132,12 @@ def make_plan(
     ``check_memory=False`` returns the plan anyway, without recompute, with notes saying
     where it does not fit (``validate_plan`` still reports the overflow): for comparing
     schedules under a cost model whose memory figures are known to be pessimistic.
+    ``solver``: the MILP solver, "highs" or "cbc" (default: ``$SPINDLE_SOLVER``, else HiGHS;
+    see ``planner.solver``).
     """
     if scheduler not in SCHEDULERS:
         raise PlanError(f"unknown scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})")
+    choice = choose_solver(solver)
     t0 = time.perf_counter()
     state: recompute.FitState | None = None
     if check_memory and has_slice_memory(cost):
@@ -135,13 +145,13 @@ def make_plan(
         ctx = state.ctx
     else:
         ctx = context(graph, cost)
-    evaluated, chosen = _plan_round(ctx, scheduler, time_limit_s, check_memory)
+    evaluated, chosen = _plan_round(ctx, scheduler, time_limit_s, check_memory, choice)
     while state is not None and not chosen.fits:  # the MILP's pick may still overflow
         nxt = state.step(chosen)
         if nxt is None:
             break
         state, ctx = nxt, nxt.ctx
-        evaluated, chosen = _plan_round(ctx, scheduler, time_limit_s, check_memory)
+        evaluated, chosen = _plan_round(ctx, scheduler, time_limit_s, check_memory, choice)
     if not chosen.fits and check_memory:
         names = [c.op for c in state.candidates] if state and state.ctx.recompute else ()
         raise PlanError(overflow_message(ctx, chosen, names))

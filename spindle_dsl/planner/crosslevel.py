@@ -11,8 +11,10 @@ The result is a valid wave schedule again, so it can seed the global MILP (``mil
 
 from __future__ import annotations
 
+from spindle_dsl.planner.isolate import crash_count
 from spindle_dsl.planner.problem import EPS, Piece, Problem, Schedule
 from spindle_dsl.planner.resplit import resplit
+from spindle_dsl.planner.solver import SolverChoice
 
 _PASSES = 4
 
@@ -208,8 +210,16 @@ def rebalance(problem: Problem, sched: Schedule) -> Schedule:
     return Schedule(sched.name, tuple(out), sched.status, sched.gap, sched.notes)
 
 
-def improve(problem: Problem, sched: Schedule, time_limit_s: float = 0.1) -> Schedule:
-    """Re-split layers, rebalance the waves, backfill across levels, re-split again."""
+def improve(
+    problem: Problem,
+    sched: Schedule,
+    time_limit_s: float = 0.1,
+    solver: SolverChoice | None = None,
+) -> Schedule:
+    """Re-split layers, rebalance the waves, backfill across levels, re-split again (not if
+    the first re-split's solver crashed: see ``isolate.crash_count``)."""
     half = time_limit_s / 2
-    s = rebalance(problem, resplit(problem, sched, half))
-    return resplit(problem, backfill(problem, s), half)
+    crashes = crash_count()
+    s = rebalance(problem, resplit(problem, sched, half, solver))
+    second = half if crash_count() == crashes else 0.0
+    return resplit(problem, backfill(problem, s), second, solver)

@@ -1,5 +1,5 @@
-"""A MILP over waves (python-mip + CBC): which MetaOps run in which wave, on how many devices,
-for how many layers, so that the sum of wave durations is least.
+"""A MILP over waves (python-mip; HiGHS or CBC, see ``solver``): which MetaOps run in which
+wave, on how many devices, for how many layers, so that the sum of wave durations is least.
 
 Model (``W`` waves, candidate allocations ``n in C_m`` per MetaOp):
 
@@ -15,7 +15,8 @@ Model (``W`` waves, candidate allocations ``n in C_m`` per MetaOp):
 
 Waves a MetaOp cannot use (before its depth, or too late to leave room for its consumers) get
 no variables. Building is separate from solving; solving returns a ``MilpResult`` holding plain
-values (status mapped to ``SolveStatus``), never solver objects.
+values (status mapped to ``SolveStatus``), never solver objects, so that ``solve_waves`` can
+run the whole build-and-solve in the isolated worker process and return its result.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from typing import Any
 
 import mip
 
+from spindle_dsl.planner import isolate
 from spindle_dsl.planner.problem import OpSpec, Piece
+from spindle_dsl.planner.solver import SolverChoice, new_model
 
 ENTRY_PRICE = 1e-5  # objective units (fractions of the scale) charged per entry
 
@@ -102,7 +105,7 @@ def windows(spec: WaveModelSpec) -> list[tuple[int, int]]:
 
 
 def _scale(spec: WaveModelSpec) -> float:
-    """Seconds per objective unit, so that CBC's tolerances see numbers near 1."""
+    """Seconds per objective unit, so that the solver's tolerances see numbers near 1."""
     if spec.start:
         ops = {o.id: o for o in spec.ops}
         total = sum(max(p.layers * ops[p.op].t(p.n) for p in w) for w in spec.start if w)
@@ -111,11 +114,9 @@ def _scale(spec: WaveModelSpec) -> float:
     return sum(o.layers * o.min_area for o in spec.ops) / spec.devices or 1.0
 
 
-def build(spec: WaveModelSpec) -> _Built:
+def build(spec: WaveModelSpec, solver: str = "highs") -> _Built:
     """Build the model (no solving); names on constraints make ``model.write`` readable."""
-    model = mip.Model("waves", sense=mip.MINIMIZE, solver_name=mip.CBC)
-    model.verbose = 0
-    model.threads = 1
+    model = new_model("waves", solver)
     scale = _scale(spec)
     wins = windows(spec)
     W = spec.waves
@@ -183,7 +184,7 @@ def _add_precedence(
 
 
 def _warm_start(b: _Built) -> None:
-    """Feed ``spec.start`` to CBC as its first incumbent (every variable given a value)."""
+    """Feed ``spec.start`` to the solver as its first incumbent (every variable valued)."""
     spec = b.spec
     assert spec.start is not None and len(spec.start) <= spec.waves
     index = {o.id: i for i, o in enumerate(spec.ops)}
@@ -203,11 +204,11 @@ def _warm_start(b: _Built) -> None:
 
 
 def solve(b: _Built, time_limit_s: float) -> MilpResult:
-    """Run CBC for at most ``time_limit_s`` and read the best solution found."""
+    """Run the solver for at most ``time_limit_s`` and read the best solution found."""
     t0 = time.perf_counter()
     try:
         raw = b.model.optimize(max_seconds=max(time_limit_s, 0.05))
-    except Exception:  # a CBC failure must not kill planning: the caller falls back
+    except Exception:  # a solver error must not stop planning: the caller falls back
         wall = time.perf_counter() - t0
         return MilpResult(SolveStatus.ERROR, None, None, None, wall, (), 0, 0)
     wall = time.perf_counter() - t0
@@ -247,6 +248,26 @@ def _read_solution(b: _Built) -> tuple[tuple[Piece, ...], ...]:
     return tuple(waves)
 
 
-def solve_waves(spec: WaveModelSpec, time_limit_s: float) -> MilpResult:
-    """Build and solve in one call."""
-    return solve(build(spec), time_limit_s)
+def solve_local(spec: WaveModelSpec, time_limit_s: float, solver: str) -> MilpResult:
+    """Build and solve in this process."""
+    return solve(build(spec, solver), time_limit_s)
+
+
+def solve_waves(
+    spec: WaveModelSpec, time_limit_s: float, solver: SolverChoice | None = None
+) -> MilpResult:
+    """Build and solve, in the worker process unless ``solver.isolated`` is off.
+
+    A crash or hang of the solver gives an ``ERROR`` result (the callers keep their start)
+    and a ``SolverCrashWarning``.
+    """
+    solver = solver or SolverChoice()
+    if not solver.isolated:
+        return solve_local(spec, time_limit_s, solver.name)
+    t0 = time.perf_counter()
+    res = isolate.call_or_warn(
+        solve_local, (spec, time_limit_s, solver.name), time_limit_s, "wave MILP"
+    )
+    if res is None:
+        return MilpResult(SolveStatus.ERROR, None, None, None, time.perf_counter() - t0, (), 0, 0)
+    return res

@@ -19,18 +19,24 @@ MILP that improved the plan are reported.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import replace
 
 from spindle_dsl.planner.allocator import level_optimum
 from spindle_dsl.planner.baselines import optimus_schedule
 from spindle_dsl.planner.crosslevel import improve
+from spindle_dsl.planner.isolate import SolverCrashWarning, crash_count
 from spindle_dsl.planner.listsched import cpa_schedule
 from spindle_dsl.planner.milp import MilpResult, SolveStatus, WaveModelSpec, solve_waves
 from spindle_dsl.planner.polish import Objective, polish
 from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
+from spindle_dsl.planner.solver import SolverChoice, choose_solver
 from spindle_dsl.planner.wavefront import paper_schedule, schedule_level
 
-MAX_BINARIES = 2500  # above this a MILP is skipped: CBC would not finish in the budget
+MAX_BINARIES = 2500  # above this a MILP is skipped: it would not finish in the budget
+GLOBAL_SHARE = 0.7  # of the time limit, spent when the global MILP must stop
+POLISHED = 3  # distinct candidates polished (see ``_polish_best``)
+MIN_POLISH_S = 0.02  # a start always gets at least this much polishing
 SPREAD = 2  # pareto points kept on each side of the continuous optimum
 
 
@@ -65,7 +71,11 @@ def _size(spec_ops: list[OpSpec], cands: list[tuple[int, ...]], waves: int) -> i
 
 
 def level_milp(
-    problem: Problem, level: tuple[str, ...], n_star: dict[str, float], time_limit_s: float
+    problem: Problem,
+    level: tuple[str, ...],
+    n_star: dict[str, float],
+    time_limit_s: float,
+    solver: SolverChoice | None = None,
 ) -> tuple[list[tuple[Piece, ...]], MilpResult | None]:
     """One level: the paper's waves, or the MILP's if it found shorter ones."""
     ops = [problem.op(i) for i in level]
@@ -80,7 +90,7 @@ def level_milp(
     # re-number layers so the reordered start still covers each op in order
     start = _renumber(ordered)
     spec = WaveModelSpec(tuple(ops), problem.devices, W, tuple(cands), False, start, True)
-    res = solve_waves(spec, time_limit_s)
+    res = solve_waves(spec, time_limit_s, solver)
     if res.waves and Schedule("x", res.waves).score(problem) < paper_s * (1 - 1e-9):
         return list(res.waves), res
     return paper, res
@@ -100,7 +110,11 @@ def _renumber(waves: list[tuple[Piece, ...]]) -> tuple[tuple[Piece, ...], ...]:
 
 
 def global_milp(
-    problem: Problem, start: Schedule, n_star: dict[str, float], time_limit_s: float
+    problem: Problem,
+    start: Schedule,
+    n_star: dict[str, float],
+    time_limit_s: float,
+    solver: SolverChoice | None = None,
 ) -> MilpResult | None:
     """All waves at once with precedence, warm-started from ``start``; None if too big."""
     used = _used(start.waves)
@@ -111,29 +125,61 @@ def global_milp(
     if _size(list(problem.ops), cands, W) > MAX_BINARIES or time_limit_s <= 0:
         return None
     spec = WaveModelSpec(problem.ops, problem.devices, W, tuple(cands), True, start.waves)
-    return solve_waves(spec, time_limit_s)
+    return solve_waves(spec, time_limit_s, solver)
 
 
 def milp_schedule(
-    problem: Problem, time_limit_s: float, objective: Objective | None = None
+    problem: Problem,
+    time_limit_s: float,
+    objective: Objective | None = None,
+    solver: SolverChoice | str | None = None,
 ) -> Schedule:
     """Run the stages within about ``time_limit_s`` seconds.
 
     ``objective`` (memory overflow, iteration time of the placed plan) picks between the
     stages' results and drives ``polish``; without it, ``Schedule.score`` picks and there is
-    no polish (for callers that have no cost model).
+    no polish (for callers that have no cost model). ``solver``: a ``SolverChoice``, a solver
+    name, or None for the default (``solver.choose_solver``). A solver process that dies
+    costs only its own solve: the plan notes it ("warning: solver failure ...") and the
+    ``SolverCrashWarning`` is passed on to the caller.
     """
+    choice = solver if isinstance(solver, SolverChoice) else choose_solver(solver)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SolverCrashWarning)
+        best = _stages(problem, time_limit_s, objective, choice)
+    crashes = []
+    for w in caught:
+        if issubclass(w.category, SolverCrashWarning):
+            crashes.append(f"warning: {w.message}")
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    notes = (f"solver: {choice.label}", *choice.notes, *best.notes, *crashes)
+    return replace(best, notes=notes)
+
+
+def _stages(
+    problem: Problem,
+    time_limit_s: float,
+    objective: Objective | None,
+    solver: SolverChoice,
+) -> Schedule:
+    """The stages of the module docstring. Once a solve has crashed, the later solver
+    stages get no time: a solver that died once is likely to die again, and each restart
+    costs its start-up; the heuristics (backfill, rebalance, polish) go on."""
     t0 = time.perf_counter()
+    crashes = crash_count()
 
     def key(s: Schedule) -> tuple[float, float]:
         return objective(s) if objective is not None else (0.0, s.score(problem))
+
+    def budget(seconds: float) -> float:
+        return 0.0 if crash_count() > crashes else seconds
 
     n_star = _n_star(problem)
     level_budget = 0.25 * time_limit_s / max(len(problem.levels), 1)
     waves: list[tuple[Piece, ...]] = []
     results: list[MilpResult] = []
     for level in problem.levels:
-        lw, res = level_milp(problem, level, n_star, level_budget)
+        lw, res = level_milp(problem, level, n_star, budget(level_budget), solver)
         waves.extend(lw)
         if res is not None:
             results.append(res)
@@ -143,38 +189,72 @@ def milp_schedule(
         "tasks": optimus_schedule(problem),
     }
     each = 0.1 * time_limit_s
-    improved = {k: replace(improve(problem, s, each), name="milp") for k, s in starts.items()}
+    improved = {
+        k: replace(improve(problem, s, budget(each), solver), name="milp")
+        for k, s in starts.items()
+    }
     improved["paper"] = replace(paper_schedule(problem), name="milp")  # never worse than it
     keys = {k: key(s) for k, s in improved.items()}
     via = min(keys, key=lambda k: keys[k])
     best, best_key = improved[via], keys[via]
     status, gap = _summarise(results)
     notes = [f"level MILPs: {len(results)} solved ({status}); best start: {via}"]
-    share = 0.75 if objective is not None else 1.0
+    share = GLOBAL_SHARE if objective is not None else 1.0
     left = share * time_limit_s - (time.perf_counter() - t0)
-    glob = global_milp(problem, best, n_star, left)
+    glob = global_milp(problem, best, n_star, budget(left), solver)
     if glob is not None:
         notes.append(
             f"global MILP: {glob.status.value}, {glob.variables} variables, "
             f"gap {glob.gap if glob.gap is not None else 'n/a'}"
         )
         if glob.waves:
-            cand = replace(best, waves=glob.waves)
-            cand_key = key(cand)
-            if cand_key < best_key:
-                best, best_key = cand, cand_key
+            improved["global"] = replace(best, waves=glob.waves)
+            keys["global"] = key(improved["global"])
+            if keys["global"] < best_key:
+                best, best_key = improved["global"], keys["global"]
                 notes.append("global MILP improved the plan")
         if glob.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
             status, gap = glob.status.value, glob.gap
     else:
         notes.append("global MILP skipped (model too large for the time limit)")
     if objective is not None:
-        left = time_limit_s - (time.perf_counter() - t0)
-        polished = polish(problem, best, objective, max(left, 0.1 * time_limit_s))
-        if polished is not best:
-            notes.append("polished on placed iteration time")
-            best = polished
+        best, via = _polish_best(problem, improved, keys, objective, t0 + time_limit_s)
+        notes.append(f"polished on placed iteration time; kept the start from {via}")
     return replace(best, status=status, gap=gap, notes=tuple(notes))
+
+
+def _polish_best(
+    problem: Problem,
+    cands: dict[str, Schedule],
+    keys: dict[str, tuple[float, float]],
+    objective: Objective,
+    deadline: float,
+) -> tuple[Schedule, str]:
+    """Polish the ``POLISHED`` best distinct candidates and keep the best result.
+
+    Polish is a local search on the placed plan's real objective, and its local optimum
+    depends on where it starts: the best start on estimated compute is often not the one
+    that ends best once transfers and gradient sync are counted (a plan whose shared
+    layers sit in one node, say). Each start gets an equal share of the time left, what one
+    does not use passes to the next.
+    """
+    order: list[str] = []
+    seen: set[tuple] = set()
+    for k in sorted(keys, key=lambda k: keys[k]):
+        if cands[k].waves not in seen:
+            seen.add(cands[k].waves)
+            order.append(k)
+    order = order[:POLISHED]
+    best_k = order[0]
+    best, best_key = cands[best_k], keys[best_k]
+    for i, k in enumerate(order):
+        left = deadline - time.perf_counter()
+        share = max(left / (len(order) - i), MIN_POLISH_S)
+        polished = polish(problem, cands[k], objective, share)
+        pk = objective(polished)
+        if pk < best_key:
+            best, best_key, best_k = polished, pk, k
+    return best, best_k
 
 
 def _summarise(results: list[MilpResult]) -> tuple[str, float | None]:

@@ -4,13 +4,15 @@ Cutting MetaOps at layer granularity loses time: a wave lasts as long as its lon
 and rounding each piece to whole layers (the paper's "align" step, or cutting a time-axis
 schedule into waves) leaves the others short of it. With the waves, their pieces and the
 pieces' allocations fixed, choosing how many layers each piece runs is a small integer
-program that CBC solves quickly and whose LP relaxation is tight:
+program that HiGHS or CBC solves quickly and whose LP relaxation is tight:
 
     min sum_w d_w   s.t.  d_w >= k_p * T_m(n_p)  for every piece p of wave w,
                           sum over the pieces p of m of k_p = L_m,  k_p integer >= 0.
 
 Any solution is a valid schedule again: a piece left with no layers is dropped, an op then
-finishes no later than before and starts no earlier, so dependencies still hold.
+finishes no later than before and starts no earlier, so dependencies still hold. The solves
+run in the isolated worker process (``isolate``) unless the solver choice says otherwise; if
+the worker dies, the schedule comes back unchanged (with a ``SolverCrashWarning``).
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ from collections.abc import Iterator
 
 import mip
 
+from spindle_dsl.planner import isolate
 from spindle_dsl.planner.problem import Piece, Problem, Schedule
+from spindle_dsl.planner.solver import SolverChoice, new_model
 
-GAP = 1e-2  # stop within 1% of the optimum: CBC finds the solution at once, proving is slow
+GAP = 1e-2  # stop within 1% of the optimum: the solution comes at once, proving it is slow
+Split = dict[tuple[int, int], int]  # (wave, position in the wave) -> layers
 
 
-def _build(problem: Problem, sched: Schedule, scale: float, integer: bool = True):
-    model = mip.Model("resplit", sense=mip.MINIMIZE, solver_name=mip.CBC)
-    model.verbose = 0
-    model.threads = 1
+def _build(problem: Problem, sched: Schedule, scale: float, solver: str, integer: bool = True):
+    model = new_model("resplit", solver)
     model.max_mip_gap = GAP
     d = [model.add_var(f"d_{w}", lb=0.0) for w in range(len(sched.waves))]
     k: dict[tuple[int, int], mip.Var] = {}
@@ -127,20 +130,18 @@ def _durations(problem: Problem, sched: Schedule, layers: dict[tuple[int, int], 
     ]
 
 
-def resplit(problem: Problem, sched: Schedule, time_limit_s: float) -> Schedule:
-    """``sched`` with its layers re-divided between its pieces (or unchanged if no better).
+def best_split(problem: Problem, sched: Schedule, time_limit_s: float, solver: str) -> Split:
+    """The best layer split found within ``time_limit_s`` (in this process).
 
-    First the LP relaxation, rounded cumulatively per op (fast at any size); then CBC's
-    branch and bound, started from the better of that and ``sched``, for the time left.
+    First the LP relaxation, rounded cumulatively per op (fast at any size); then branch and
+    bound, started from the better of that and ``sched``'s own split, for the time left.
     """
-    if not sched.waves or time_limit_s <= 0:
-        return sched
     t0 = time.perf_counter()
     scale = sched.compute_s(problem) or 1.0
     best = {(w, j): p.layers for w, wave in enumerate(sched.waves) for j, p in enumerate(wave)}
     best_s = sum(_durations(problem, sched, best))
     try:
-        model, d, k = _build(problem, sched, scale, integer=False)
+        model, d, k = _build(problem, sched, scale, solver, integer=False)
         with _quiet_stdout():
             lp = model.optimize(max_seconds=time_limit_s)
         if lp == mip.OptimizationStatus.OPTIMAL:
@@ -150,7 +151,7 @@ def resplit(problem: Problem, sched: Schedule, time_limit_s: float) -> Schedule:
                 best, best_s = rounded, rounded_s
         left = time_limit_s - (time.perf_counter() - t0)
         if left > 0.02:
-            model, d, k = _build(problem, sched, scale)
+            model, d, k = _build(problem, sched, scale, solver)
             durs = _durations(problem, sched, best)
             model.start = [(v, float(best[key])) for key, v in k.items()] + [
                 (d[w], dur / scale) for w, dur in enumerate(durs)
@@ -158,11 +159,43 @@ def resplit(problem: Problem, sched: Schedule, time_limit_s: float) -> Schedule:
             status = model.optimize(max_seconds=left)
             if status in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE):
                 found = {key: round(v.x or 0.0) for key, v in k.items()}
-                found_s = sum(_durations(problem, sched, found))
-                if found_s < best_s:
-                    best, best_s = found, found_s
-    except Exception:  # a CBC failure keeps the best split found so far
+                if _covers(problem, sched, found):
+                    found_s = sum(_durations(problem, sched, found))
+                    if found_s < best_s:
+                        best, best_s = found, found_s
+    except Exception:  # a solver error keeps the best split found so far
         pass
-    if best_s >= sched.compute_s(problem) * (1 - 1e-9):
+    return best
+
+
+def _covers(problem: Problem, sched: Schedule, split: Split) -> bool:
+    """Whether ``split`` gives every op all its layers (a solver's answer is checked, not
+    trusted: tolerances can round an integer to one off)."""
+    total: dict[str, int] = {}
+    for (w, j), k in split.items():
+        if k < 0:
+            return False
+        op = sched.waves[w][j].op
+        total[op] = total.get(op, 0) + k
+    return all(total.get(o.id, 0) == o.layers for o in problem.ops if o.id in total)
+
+
+def resplit(
+    problem: Problem, sched: Schedule, time_limit_s: float, solver: SolverChoice | None = None
+) -> Schedule:
+    """``sched`` with its layers re-divided between its pieces (or unchanged if no better)."""
+    if not sched.waves or time_limit_s <= 0:
         return sched
-    return _with_layers(sched, best)
+    solver = solver or SolverChoice()
+    if solver.isolated:
+        args = (problem, sched, time_limit_s, solver.name)
+        split = isolate.call_or_warn(best_split, args, time_limit_s, "layer re-split")
+        if split is None:
+            return sched
+    else:
+        split = best_split(problem, sched, time_limit_s, solver.name)
+    if not _covers(problem, sched, split):
+        return sched
+    if sum(_durations(problem, sched, split)) >= sched.compute_s(problem) * (1 - 1e-9):
+        return sched
+    return _with_layers(sched, split)

@@ -1,0 +1,32 @@
+"""Solver stand-ins for the isolation tests: importable by name in the worker process.
+
+The worker is a fresh interpreter that imports the functions it is sent by module and name
+(with the test process's ``sys.path``, which holds this folder), so the stand-ins that crash
+or hang must live in a module, not inside a test function.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+
+def segfault(*_args: object) -> None:
+    """Die the way CBC does: SIGSEGV, no Python exception, no cleanup."""
+    signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGSEGV)
+    time.sleep(60)  # not reached: the signal ends the process
+
+
+def hang(*_args: object) -> None:
+    """Never answer (a solver ignoring its time limit)."""
+    time.sleep(3600)
+
+
+def worker_pid() -> int:
+    return os.getpid()
+
+
+def fail(*_args: object) -> None:
+    raise ValueError("a Python error inside the solve")

@@ -1,0 +1,147 @@
+"""Solver choice and crash isolation: a solver that dies costs one solve, never the planner."""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+
+import pytest
+import standins
+from synth import random_problem
+
+from spindle_dsl.errors import PlanError
+from spindle_dsl.planner import isolate, milp, resplit
+from spindle_dsl.planner.milp_scheduler import milp_schedule
+from spindle_dsl.planner.problem import Schedule, schedule_errors
+from spindle_dsl.planner.solver import (
+    ISOLATE_ENV,
+    SOLVER_ENV,
+    SolverChoice,
+    choose_solver,
+    highs_available,
+)
+from spindle_dsl.planner.wavefront import paper_schedule
+
+SOLVER_NAMES = [
+    "cbc",
+    pytest.param(
+        "highs",
+        marks=pytest.mark.skipif(not highs_available(), reason="HiGHS (highspy) is not installed"),
+    ),
+]
+
+
+@pytest.fixture
+def problem():
+    return random_problem(random.Random(7), 16, 6)
+
+
+def test_the_worker_is_another_process_and_is_reused():
+    first = isolate.call(standins.worker_pid, (), 30)
+    assert first != os.getpid()
+    assert isolate.call(standins.worker_pid, (), 30) == first
+
+
+def test_a_segfault_in_the_worker_is_an_exception_and_the_next_call_works():
+    with pytest.raises(isolate.SolverCrash, match="SIGSEGV"):
+        isolate.call(standins.segfault, (), 30)
+    assert isolate.call(standins.worker_pid, (), 30) != os.getpid()
+
+
+def test_a_hung_solve_is_killed_after_its_timeout():
+    isolate.warm_up()
+    isolate.call(standins.worker_pid, (), 30)  # started, so the timeout is the solve's own
+    with pytest.raises(isolate.SolverCrash, match=r"no answer within 0\.5 s"):
+        isolate.call(standins.hang, (), 0.5)
+
+
+def test_a_python_error_in_the_solve_is_reported_and_the_worker_survives():
+    pid = isolate.call(standins.worker_pid, (), 30)
+    with pytest.raises(isolate.SolverCrash, match="ValueError"):
+        isolate.call(standins.fail, (), 30)
+    assert isolate.call(standins.worker_pid, (), 30) == pid
+
+
+def test_milp_schedule_survives_a_dying_solver(problem, monkeypatch):
+    monkeypatch.setattr(milp, "solve_local", standins.segfault)
+    monkeypatch.setattr(resplit, "best_split", standins.segfault)
+    with pytest.warns(isolate.SolverCrashWarning, match="SIGSEGV"):
+        s = milp_schedule(problem, 1.0, solver=SolverChoice("cbc", isolated=True))
+    assert schedule_errors(problem, s) == []
+    assert s.score(problem) <= paper_schedule(problem).score(problem) * (1 + 1e-9)
+    crashes = [n for n in s.notes if n.startswith("warning: solver failure")]
+    assert len(crashes) == 1, s.notes  # after the first crash no further solve is tried
+
+
+@pytest.mark.parametrize("solver", SOLVER_NAMES)
+@pytest.mark.parametrize("isolated", [True, False])
+def test_each_solver_plans_validly_and_beats_the_paper(problem, solver, isolated):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", isolate.SolverCrashWarning)
+        s = milp_schedule(problem, 0.6, solver=SolverChoice(solver, isolated))
+    assert schedule_errors(problem, s) == []
+    assert s.score(problem) <= paper_schedule(problem).score(problem) * (1 + 1e-9)
+    assert f"solver: {solver}" in s.notes[0]
+
+
+@pytest.mark.parametrize("solver", SOLVER_NAMES)
+def test_resplit_in_the_worker_matches_resplit_in_process(problem, solver):
+    start = paper_schedule(problem)
+    here = resplit.resplit(problem, start, 1.0, SolverChoice(solver, isolated=False))
+    there = resplit.resplit(problem, start, 1.0, SolverChoice(solver, isolated=True))
+    assert isinstance(there, Schedule) and schedule_errors(problem, there) == []
+    assert there.compute_s(problem) == pytest.approx(here.compute_s(problem), rel=0.02)
+
+
+def test_choose_solver_reads_the_environment(monkeypatch):
+    monkeypatch.setenv(SOLVER_ENV, "CBC")
+    monkeypatch.setenv(ISOLATE_ENV, "0")
+    assert choose_solver() == SolverChoice("cbc", isolated=False)
+    assert choose_solver("cbc", isolated=True).isolated
+    monkeypatch.delenv(SOLVER_ENV)
+    monkeypatch.delenv(ISOLATE_ENV)
+    default = choose_solver()
+    assert default.isolated and default.name == ("highs" if highs_available() else "cbc")
+
+
+def test_bad_solver_settings_are_plan_errors(monkeypatch):
+    with pytest.raises(PlanError, match="unknown solver 'gurobi'"):
+        choose_solver("gurobi")
+    monkeypatch.setenv(ISOLATE_ENV, "maybe")
+    with pytest.raises(PlanError, match=ISOLATE_ENV):
+        choose_solver("cbc")
+
+
+def test_highs_missing_falls_back_to_cbc_with_a_note(monkeypatch):
+    from spindle_dsl.planner import solver as solver_mod
+
+    monkeypatch.setattr(solver_mod, "highs_available", lambda: False)
+    monkeypatch.delenv(SOLVER_ENV, raising=False)
+    choice = solver_mod.choose_solver()
+    assert choice.name == "cbc" and "HiGHS is not available" in choice.notes[0]
+    with pytest.raises(PlanError, match="highspy"):
+        solver_mod.choose_solver("highs")
+
+
+def test_spindle_plan_prints_a_warning_not_a_core_dump(shared_dir, monkeypatch, capsys):
+    from spindle_dsl.cli import main
+
+    pytest.importorskip("spindle_dsl.language")
+    monkeypatch.setattr(milp, "solve_local", standins.segfault)
+    monkeypatch.setattr(resplit, "best_split", standins.segfault)
+    spec = shared_dir / "spec" / "tiny_mm.spindle"
+    assert main(["plan", str(spec), "--solver", "cbc", "--time-limit", "0.5", "--quiet"]) == 0
+    out = capsys.readouterr()
+    assert "warning: solver failure" in out.err and "SIGSEGV" in out.err
+    assert "MILP solver cbc" in out.out and "iteration:" in out.out
+
+
+def test_spindle_plan_rejects_a_bad_solver_setting(shared_dir, monkeypatch, capsys):
+    from spindle_dsl.cli import main
+
+    pytest.importorskip("spindle_dsl.language")
+    spec = shared_dir / "spec" / "tiny_mm.spindle"
+    monkeypatch.setenv(SOLVER_ENV, "simplex")
+    assert main(["plan", str(spec), "--quiet"]) == 1
+    assert "unknown solver 'simplex'" in capsys.readouterr().err
