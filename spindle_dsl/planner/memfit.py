@@ -113,7 +113,14 @@ def overflow_message(ctx: PlanContext, ev: Evaluated, candidates: Iterable[str] 
         )
     top = kept[0][0] if kept else "?"
     label = "kept activations: " if ctx.per_part else ""
+    whole = ""
+    if ctx.per_part and sum(mem) > N * cap:
+        whole = (
+            f"; the whole plan needs {gib(sum(mem))}, more than the {N} devices hold "
+            f"({gib(N * cap)}), as every device of a MetaOp's group keeps a copy of its "
+            f"weights and gradients"
+        )
     return (
         f"MetaOp '{top}' does not fit: device {d} would hold {gib(mem[d])} "
-        f"({label}{listed}{extra}), but a {name} has {gib(cap)}; {words}{ADVICE}"
+        f"({label}{listed}{extra}), but a {name} has {gib(cap)}{whole}; {words}{ADVICE}"
     )
