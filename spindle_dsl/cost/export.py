@@ -10,36 +10,19 @@ from typing import Any
 
 from spindle_dsl.cost.base import Curve, Curves
 from spindle_dsl.metagraph import MetaGraph, MetaOp
+from spindle_dsl.plan.model import ClusterRef, PlanMetaOp
 
 
 def metaop_record(op: MetaOp, curve: Curve) -> dict[str, Any]:
     """One entry of a plan's ``metaops`` array."""
-    return {
-        "id": op.id,
-        "task": op.task,
-        "module": op.module,
-        "kind": op.kind,
-        "layers": op.layers,
-        "batch": op.batch,
-        "tokens": op.tokens,
-        "deps": list(op.deps),
-        "forward_flops_per_layer": op.forward_flops_per_layer,
-        "param_bytes_per_layer": op.param_bytes_per_layer,
-        "seconds_per_layer": {str(n): s for n, s in curve.items()},
-    }
+    return PlanMetaOp.of(op, tuple(curve.items())).to_dict()
 
 
 def curves_document(graph: MetaGraph, curves: Curves) -> dict[str, Any]:
     """``{"source", "cluster", "metaops"}``: the curves of every MetaOp of ``graph``."""
-    c = graph.cluster
     return {
         "source": curves.source,
-        "cluster": {
-            "devices": c.devices,
-            "device": c.device.name,
-            "devices_per_node": c.devices_per_node,
-            "memory_bytes": c.device.memory_bytes,
-        },
+        "cluster": ClusterRef.of(graph.cluster).to_dict(),
         "metaops": [metaop_record(op, curves[op.id]) for op in graph.metaops],
     }
 

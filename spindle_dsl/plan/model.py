@@ -19,10 +19,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spindle_dsl.atomic import write_atomic
 from spindle_dsl.errors import PlanFormatError
+
+if TYPE_CHECKING:
+    from spindle_dsl.cluster import Cluster
+    from spindle_dsl.metagraph import MetaOp
 
 FORMAT = "spindle-plan"
 VERSION = 1
@@ -41,6 +45,23 @@ class ClusterRef:
     device: str
     devices_per_node: int
     memory_bytes: int
+
+    @classmethod
+    def of(cls, cluster: Cluster) -> ClusterRef:
+        return cls(
+            cluster.devices,
+            cluster.device.name,
+            cluster.devices_per_node,
+            cluster.device.memory_bytes,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "devices": self.devices,
+            "device": self.device,
+            "devices_per_node": self.devices_per_node,
+            "memory_bytes": self.memory_bytes,
+        }
 
 
 @dataclass(frozen=True)
@@ -62,6 +83,47 @@ class PlanMetaOp:
 
     def seconds_at(self, n: int) -> float:
         return dict(self.seconds_per_layer)[n]
+
+    @classmethod
+    def of(
+        cls,
+        op: MetaOp,
+        seconds_per_layer: tuple[tuple[int, float], ...],
+        *,
+        recompute: bool = False,
+    ) -> PlanMetaOp:
+        """The record of a MetaGraph's MetaOp with its curve (the only fields a plan keeps)."""
+        return cls(
+            id=op.id,
+            task=op.task,
+            module=op.module,
+            kind=op.kind,
+            layers=op.layers,
+            batch=op.batch,
+            tokens=op.tokens,
+            deps=op.deps,
+            forward_flops_per_layer=op.forward_flops_per_layer,
+            param_bytes_per_layer=op.param_bytes_per_layer,
+            seconds_per_layer=seconds_per_layer,
+            recompute=recompute,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """One entry of the plan file's ``metaops`` array."""
+        return {
+            "id": self.id,
+            "task": self.task,
+            "module": self.module,
+            "kind": self.kind,
+            "layers": self.layers,
+            "batch": self.batch,
+            "tokens": self.tokens,
+            "deps": list(self.deps),
+            "forward_flops_per_layer": self.forward_flops_per_layer,
+            "param_bytes_per_layer": self.param_bytes_per_layer,
+            "seconds_per_layer": {str(n): s for n, s in self.seconds_per_layer},
+            **({"recompute": True} if self.recompute else {}),
+        }
 
 
 @dataclass(frozen=True)
@@ -125,29 +187,8 @@ class Plan:
             "format": FORMAT,
             "version": VERSION,
             "spec": {"path": self.spec.path, "sha256": self.spec.sha256, "mix": self.spec.mix},
-            "cluster": {
-                "devices": self.cluster.devices,
-                "device": self.cluster.device,
-                "devices_per_node": self.cluster.devices_per_node,
-                "memory_bytes": self.cluster.memory_bytes,
-            },
-            "metaops": [
-                {
-                    "id": m.id,
-                    "task": m.task,
-                    "module": m.module,
-                    "kind": m.kind,
-                    "layers": m.layers,
-                    "batch": m.batch,
-                    "tokens": m.tokens,
-                    "deps": list(m.deps),
-                    "forward_flops_per_layer": m.forward_flops_per_layer,
-                    "param_bytes_per_layer": m.param_bytes_per_layer,
-                    "seconds_per_layer": {str(n): s for n, s in m.seconds_per_layer},
-                    **({"recompute": True} if m.recompute else {}),
-                }
-                for m in self.metaops
-            ],
+            "cluster": self.cluster.to_dict(),
+            "metaops": [m.to_dict() for m in self.metaops],
             "waves": [
                 {
                     "index": w.index,

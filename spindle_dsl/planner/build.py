@@ -252,20 +252,9 @@ def to_plan(
     MetaLevels of the continuous optimum) and ``solver_notes``."""
     graph = ctx.graph
     metaops = tuple(
-        PlanMetaOp(
-            id=m.id,
-            task=m.task,
-            module=m.module,
-            kind=m.kind,
-            layers=m.layers,
-            batch=m.batch,
-            tokens=m.tokens,
-            deps=m.deps,
-            forward_flops_per_layer=m.forward_flops_per_layer,
-            param_bytes_per_layer=m.param_bytes_per_layer,
-            seconds_per_layer=tuple(
-                zip(ctx.problem.op(m.id).ns, ctx.problem.op(m.id).seconds, strict=True)
-            ),
+        PlanMetaOp.of(
+            m,
+            tuple(zip(ctx.problem.op(m.id).ns, ctx.problem.op(m.id).seconds, strict=True)),
             recompute=m.id in ctx.recompute,
         )
         for m in graph.metaops
@@ -286,7 +275,7 @@ def to_plan(
     c = graph.cluster
     return Plan(
         spec=SpecRef(graph.spec_path, graph.spec_sha256, graph.mix),
-        cluster=ClusterRef(c.devices, c.device.name, c.devices_per_node, c.device.memory_bytes),
+        cluster=ClusterRef.of(c),
         metaops=metaops,
         waves=tuple(waves),
         iteration_s=t.iteration_s,
