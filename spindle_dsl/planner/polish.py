@@ -5,6 +5,10 @@ costs, and a tail of short waves can cost more in transfers at their boundaries 
 saves in compute. ``polish`` therefore tries small edits of a schedule and keeps one only
 if the placed, timed plan gets better (first memory overflow, then iteration time):
 
+* dissolve a wave: each of its pieces joins its MetaOp's piece in the previous (or next)
+  wave, keeping that piece's allocation, and the layers are then re-split between the
+  pieces (``refine``): one edit that removes a short wave and the transfers at its edges,
+  which single-piece edits cannot do when every piece alone would lengthen the plan;
 * merge two neighbouring waves (re-allocating the merged wave if it needs more devices);
 * absorb a piece into the previous or next piece of the same MetaOp (fewer cuts);
 * give a piece the allocation of the MetaOp's previous piece, or of its producer's last
@@ -21,7 +25,7 @@ from itertools import pairwise
 
 from spindle_dsl.planner.problem import Piece, Problem, Schedule, schedule_errors
 
-Objective = Callable[[Schedule], tuple[float, float]]
+Objective = Callable[[Schedule], tuple[float, ...]]
 
 
 def _min_max_alloc(problem: Problem, wave: list[Piece]) -> list[Piece] | None:
@@ -59,6 +63,26 @@ def _merges(problem: Problem, waves: list[tuple[Piece, ...]]) -> Iterator[list[t
                 continue
             merged = fitted
         yield [*waves[:k], tuple(merged), *waves[k + 2 :]]
+
+
+def _dissolves(
+    problem: Problem, waves: list[tuple[Piece, ...]]
+) -> Iterator[list[tuple[Piece, ...]]]:
+    """Each wave (shortest first) folded into its previous, then its next, neighbour."""
+    for k in sorted(range(len(waves)), key=lambda k: _dur(problem, waves[k])):
+        for target in (k - 1, k + 1):
+            if not 0 <= target < len(waves):
+                continue
+            into = {p.op: p for p in waves[target]}
+            if any(p.op not in into for p in waves[k]):
+                continue  # a piece with nowhere to go: not this neighbour
+            for p in waves[k]:
+                q = into[p.op]
+                into[p.op] = Piece(p.op, min(p.first, q.first), max(p.end, q.end), q.n)
+            out = list(waves)
+            out[target] = tuple(into[q.op] for q in waves[target])
+            del out[k]
+            yield out
 
 
 def _dur(problem: Problem, wave: tuple[Piece, ...]) -> float:
@@ -125,8 +149,40 @@ def _aligns(problem: Problem, waves: list[tuple[Piece, ...]]) -> Iterator[list[t
             last_n[p.op] = p.n
 
 
-def polish(problem: Problem, sched: Schedule, objective: Objective, seconds: float) -> Schedule:
-    """First-improvement local search for at most ``seconds`` (see the module docstring)."""
+def _better(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    """``a`` lexicographically below ``b`` by more than rounding noise (relative 1e-7)."""
+    for x, y in zip(a, b, strict=True):
+        if x < y - 1e-7 * abs(y) - 1e-15:
+            return True
+        if x > y + 1e-7 * abs(y) + 1e-15:
+            return False
+    return False
+
+
+def _variants(trial: Schedule, refine: Callable[[Schedule], Schedule] | None) -> Iterator[Schedule]:
+    """The edit as it comes, then (only if that did not help) refined."""
+    yield trial
+    if refine is not None:
+        yield refine(trial)
+
+
+def polish(
+    problem: Problem,
+    sched: Schedule,
+    objective: Objective,
+    seconds: float,
+    compute_cap: float | None = None,
+    refine: Callable[[Schedule], Schedule] | None = None,
+) -> Schedule:
+    """First-improvement local search for at most ``seconds`` (see the module docstring).
+
+    ``objective`` returns a tuple compared lexicographically (memory overflow, ..., time).
+    ``compute_cap``: once the schedule's compute (sum of wave durations) is within it, no
+    edit may take it above: trading compute for less communication stops at the cap. Such
+    edits are rejected before placement, which is what an objective evaluation costs.
+    ``refine``: re-splits a dissolved schedule's layers (``resplit``); without it, a
+    dissolve is tried as it comes.
+    """
     deadline = time.perf_counter() + seconds
     best = sched
     best_key = objective(sched)
@@ -134,16 +190,22 @@ def polish(problem: Problem, sched: Schedule, objective: Objective, seconds: flo
     while improved and time.perf_counter() < deadline:
         improved = False
         waves = list(best.waves)
-        for gen in (_merges, _absorbs, _aligns):
+        capped = compute_cap is not None and best.compute_s(problem) <= compute_cap
+        for gen in (_dissolves, _merges, _absorbs, _aligns):
             for cand in gen(problem, waves):
                 if time.perf_counter() >= deadline:
                     return best
                 trial = Schedule(best.name, tuple(cand), best.status, best.gap, best.notes)
                 if schedule_errors(problem, trial):
                     continue
-                key = objective(trial)
-                if key < best_key and (key[0] < best_key[0] or key[1] < best_key[1] * (1 - 1e-7)):
-                    best, best_key, improved = trial, key, True
+                for t in _variants(trial, refine if gen is _dissolves else None):
+                    if capped and t.compute_s(problem) > compute_cap:
+                        continue
+                    key = objective(t)
+                    if _better(key, best_key):
+                        best, best_key, improved = t, key, True
+                        break
+                if improved:
                     break
             if improved:
                 break
