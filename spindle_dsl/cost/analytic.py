@@ -23,7 +23,6 @@ the forward's activation all-reduces. Memory is priced in ``cost.memory``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -171,7 +170,7 @@ def _tail(c: Config) -> tuple[int, int, float, float, float]:
     return (c.dp, c.tp, c.compute_s, c.tp_comm_s, c.grad_sync_s)
 
 
-class AnalyticCostModel:
+class AnalyticCostModel(comm.LinkPricing):
     """The ``CostModel`` built from FLOPs and datasheets alone (no measurement)."""
 
     def __init__(self, cluster: Cluster):
@@ -222,11 +221,3 @@ class AnalyticCostModel:
         c = self.config(op, n, recompute)
         rc = recompute and op.needs_backward
         return slice_memory(self._info(graph, op), op, first, end, c.dp, c.tp, rc, self.cluster)
-
-    def transfer_seconds(
-        self, nbytes: float, src: Sequence[int], dst: Sequence[int], cluster: Cluster
-    ) -> float:
-        return comm.transfer_seconds(nbytes, src, dst, cluster)
-
-    def allreduce_seconds(self, nbytes: float, devices: Sequence[int], cluster: Cluster) -> float:
-        return comm.allreduce_seconds(nbytes, devices, cluster)

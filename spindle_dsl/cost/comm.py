@@ -110,3 +110,16 @@ __all__ = [
     "ring_allreduce_seconds",
     "transfer_seconds",
 ]
+
+
+class LinkPricing:
+    """The communication half of the CostModel protocol, the same for every compute model:
+    analytic and profiled models differ in how long layers take, not in what links cost."""
+
+    def transfer_seconds(
+        self, nbytes: float, src: Sequence[int], dst: Sequence[int], cluster: Cluster
+    ) -> float:
+        return transfer_seconds(nbytes, src, dst, cluster)
+
+    def allreduce_seconds(self, nbytes: float, devices: Sequence[int], cluster: Cluster) -> float:
+        return allreduce_seconds(nbytes, devices, cluster)

@@ -197,7 +197,7 @@ class Profile:
         return cls.from_dict(data, where=str(path))
 
 
-class ProfiledCostModel:
+class ProfiledCostModel(comm.LinkPricing):
     """T_m(n) from measured layer times (data parallelism, idle devices allowed) plus the
     gradient all-reduce priced from the cluster's links."""
 
@@ -278,11 +278,3 @@ class ProfiledCostModel:
         recompute = recompute and op.needs_backward
         dp = 1 if n == 1 else self._best(op, recompute)[n - 1][0]
         return slice_memory(self._info(graph, op), op, first, end, dp, 1, recompute, self.cluster)
-
-    def transfer_seconds(
-        self, nbytes: float, src: Sequence[int], dst: Sequence[int], cluster: Cluster
-    ) -> float:
-        return comm.transfer_seconds(nbytes, src, dst, cluster)
-
-    def allreduce_seconds(self, nbytes: float, devices: Sequence[int], cluster: Cluster) -> float:
-        return comm.allreduce_seconds(nbytes, devices, cluster)
