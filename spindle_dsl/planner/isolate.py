@@ -10,7 +10,7 @@ result they had.
 Why a plain ``subprocess`` rather than ``multiprocessing``: a ``spawn`` child re-imports the
 caller's ``__main__``, which runs the top-level code of user scripts without a main guard,
 and ``fork`` copies a parent's threads' locks (a notebook kernel, a HiGHS thread pool) into
-a child that may then deadlock. A fresh ``python -m spindle_dsl.planner.isolate`` has neither
+a child that may then deadlock. A fresh interpreter running only ``_serve`` has neither
 problem. One worker is kept per process and reused, so its start-up (importing python-mip,
 about 0.2 s) is paid once, and ``warm_up()`` lets the CLI start it while the spec compiles.
 
@@ -37,6 +37,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+# the child's program: ``python -m`` would import this module twice (once with its package)
+_CHILD = (
+    "import sys; from spindle_dsl.planner.isolate import _serve; _serve(*map(int, sys.argv[1:]))"
+)
 START_TIMEOUT_S = 60.0  # a loaded machine may take seconds to import python-mip
 GRACE_S = 2.0  # a solve may overrun its limit (model building, presolve) by limit + this
 
@@ -54,9 +58,9 @@ def _exit_reason(code: int | None) -> str:
         return "still running"
     if code < 0:
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
-            return f"killed by signal {-code}"
+            return f"was killed by signal {-code}"
     return f"exited with status {code}"
 
 
@@ -74,7 +78,7 @@ class _Worker:
         )
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "spindle_dsl.planner.isolate", str(req_r), str(res_w)],
+                [sys.executable, "-c", _CHILD, str(req_r), str(res_w)],
                 pass_fds=(req_r, res_w),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -110,27 +114,27 @@ class _Worker:
         self.close()
         global _crashes
         _crashes += 1
-        return SolverCrash(f"{what}: the solver process {_exit_reason(code)}{detail}")
+        return SolverCrash(f"the solver process {_exit_reason(code)} ({what}){detail}")
 
     def call(self, fn: Callable[..., T], args: tuple, timeout_s: float) -> T:
         if not self.ready:
             if not self.results.poll(START_TIMEOUT_S):
-                raise self._died(f"no solver process after {START_TIMEOUT_S:.0f} s")
+                raise self._died(f"not ready after {START_TIMEOUT_S:.0f} s")
             try:
                 self.results.recv()  # the child's "ready"
             except (EOFError, OSError):
-                raise self._died("the solver process failed to start") from None
+                raise self._died("at start-up") from None
             self.ready = True
         try:
             self.requests.send((fn, args))
         except (BrokenPipeError, OSError):
-            raise self._died("the solver process was gone") from None
+            raise self._died("before the solve was sent") from None
         try:
             if not self.results.poll(timeout_s):
                 raise self._died(f"no answer within {timeout_s:.1f} s")
             ok, value = self.results.recv()
         except (EOFError, OSError):
-            raise self._died("it crashed") from None
+            raise self._died("while solving") from None
         if not ok:  # a Python exception in the child: the solve failed, the process is fine
             raise SolverCrash(f"the solve raised {value}")
         return value
@@ -233,7 +237,3 @@ def _serve(req_fd: int, res_fd: int) -> None:
         except Exception as e:  # reported to the parent, which treats it as a failed solve
             out = (False, f"{type(e).__name__}: {e} after {time.perf_counter() - started:.2f} s")
         results.send(out)
-
-
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]), int(sys.argv[2]))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mip
@@ -253,6 +253,21 @@ def solve_local(spec: WaveModelSpec, time_limit_s: float, solver: str) -> MilpRe
     return solve(build(spec, solver), time_limit_s)
 
 
+def _trimmed(spec: WaveModelSpec) -> WaveModelSpec:
+    """``spec`` with each op's curve cut to its candidate allocations and those of the warm
+    start: the model reads no other point, and the worker process is sent a few kB instead
+    of megabytes."""
+    used: dict[str, set[int]] = {}
+    for wave in spec.start or ():
+        for p in wave:
+            used.setdefault(p.op, set()).add(p.n)
+    ops = []
+    for op, cands in zip(spec.ops, spec.candidates, strict=True):
+        ns = tuple(sorted({*cands, *(n for n in used.get(op.id, ()) if op.valid(n))}))
+        ops.append(replace(op, ns=ns, seconds=tuple(op.t(n) for n in ns)))
+    return replace(spec, ops=tuple(ops))
+
+
 def solve_waves(
     spec: WaveModelSpec, time_limit_s: float, solver: SolverChoice | None = None
 ) -> MilpResult:
@@ -262,6 +277,7 @@ def solve_waves(
     and a ``SolverCrashWarning``.
     """
     solver = solver or SolverChoice()
+    spec = _trimmed(spec)
     if not solver.isolated:
         return solve_local(spec, time_limit_s, solver.name)
     t0 = time.perf_counter()

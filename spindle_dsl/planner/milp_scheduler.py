@@ -1,21 +1,25 @@
-"""The `milp` scheduler: the paper's plan, improved by MILPs and cross-level backfilling.
+"""The `milp` scheduler: the paper's plan, improved by MILPs, re-splits and local search.
 
 1. Per MetaLevel, the integer allocation of the whole level is a MILP (``milp.py`` without
    precedence) over a few candidate allocations around the continuous optimum, warm-started
    from the paper's waves for that level, so it can only match or beat them.
-2. ``rebalance`` re-picks each wave's allocations, and ``backfill`` lets MetaOps start in
-   the first wave after their own inputs are done. Two more starts get the same treatment:
-   CPA list scheduling across levels (``listsched``) and task-parallel chains (the
-   ``optimus`` layout); the shortest goes on.
-3. If the model stays small, one MILP over all waves with precedence constraints improves
-   the result, warm-started from step 2 (again: never worse than its start).
+2. ``improve``: re-split layers between pieces, ``rebalance`` each wave's allocations, and
+   ``backfill`` (MetaOps start in the first wave after their own inputs are done). Two more
+   starts get the same treatment: CPA list scheduling across levels (``listsched``) and
+   task-parallel chains (the ``optimus`` layout); the paper's own plan is a fourth.
+3. If the model stays small, one MILP over all waves with precedence constraints, warm-
+   started from the best start (never worse than it), adds a fifth candidate.
 4. ``polish``: local search on the placed plan's real iteration time (transfers and
-   gradient sync included), when the caller gives that objective.
+   gradient sync included), when the caller gives that objective, from each of the three
+   best distinct candidates (its local optimum depends on where it starts).
 
-Every stage keeps the best schedule found so far; the solver status and gap of the last
-MILP that improved the plan are reported.
+Candidates are ranked by memory overflow, then by whether their compute exceeds
+``COMPUTE_SLACK`` x the sum of MetaLevel continuous optima (the issue's quality bar: polish
+may trade compute for less communication, but not past that), then by iteration time.
+Solves run through ``solver`` (HiGHS or CBC, isolated in a worker process); a crash turns
+into a warning and the stages after it go on without a solver. The solver status and gap
+of the last MILP that improved the plan are reported.
 """
-
 from __future__ import annotations
 
 import time
