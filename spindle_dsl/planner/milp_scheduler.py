@@ -20,6 +20,7 @@ Solves run through ``solver`` (HiGHS or CBC, isolated in a worker process); a cr
 into a warning and the stages after it go on without a solver. The solver status and gap
 of the last MILP that improved the plan are reported.
 """
+
 from __future__ import annotations
 
 import time
