@@ -23,6 +23,7 @@ Protocol: two pipes handed to the child by descriptor, carrying pickles
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import subprocess
@@ -167,15 +168,21 @@ def crash_count() -> int:
 
 
 def _get() -> _Worker:
-    global _worker
+    global _worker, _crashes
     if _worker is None or not _worker.alive():
-        _worker = _Worker()
+        try:
+            _worker = _Worker()
+        except OSError as e:  # no interpreter to run, no pipes or processes left
+            _worker = None
+            _crashes += 1
+            raise SolverCrash(f"could not start the solver process ({e})") from e
     return _worker
 
 
 def warm_up() -> None:
-    """Start the worker now (it imports while the caller does other work); idempotent."""
-    with _lock:
+    """Start the worker now (it imports while the caller does other work); idempotent.
+    A worker that cannot start is reported by the first ``call``, as a ``SolverCrash``."""
+    with _lock, contextlib.suppress(SolverCrash):
         _get()
 
 

@@ -1,15 +1,20 @@
 """Which MILP solver the planner drives through python-mip, and how its models are made.
 
 python-mip speaks to two open-source solvers: CBC, bundled with python-mip, and HiGHS,
-through the ``highspy`` package. In this project's trials CBC killed the planning process
-now and then with a native crash (SIGSEGV/SIGABRT in ``CglPreProcess::postProcess`` after a
-time-limited solve of the global wave MILP), which no Python ``try`` can catch; HiGHS never
-did and plans as well (see the README's solver table). So HiGHS is the default and CBC stays
-selectable (``spindle plan --solver cbc``, or ``SPINDLE_SOLVER=cbc``).
+through the ``highspy`` package. CBC kills the planning process now and then with a native
+crash (SIGSEGV, then SIGABRT from its own handler, in ``CglPreProcess::postProcess`` after a
+time-limited solve of the global wave MILP), which no Python ``try`` can catch, and it can
+also overrun its time limit by seconds. In the crash trials (``bench/solver_trials.py``)
+CBC killed 3 of 40 in-process trial processes and HiGHS none of 60, and HiGHS plans as well
+(``bench/plan_quality.py --solvers highs,cbc``), deterministically where CBC's plans vary
+run to run. So HiGHS is the default and CBC stays selectable (``spindle plan --solver cbc``,
+or ``SPINDLE_SOLVER=cbc``).
 
 Independently of the solver, MILPs run in a separate worker process by default (``isolate``):
-a native crash then costs one solve, and planning goes on with the best plan found so far
-plus a warning. ``SPINDLE_SOLVER_ISOLATE=0`` solves in-process instead (for profiling).
+a native crash or hang then costs one solve, and planning goes on with the best plan found
+so far plus a warning. The worker starts once per process (about 0.2 s, overlapped with
+compiling the spec in the CLI) and costs about 10 ms per plan in transfers.
+``SPINDLE_SOLVER_ISOLATE=0`` solves in-process instead (for profiling).
 """
 
 from __future__ import annotations

@@ -145,3 +145,13 @@ def test_spindle_plan_rejects_a_bad_solver_setting(shared_dir, monkeypatch, caps
     monkeypatch.setenv(SOLVER_ENV, "simplex")
     assert main(["plan", str(spec), "--quiet"]) == 1
     assert "unknown solver 'simplex'" in capsys.readouterr().err
+
+
+def test_a_worker_that_cannot_start_is_a_solver_crash(monkeypatch):
+    isolate.shutdown()
+    monkeypatch.setattr(isolate.sys, "executable", "/nonexistent/python")
+    isolate.warm_up()  # says nothing: the call reports it
+    with pytest.raises(isolate.SolverCrash, match="could not start the solver process"):
+        isolate.call(standins.worker_pid, (), 30)
+    monkeypatch.undo()
+    assert isolate.call(standins.worker_pid, (), 30) != os.getpid()
