@@ -21,6 +21,8 @@ from spindle_dsl.plan.model import Plan
 
 DType = Literal["float32", "float64"]
 DeviceKind = Literal["auto", "cpu", "cuda"]
+RecomputeMode = Literal["all", "plan", "none"]
+GradCollective = Literal["auto", "all_reduce", "reduce_scatter"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,13 @@ class RunConfig:
     hang_timeout_s: float = 45.0  # a rank without progress for this long counts as hung
     collective_timeout_s: float = 50.0  # torch.distributed timeout inside the workers
     step_delay_s: float = 0.0  # sleep after each step (tests use it to kill a worker mid-run)
+    # activation recompute: "plan" for the MetaOps the plan marks, "all" or "none" to override
+    recompute: RecomputeMode = "plan"
+    # ZeRO-1: shard each part's AdamW state over its holders (False: every holder keeps it all)
+    optimizer_sharding: bool = True
+    # how sharded gradients are summed: reduce-scatter where the backend has it ("auto"), or an
+    # all-reduce of which each holder keeps its shard (benchmarks and tests pick one)
+    grad_collective: GradCollective = "auto"
 
     def __post_init__(self) -> None:
         problems = []
@@ -57,6 +66,13 @@ class RunConfig:
             problems.append(f"dtype must be float32 or float64, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             problems.append(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.recompute not in ("all", "plan", "none"):
+            problems.append(f"recompute must be all, plan or none, got {self.recompute!r}")
+        if self.grad_collective not in ("auto", "all_reduce", "reduce_scatter"):
+            problems.append(
+                f"grad_collective must be auto, all_reduce or reduce_scatter, "
+                f"got {self.grad_collective!r}"
+            )
         if self.hang_timeout_s <= 0 or self.collective_timeout_s <= 0:
             problems.append("timeouts must be positive")
         if problems:

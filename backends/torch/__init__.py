@@ -52,22 +52,28 @@ class TorchBackend(Backend):
         nproc: int | None = None,
         datasets: Mapping[str, Any] | None = None,
         planner: Callable[[], Plan] | None = None,
-        compare: tuple[Plan, ...] = (),
+        compare: tuple[Plan | tuple[Plan, Mapping[str, Any]], ...] = (),
     ) -> RunResult | None:
         """Train; ``plan`` None asks ``planner`` for one (once, on rank 0 or in the parent).
 
         ``compare`` adds plans of the same spec that the same processes train side by side,
         each a fresh model, one step of each after every step of ``plan``; their step records
-        come back in ``result.extra["compared"]`` (the benchmark's fair comparison)."""
+        come back in ``result.extra["compared"]`` (the benchmark's fair comparison). An item
+        may be ``(plan, changes)`` to also change ``recompute``, ``optimizer_sharding`` or
+        ``grad_collective`` for that model (the same plan with and without sharding, say)."""
         from .launch import spawn
-        from .worker import Job, preflight, run_rank
+        from .worker import Job, compare_item, preflight, run_rank
+
+        compare = tuple(compare)
+        for item in compare:
+            compare_item(item)  # refuse a bad item before anything starts
 
         if nproc is not None:
             if plan is None:
                 if planner is None:
                     raise ExecutionError("no plan given and no planner to make one")
                 plan = planner()
-            for p in (plan, *compare):
+            for p in (plan, *(compare_item(c)[0] for c in compare)):
                 preflight(graph, p, nproc, datasets)
             job = Job(graph, plan, config, dict(datasets or {}), tuple(compare))
             return spawn(job, nproc, hang_timeout_s=config.hang_timeout_s)

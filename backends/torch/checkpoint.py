@@ -6,6 +6,12 @@ Layout of ``DIR``::
     DIR/step-000005/manifest.json   step, seed, dtype, spec hash, the parts it holds
     DIR/step-000005/MODULE/ROLE.pt  one part: its parameters and their AdamW state
 
+A part's file holds its whole AdamW state per parameter (``step``, ``exp_avg``, ``exp_avg_sq``,
+and ``master`` when a narrow training dtype keeps fp32 master weights), however the run that
+wrote it kept that state: with the sharded optimizer the holders' shards are gathered onto the
+part's first holder before the write, and a resuming holder cuts its own shard back out, so the
+files do not depend on the plan, the world size or the optimizer sharding.
+
 Every part is written by one of its holders (the lowest rank), each file atomically (a temporary
 file, then a rename); after a barrier rank 0 writes the manifest and only then moves ``latest``,
 so a run killed half-way through a checkpoint leaves the previous one in force. On resume each
@@ -27,7 +33,7 @@ import torch.distributed as dist
 from spindle_dsl.atomic import write_atomic
 from spindle_dsl.errors import ExecutionError
 
-from .optim import load_param_state, param_state
+from .optim import RankOptimizer
 from .params import PartStore
 from .parts import Part
 from .schedule import Schedule
@@ -64,20 +70,23 @@ def save(
     schedule: Schedule,
     rank: int,
     store: PartStore,
-    opt: torch.optim.Optimizer,
+    opt: RankOptimizer,
     meta: dict[str, Any],
 ) -> Path:
-    """Write the checkpoint of ``step`` (a collective: every rank must call it)."""
+    """Write the checkpoint of ``step`` (a collective: every rank must call it). Parts go in
+    the schedule's global order, so the gathers of sharded state meet on every holder."""
     folder = step_dir(root, step)
-    holders = schedule.holder_map
-    for part in store.parts:
-        if min(holders[part]) != rank:
+    for part, holders in schedule.holders:
+        if rank not in holders:
+            continue
+        optimizer = opt.part_state(part)
+        if min(holders) != rank:
             continue
         module = store[part]
         state = {
             "part": part.key,
             "params": {n: t.detach().cpu().clone() for n, t in module.named_parameters()},
-            "optimizer": {n: param_state(opt, t) for n, t in module.named_parameters()},
+            "optimizer": optimizer,
         }
         write_atomic(part_file(folder, part), _serialise(state))
     if dist.is_initialized():
@@ -123,7 +132,7 @@ def check_compatible(info: CheckpointInfo, meta: dict[str, Any]) -> None:
             )
 
 
-def load(info: CheckpointInfo, store: PartStore, opt: torch.optim.Optimizer) -> None:
+def load(info: CheckpointInfo, store: PartStore, opt: RankOptimizer) -> None:
     """Load every part this rank holds, parameters and optimizer state, from ``info``."""
     for part in store.parts:
         path = part_file(info.path, part)
@@ -145,5 +154,4 @@ def load(info: CheckpointInfo, store: PartStore, opt: torch.optim.Optimizer) -> 
                         f"{path}: {name} has shape {tuple(saved.shape)}, the model {tuple(t.shape)}"
                     )
                 t.copy_(saved.to(dtype=t.dtype))
-                if t.requires_grad:
-                    load_param_state(opt, t, state["optimizer"].get(name, {}))
+        opt.load_part_state(part, state["optimizer"])

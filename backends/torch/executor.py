@@ -10,6 +10,12 @@ every stage and task; reducing and stepping them is the caller's business.
 
 A stage's autograd graph spans only its own layers (inputs are leaves), so backward of a wave
 needs nothing from any other rank beyond the output gradients already delivered.
+
+Activation recompute: the layers of a MetaOp in ``recompute`` run one by one under
+``torch.utils.checkpoint`` (non-reentrant) whenever they build a graph, so only each layer's
+input stays alive between forward and backward and the layer runs its forward again inside
+the backward. The recomputed forward is the same computation on the same input, so gradients
+are bit for bit those without recompute; input stages and LM heads always run plainly.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from spindle_dsl.errors import ExecutionError
 from spindle_dsl.metagraph import MetaGraph
@@ -47,8 +54,10 @@ class StepExecutor:
         device: torch.device,
         tracer: Tracer | None = None,
         heartbeat: Callable[[str], None] | None = None,
+        recompute: frozenset[str] = frozenset(),
     ):
         self.graph, self.schedule, self.rank = graph, schedule, rank
+        self.recompute = recompute
         self.store, self.data, self.dtype, self.device = store, data, dtype, device
         self.tracer = tracer or Tracer(rank, enabled=False)
         self.beat = heartbeat or (lambda _what: None)
@@ -138,9 +147,11 @@ class StepExecutor:
                 x = torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]
             else:
                 x = leaves[f"{op.id}#{stage.index}"]
+            again = op.id in self.recompute and torch.is_grad_enabled()
             for g in range(stage.first, stage.end):
                 module, j = layer_module(op, g)
-                x = self.store[Part(module, f"layer.{j}")](x)
+                layer = self.store[Part(module, f"layer.{j}")]
+                x = checkpoint(layer, x, use_reentrant=False) if again else layer(x)
         if tuple(x.shape) != want:
             raise ExecutionError(
                 f"{op.id} layers [{stage.first}, {stage.end}) of kind {op.kind} produced shape "

@@ -1,18 +1,49 @@
-"""The optimizer, and its per-parameter state as checkpoints store it.
+"""The optimizers a rank can step: AdamW replicated on every holder, or sharded (``zero.py``).
 
 AdamW updates each parameter from that parameter's own gradient and state alone, so a rank that
 holds a subset of the parameters, given the same summed gradients, computes exactly the
 single-process update for them. Every holder, the oracle and a resumed run use the same
 per-tensor (``foreach=False``) implementation, so they share one code path whatever torch's
 default for the device (on tiny_mm the multi-tensor one gave bitwise the same parameters and was
-about a third faster in the optimizer step, a small share of a training step).
+about a third faster in the optimizer step, a small share of a training step). Both optimizers
+answer the same four calls (``RankOptimizer``), so the trainer and the checkpoints need not know
+which one runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 import torch
+import torch.distributed as dist
+
+from .grads import GradReducer
+from .params import PartStore
+from .parts import Part
+from .schedule import Schedule
+from .trace import Tracer
+
+
+class RankOptimizer(Protocol):
+    """What the trainer and the checkpoints ask of a rank's optimizer."""
+
+    def step(self) -> None:
+        """Reduce gradients over each part's holders, update, leave every holder's weights
+        identical and the gradients cleared."""
+
+    def part_state(self, part: Part) -> dict[str, dict[str, torch.Tensor]] | None:
+        """The part's whole state by parameter name on its first holder (a collective over the
+        part's holders; what other holders get back is unspecified)."""
+
+    def load_part_state(self, part: Part, saved: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Restore what this rank keeps of a part's state from its whole saved state."""
+
+    def state_elements(self) -> dict[str, int]:
+        """Optimizer-state elements held on this rank, by part key."""
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state held on this rank."""
 
 
 def make_optimizer(
@@ -41,8 +72,72 @@ def load_param_state(
 ) -> None:
     """Restore a parameter's state; ``step`` keeps its own dtype and device (a CPU scalar)."""
     if not state:
+        opt.state.pop(param, None)
         return
     opt.state[param] = {
         k: v.clone() if k == "step" else v.to(device=param.device, dtype=param.dtype).clone()
         for k, v in state.items()
+        if k in ("step", "exp_avg", "exp_avg_sq")  # a sharded run's fp32 masters have no use here
     }
+
+
+class ReplicatedAdamW:
+    """``--optimizer-sharding off``: gradients all-reduced over each part's holders, and every
+    holder keeps the part's whole AdamW state and takes the same step."""
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        rank: int,
+        store: PartStore,
+        groups: dict[tuple[int, ...], dist.ProcessGroup],
+        *,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float],
+        eps: float,
+        tracer: Tracer | None = None,
+    ):
+        self.rank, self.store, self.holders = rank, store, schedule.holder_map
+        self.tracer = tracer or Tracer(rank, enabled=False)
+        self.opt = make_optimizer(
+            (t for _, _, t in store.trainable()),
+            lr=lr,
+            weight_decay=weight_decay,
+            betas=betas,
+            eps=eps,
+        )
+        self.reducer = GradReducer(schedule, store, groups)
+
+    def step(self) -> None:
+        with self.tracer.span("reduce gradients", "reduce"):
+            self.reducer.reduce()
+        with self.tracer.span("optimizer", "optimizer"):
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+
+    def part_state(self, part: Part) -> dict[str, dict[str, torch.Tensor]] | None:
+        if self.holders[part][0] != self.rank:
+            return None
+        return {n: param_state(self.opt, t) for n, t in self.store[part].named_parameters()}
+
+    def load_part_state(self, part: Part, saved: dict[str, dict[str, torch.Tensor]]) -> None:
+        for name, t in self.store[part].named_parameters():
+            if t.requires_grad:
+                load_param_state(self.opt, t, saved.get(name, {}))
+
+    def state_elements(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for part, _, t in self.store.trainable():
+            held = sum(v.numel() for k, v in self.opt.state.get(t, {}).items() if k != "step")
+            if held:
+                out[part.key] = out.get(part.key, 0) + held
+        return out
+
+    def state_bytes(self) -> int:
+        return sum(
+            v.numel() * v.element_size()
+            for state in self.opt.state.values()
+            for k, v in state.items()
+            if k != "step"
+        )

@@ -1,10 +1,11 @@
 """One plan's model on one rank, and one optimizer step of it.
 
 A ``Trainer`` owns what a plan decides on a rank: the compiled schedule, the parts the rank
-holds, their AdamW state, the gradient groups and the step executor. Keeping it apart from the
-run loop lets one set of worker processes hold several plans of the same spec side by side
-(each with its own fresh model) and step them in turn, which is how the benchmark compares
-plans on the very same processes, under the same machine load.
+holds, their AdamW state (sharded over each part's holders unless ``optimizer_sharding`` is
+off), the gradient groups, which MetaOps recompute activations, and the step executor.
+Keeping it apart from the run loop lets one set of worker processes hold several plans of the
+same spec side by side (each with its own fresh model) and step them in turn, which is how the
+benchmark compares plans on the very same processes, under the same machine load.
 """
 
 from __future__ import annotations
@@ -19,14 +20,44 @@ import torch.distributed as dist
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.plan.model import Plan
 
-from ..base import RunConfig, StepRecord
+from ..base import RecomputeMode, RunConfig, StepRecord
 from .data import TaskData
 from .executor import StepExecutor
-from .grads import GradReducer
-from .optim import make_optimizer
+from .grads import holder_groups
+from .optim import RankOptimizer, ReplicatedAdamW
 from .params import DTYPES, PartStore
 from .schedule import build_schedule
 from .trace import Tracer
+from .zero import ShardedAdamW, gloo_has_reduce_scatter
+
+
+def recompute_set(plan: Plan, mode: RecomputeMode) -> frozenset[str]:
+    """The MetaOps whose layers run under activation checkpointing: those the plan marks
+    (``plan``, the planner's memory model counts on it), every one (``all``) or none."""
+    if mode == "none":
+        return frozenset()
+    return frozenset(m.id for m in plan.metaops if mode == "all" or m.recompute)
+
+
+def make_rank_optimizer(
+    config: RunConfig,
+    schedule,
+    rank: int,
+    store: PartStore,
+    tracer: Tracer,
+) -> RankOptimizer:
+    """The optimizer ``config`` asks for (a collective: it creates the holder groups)."""
+    groups = holder_groups(schedule, rank)
+    hyper = dict(lr=config.lr, weight_decay=config.weight_decay, betas=config.betas, eps=config.eps)
+    if not config.optimizer_sharding:
+        return ReplicatedAdamW(schedule, rank, store, groups, tracer=tracer, **hyper)
+    if config.grad_collective == "auto":
+        scatter = dist.get_backend() != "gloo" or gloo_has_reduce_scatter()
+    else:
+        scatter = config.grad_collective == "reduce_scatter"
+    return ShardedAdamW(
+        schedule, rank, store, groups, reduce_scatter=scatter, tracer=tracer, **hyper
+    )
 
 
 class Trainer:
@@ -56,14 +87,7 @@ class Trainer:
         self.schedule = build_schedule(graph, plan, world_size)
         beat("building parameters")
         self.store = PartStore(graph, self.schedule.parts_of(rank), config.seed, dtype, device)
-        self.opt = make_optimizer(
-            (t for _, _, t in self.store.trainable()),
-            lr=config.lr,
-            weight_decay=config.weight_decay,
-            betas=config.betas,
-            eps=config.eps,
-        )
-        self.reducer = GradReducer(self.schedule, rank, self.store)
+        self.opt = make_rank_optimizer(config, self.schedule, rank, self.store, tracer)
         data = TaskData(graph, config.seed, datasets, dtype, device)
         self.executor = StepExecutor(
             graph,
@@ -75,6 +99,7 @@ class Trainer:
             device=device,
             tracer=tracer,
             heartbeat=beat,
+            recompute=recompute_set(plan, config.recompute),
         )
         self.tasks = [t.name for t in graph.tasks if t.batch > 0]
 
@@ -84,12 +109,8 @@ class Trainer:
         t0 = time.perf_counter()
         with self.tracer.span(f"step {step + 1}", "step"):
             shares = self.executor.run(step)
-            self.beat(f"step {step + 1} gradient reduction")
-            with self.tracer.span("reduce gradients", "reduce"):
-                self.reducer.reduce()
-            with self.tracer.span("optimizer", "optimizer"):
-                self.opt.step()
-                self.opt.zero_grad(set_to_none=True)
+            self.beat(f"step {step + 1} gradient reduction and optimizer")
+            self.opt.step()
             totals = torch.tensor(
                 [shares[t] for t in self.tasks], dtype=torch.float64, device=self.device
             )

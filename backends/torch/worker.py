@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -41,7 +41,23 @@ class Job:
     plan: Plan | None  # None: rank 0 makes one (``planner``) and broadcasts it
     config: RunConfig
     datasets: Mapping[str, Any] = field(default_factory=dict)
-    compare: tuple[Plan, ...] = ()  # more plans to step in turn on the same processes (bench)
+    # more plans to step in turn on the same processes (bench): a plan, or (plan, RunConfig
+    # fields it changes, e.g. {"optimizer_sharding": False})
+    compare: tuple[Plan | tuple[Plan, Mapping[str, Any]], ...] = ()
+
+
+def compare_item(item: Plan | tuple[Plan, Mapping[str, Any]]) -> tuple[Plan, dict[str, Any]]:
+    """A ``compare`` item as (plan, config changes)."""
+    if isinstance(item, Plan):
+        return item, {}
+    plan, changes = item
+    allowed = {"recompute", "optimizer_sharding", "grad_collective"}
+    if set(changes) - allowed:
+        raise ExecutionError(
+            f"a compared plan may change only {', '.join(sorted(allowed))}, "
+            f"not {', '.join(sorted(set(changes) - allowed))}"
+        )
+    return plan, dict(changes)
 
 
 def preflight(
@@ -151,9 +167,12 @@ def _train(
     # Plans to compare on these same processes: fresh models stepped in turn with the main
     # one, never traced, logged or checkpointed.
     others = [
-        Trainer(graph, p, config, job.datasets, rank, world_size, device, Tracer(rank, False), beat)
-        for p in job.compare
-    ]
+        Trainer(
+            graph, p, replace(config, **changes), job.datasets, rank, world_size, device,
+            Tracer(rank, False), beat,
+        )
+        for p, changes in map(compare_item, job.compare)
+    ]  # fmt: skip
     schedule, store, opt = trainer.schedule, trainer.store, trainer.opt
     meta = {"spec_sha256": graph.spec_sha256, "dtype": config.dtype, "seed": config.seed}
     start = 0
@@ -222,6 +241,10 @@ def _train(
             }
             write_measured_trace(config.trace, spans, schedule, plan.cluster.devices_per_node, meta)
             trace_path = config.trace
+    # What each rank holds of the optimizer state, for the result (memory accounting, tests).
+    held = [(t.opt.state_elements(), t.opt.state_bytes()) for t in (trainer, *others)]
+    every: list[Any] = [None] * world_size if lead else []
+    dist.gather_object(held, every if lead else None, dst=0)
     beat("done")
     dist.barrier()
     if not lead:
@@ -238,5 +261,9 @@ def _train(
             "baselines": dict(plan.baselines),
             "scheduler": plan.solver.name,
             "compared": [tuple(c) for c in compared],
+            # per rank: optimizer-state elements by part key, and bytes; then per compared plan
+            "optimizer_state": [r[0][0] for r in every],
+            "optimizer_state_bytes": [r[0][1] for r in every],
+            "compared_optimizer_state": [[r[i][0] for r in every] for i in range(1, len(held))],
         },
     )

@@ -8,7 +8,7 @@ import torch
 from spindle_dsl.backends.torch import checkpoint as ck
 from spindle_dsl.backends.torch import losses as L
 from spindle_dsl.backends.torch.data import DictDataset, TaskData
-from spindle_dsl.backends.torch.optim import make_optimizer
+from spindle_dsl.backends.torch.optim import ReplicatedAdamW
 from spindle_dsl.backends.torch.params import PartStore, build_part
 from spindle_dsl.backends.torch.parts import Part, graph_parts
 from spindle_dsl.backends.torch.schedule import build_schedule
@@ -110,12 +110,17 @@ def test_losses_refuse_what_they_cannot_read():
         L.check_task(graph, one)
 
 
+def _replicated(sched, store) -> ReplicatedAdamW:
+    hyper = dict(lr=1e-2, weight_decay=0.0, betas=(0.9, 0.99), eps=1e-8)
+    return ReplicatedAdamW(sched, 0, store, {}, **hyper)  # one rank: no process group needed
+
+
 def test_checkpoint_round_trip_restores_parameters_and_adamw_state(tmp_path):
     graph = h.tiny_mm(1)
     sched = build_schedule(graph, h.sequential_plan(graph), 1)
     store = PartStore(graph, sched.parts_of(0), seed=0)
     params = [t for _, _, t in store.trainable()]
-    opt = make_optimizer(params, lr=1e-2, weight_decay=0.0, betas=(0.9, 0.99), eps=1e-8)
+    opt = _replicated(sched, store)
     for t in params:
         t.grad = torch.ones_like(t)
     opt.step()
@@ -124,12 +129,12 @@ def test_checkpoint_round_trip_restores_parameters_and_adamw_state(tmp_path):
     assert (tmp_path / "step-000001" / "lm" / "layer.5.pt").is_file()
     other = PartStore(graph, sched.parts_of(0), seed=9)
     other_params = [t for _, _, t in other.trainable()]
-    other_opt = make_optimizer(other_params, lr=1e-2, weight_decay=0.0, betas=(0.9, 0.99), eps=1e-8)
+    other_opt = _replicated(sched, other)
     info = ck.latest(tmp_path)
     ck.load(info, other, other_opt)
     for a, b in zip(params, other_params, strict=True):
         assert torch.equal(a, b)
-        assert torch.equal(opt.state[a]["exp_avg_sq"], other_opt.state[b]["exp_avg_sq"])
-        assert float(opt.state[a]["step"]) == float(other_opt.state[b]["step"]) == 1.0
+        assert torch.equal(opt.opt.state[a]["exp_avg_sq"], other_opt.opt.state[b]["exp_avg_sq"])
+        assert float(opt.opt.state[a]["step"]) == float(other_opt.opt.state[b]["step"]) == 1.0
     with pytest.raises(ExecutionError, match="written with dtype = float32"):
         ck.check_compatible(info, {"dtype": "float64"})
