@@ -40,6 +40,10 @@ class Progress:
             self.open = False
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
 def summary(result: RunResult, sequential_s: float | None = None) -> str:
     """Measured vs predicted step time, and where the run left its files."""
     lines = [f"trained {len(result.steps)} steps on {result.world_size} ranks ({result.backend})"]
@@ -58,6 +62,12 @@ def summary(result: RunResult, sequential_s: float | None = None) -> str:
     lines.append(f"{'  this plan':<22}{measured:>11.4f}s{predicted:>11.4f}s{ratio:>9.2f}")
     if sequential_s is not None:
         lines.append(f"{'  sequential (plan)':<22}{'-':>12}{sequential_s:>11.4f}s")
+    held = result.extra.get("optimizer_state_bytes")
+    if held:
+        lines.append(
+            f"optimizer state per rank: {_mib(min(held))} to {_mib(max(held))}, "
+            f"{_mib(sum(held))} in all"
+        )
     if result.checkpoint:
         lines.append(f"checkpoint: {result.checkpoint}")
     if result.trace:

@@ -50,6 +50,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="where workers train: auto picks CUDA (NCCL) where torch sees a GPU, else CPU (gloo)",
     )
+    parser.add_argument(
+        "--recompute",
+        choices=("all", "plan", "none"),
+        default="plan",
+        help="activation recompute: for the MetaOps the plan marks (the planner does so when a "
+        "plan would not fit in memory otherwise), for all, or for none (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--optimizer-sharding",
+        choices=("on", "off"),
+        default="on",
+        help="shard each part's AdamW state over the ranks holding the part (ZeRO-1), as the "
+        "planner's memory model assumes; off keeps it whole on every holder (default: on)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument(
@@ -112,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         hang_timeout_s=args.hang_timeout,
         collective_timeout_s=max(args.hang_timeout + 5.0, 10.0),
+        recompute=args.recompute,
+        optimizer_sharding=args.optimizer_sharding == "on",
     )
     result = TorchBackend().train(graph, plan, config, nproc=args.nproc, planner=planner)
     if result is not None:  # rank 0 (or the parent of --nproc workers)
@@ -137,4 +153,5 @@ def summary_json(result: Any) -> dict[str, Any]:
         "predicted_step_s": result.predicted_step_s,
         "baselines": result.extra.get("baselines", {}),
         "final_loss": dict(result.steps[-1].losses) if result.steps else {},
+        "optimizer_state_bytes": result.extra.get("optimizer_state_bytes", []),  # per rank
     }
