@@ -186,7 +186,7 @@ def _stages(
     cap = COMPUTE_SLACK * level_reference_s(problem)
 
     def key(s: Schedule) -> tuple[float, float, float]:
-        """Memory overflow, then whether compute exceeds the cap, then time (see below)."""
+        """Memory overflow, then whether compute exceeds the cap, then time (module doc)."""
         over, secs = objective(s) if objective is not None else (0.0, s.score(problem))
         return (over, float(s.compute_s(problem) > cap * (1 + 1e-9)), secs)
 
@@ -235,7 +235,7 @@ def _stages(
         if glob.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
             status, gap = glob.status.value, glob.gap
     else:
-        notes.append("global MILP skipped (model too large for the time limit)")
+        notes.append("global MILP skipped (model too large, or no time or solver left)")
     if objective is not None:
 
         def refine(s: Schedule) -> Schedule:
