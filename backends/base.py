@@ -19,7 +19,7 @@ from spindle_dsl.errors import ExecutionError
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.plan.model import Plan
 
-DType = Literal["float32", "float64"]
+DType = Literal["float32", "float64", "bfloat16"]
 DeviceKind = Literal["auto", "cpu", "cuda"]
 RecomputeMode = Literal["all", "plan", "none"]
 GradCollective = Literal["auto", "all_reduce", "reduce_scatter"]
@@ -35,7 +35,9 @@ class RunConfig:
     weight_decay: float = 0.01  # AdamW decoupled weight decay
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    dtype: DType = "float32"  # training dtype; float64 makes runs comparable to 1e-9
+    # training dtype; float64 makes runs comparable to 1e-9; bfloat16 is mixed precision: bf16
+    # weights, activations and gradients, fp32 master weights and AdamW state (sharded optimizer)
+    dtype: DType = "float32"
     device: DeviceKind = "auto"  # auto: CUDA with NCCL where there is a GPU, else CPU with gloo
     checkpoint_dir: str | None = None  # where checkpoints go (and resume from)
     checkpoint_every: int = 0  # also checkpoint every K steps (0: only at the end)
@@ -62,8 +64,13 @@ class RunConfig:
             problems.append(f"checkpoint_every must be at least 0, got {self.checkpoint_every}")
         if self.lr <= 0:
             problems.append(f"lr must be positive, got {self.lr}")
-        if self.dtype not in ("float32", "float64"):
-            problems.append(f"dtype must be float32 or float64, got {self.dtype!r}")
+        if self.dtype not in ("float32", "float64", "bfloat16"):
+            problems.append(f"dtype must be float32, float64 or bfloat16, got {self.dtype!r}")
+        elif self.dtype == "bfloat16" and not self.optimizer_sharding:
+            problems.append(
+                "bfloat16 training keeps fp32 master weights in the sharded optimizer; "
+                "turn optimizer sharding on, or train in float32"
+            )
         if self.device not in ("auto", "cpu", "cuda"):
             problems.append(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.recompute not in ("all", "plan", "none"):

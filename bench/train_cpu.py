@@ -8,9 +8,12 @@ every distinct plan for ``--steps`` steps on the same ``--nproc`` worker process
 fresh model, one step of each in turn, so a busy machine slows all of them alike), and prints
 the median step time of each beside its prediction. ``--exactness`` also trains the default
 plan in float32 and in float64 and prints how far its losses and parameters are from the
-single-process oracle.
+single-process oracle. ``--optimizer-sharding`` also steps the default plan with the sharded
+optimizer (reduce-scatter, and the all-reduce fallback) and unsharded, side by side on the same
+processes, and prints each one's step time and optimizer-state bytes per rank.
 
     .venv/bin/python bench/train_cpu.py [SPEC] [--nproc 4] [--steps 30] [--exactness]
+                                        [--optimizer-sharding]
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def _shape(plan) -> tuple:
 
 def _exactness(graph, plan, nproc: int, steps: int) -> None:
     import torch
+
     from spindle_dsl.backends.base import RunConfig
     from spindle_dsl.backends.torch import ReferenceModel, TorchBackend
     from spindle_dsl.backends.torch import checkpoint as ck
@@ -79,6 +83,37 @@ def _exactness(graph, plan, nproc: int, steps: int) -> None:
         print(f"{dtype:<9}{loss_err:>18.2e}{worst:>19.2e}  {where}")
 
 
+SHARDING_VARIANTS = (
+    ("sharded, reduce-scatter", {"grad_collective": "reduce_scatter"}),
+    ("sharded, all-reduce", {"grad_collective": "all_reduce"}),
+    ("unsharded", {"optimizer_sharding": False}),
+)
+
+
+def _sharding(graph, plan, nproc: int, steps: int) -> None:
+    """The default plan three times on the same processes (fresh models stepped in turn), once
+    per optimizer variant: step time and what each rank holds of the optimizer state."""
+    from spindle_dsl.backends.base import RunConfig
+    from spindle_dsl.backends.torch import TorchBackend
+
+    (_, first), *rest = SHARDING_VARIANTS
+    config = RunConfig(steps=steps, progress=False, **first)
+    result = TorchBackend().train(
+        graph, plan, config, nproc=nproc, compare=tuple((plan, c) for _, c in rest)
+    )
+    runs = [result.steps, *result.extra["compared"]]
+    held = [result.extra["optimizer_state"], *result.extra["compared_optimizer_state"]]
+    print(
+        f"\noptimizer sharding: default plan on {nproc} processes, float32, the three variants "
+        f"stepped in turn, median of steps 2..{steps}"
+    )
+    print(f"{'optimizer':<26}{'step s':>9}{'state MiB/rank (min-max)':>27}{'all ranks':>11}")
+    for (name, _), run, per_rank in zip(SHARDING_VARIANTS, runs, held, strict=True):
+        mib = [4 * sum(r.values()) / 2**20 for r in per_rank]  # float32 state
+        m = statistics.median(r.seconds for r in run[1:])
+        print(f"{name:<26}{m:>9.4f}{min(mib):>15.2f} - {max(mib):<9.2f}{sum(mib):>11.2f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec", nargs="?", default=str(DEFAULT_SPEC))
@@ -87,11 +122,15 @@ def main() -> int:
     ap.add_argument("--profile", help="a profile from `spindle profile` (default: make one)")
     ap.add_argument("--no-profile", action="store_true", help="analytic cost model only")
     ap.add_argument("--exactness", action="store_true", help="also compare with the oracle")
+    ap.add_argument(
+        "--optimizer-sharding",
+        action="store_true",
+        help="also time the default plan with the optimizer sharded and unsharded",
+    )
     args = ap.parse_args()
 
     from spindle_dsl.backends.base import RunConfig
     from spindle_dsl.backends.torch import TorchBackend
-
     from spindle_dsl.cli import main as spindle
     from spindle_dsl.errors import SpindleError
     from spindle_dsl.language import compile_file
@@ -160,6 +199,9 @@ def main() -> int:
     if args.exactness:
         key = ("default", "profile") if ("default", "profile") in plans else ("default", "analytic")
         _exactness(graph, plans[key], args.nproc, 5)
+    if args.optimizer_sharding:
+        key = ("default", "profile") if ("default", "profile") in plans else ("default", "analytic")
+        _sharding(graph, plans[key], args.nproc, args.steps)
     return 0
 
 

@@ -22,7 +22,7 @@ from spindle_dsl.metagraph import MetaGraph, ModalityInfo
 
 from .parts import Part, part_seed
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 def _layer(kind, args: dict, *, last: bool) -> nn.Module:

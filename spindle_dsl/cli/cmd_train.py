@@ -43,7 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-resume", action="store_true", help="start afresh even if DIR has a checkpoint"
     )
     parser.add_argument("--trace", metavar="FILE.json", help="write a measured Chrome trace")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "float64", "bfloat16"),
+        default="float32",
+        help="training dtype; bfloat16 trains mixed precision, with fp32 master weights and "
+        "AdamW state in the sharded optimizer (default: %(default)s)",
+    )
     parser.add_argument(
         "--run-on",
         choices=("auto", "cpu", "cuda"),

@@ -14,9 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import handgraph as h
+
 from spindle_dsl.backends.base import RunConfig
 from spindle_dsl.backends.torch import TorchBackend
-
 from spindle_dsl.errors import SpindleError
 
 

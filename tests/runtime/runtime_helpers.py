@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from spindle_dsl.backends.torch import checkpoint as ck
 from spindle_dsl.backends.torch.parts import Part
 

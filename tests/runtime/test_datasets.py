@@ -8,9 +8,9 @@ import pytest
 import torch
 from handgraph import lower
 from runtime_helpers import loss_errors
+
 from spindle_dsl.backends.base import RunConfig
 from spindle_dsl.backends.torch import DictDataset, ReferenceModel, TorchBackend
-
 from spindle_dsl.metagraph import ModalityInfo
 
 

@@ -22,6 +22,7 @@ import random
 import handgraph as h
 import pytest
 from runtime_helpers import checkpoint_state, loss_errors, worst_relative
+
 from spindle_dsl.backends.base import RunConfig
 from spindle_dsl.backends.torch import ReferenceModel, TorchBackend
 from spindle_dsl.backends.torch.schedule import build_schedule, shard_bounds

@@ -5,6 +5,7 @@ from __future__ import annotations
 import handgraph as h
 import pytest
 import torch
+
 from spindle_dsl.backends.torch import checkpoint as ck
 from spindle_dsl.backends.torch import losses as L
 from spindle_dsl.backends.torch.data import DictDataset, TaskData
@@ -12,7 +13,6 @@ from spindle_dsl.backends.torch.optim import ReplicatedAdamW
 from spindle_dsl.backends.torch.params import PartStore, build_part
 from spindle_dsl.backends.torch.parts import Part, graph_parts
 from spindle_dsl.backends.torch.schedule import build_schedule
-
 from spindle_dsl.errors import ExecutionError
 
 

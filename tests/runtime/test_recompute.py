@@ -10,6 +10,7 @@ import handgraph as h
 import pytest
 import torch
 import torch.distributed as dist
+
 from spindle_dsl.backends.base import RunConfig
 from spindle_dsl.backends.torch.parts import Part
 from spindle_dsl.backends.torch.trace import Tracer

@@ -12,6 +12,7 @@ import handgraph as h
 import pytest
 import torch
 from runtime_helpers import checkpoint_state, worst_relative
+
 from spindle_dsl.backends.torch import ReferenceModel
 
 pytestmark = pytest.mark.slow

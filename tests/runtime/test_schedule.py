@@ -9,9 +9,9 @@ import handgraph as h
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from spindle_dsl.backends.torch.parts import Part, graph_parts
 from spindle_dsl.backends.torch.schedule import build_schedule, moves, shard_bounds
-
 from spindle_dsl.errors import ExecutionError
 from spindle_dsl.plan.model import Entry
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 from runtime_helpers import checkpoint_state, loss_errors, worst_relative
+
 from spindle_dsl.backends.base import RunConfig
 from spindle_dsl.backends.torch import ReferenceModel, TorchBackend
 
