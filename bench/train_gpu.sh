@@ -9,7 +9,10 @@
 #   NNODES       nodes (default 1); with more, also NODE_RANK, MASTER_ADDR, MASTER_PORT, and run
 #                this script on every node at once (rank 0 plans and broadcasts the plan)
 #   PRESET       cluster preset to plan for, e.g. H100-80GB (default: the spec's own)
-#   DTYPE        float32 (default) or float64
+#   DTYPE        float32 (default), float64, or bfloat16 (mixed precision: bf16 weights, fp32
+#                master weights and AdamW state, which is what the planner's memory model assumes)
+#   SHARDING     on (default: ZeRO-1, AdamW state sharded over each part's holders) or off
+#   RECOMPUTE    plan (default: the MetaOps the plan marks), all or none
 #   PY           the Python with spindle-dsl installed (default: .venv/bin/python, else python3)
 #   OUT_DIR      where profiles, logs, traces and summaries go (default: out/train_gpu)
 #
@@ -26,6 +29,8 @@ if [[ -z "${PY:-}" ]]; then
 fi
 OUT_DIR=${OUT_DIR:-out/train_gpu}
 DTYPE=${DTYPE:-float32}
+SHARDING=${SHARDING:-on}
+RECOMPUTE=${RECOMPUTE:-plan}
 NNODES=${NNODES:-1}
 
 if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
@@ -58,6 +63,7 @@ for SCHED in default sequential; do
   "$PY" -m torch.distributed.run "${LAUNCH[@]}" -m spindle_dsl train "$SPEC" \
     "${CLUSTER[@]}" --profile "$OUT_DIR/profile.json" --scheduler "$SCHED" \
     --steps "$STEPS" --dtype "$DTYPE" --run-on cuda --no-progress \
+    --optimizer-sharding "$SHARDING" --recompute "$RECOMPUTE" \
     --log-json "$OUT_DIR/log-$SCHED.jsonl" --trace "$OUT_DIR/trace-$SCHED.json" \
     --summary-json "$OUT_DIR/summary-$SCHED.json"
 done
@@ -70,10 +76,14 @@ from pathlib import Path
 out, spec, devices = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 rows = {s: json.loads((out / f"summary-{s}.json").read_text()) for s in ("default", "sequential")}
 print(f"\n{Path(spec).name} on {devices} GPUs (NCCL), median step time after the first step")
-print(f"{'plan':<12}{'scheduler':<12}{'predicted s':>13}{'measured s':>12}{'measured/pred':>15}")
+print(
+    f"{'plan':<12}{'scheduler':<12}{'predicted s':>13}{'measured s':>12}{'measured/pred':>15}"
+    f"{'optimizer MiB/rank (max)':>26}"
+)
 for name, r in rows.items():
     m, p = r["measured_step_s"], r["predicted_step_s"]
-    print(f"{name:<12}{str(r['scheduler']):<12}{p:>13.5f}{m:>12.5f}{m / p:>15.2f}")
+    held = max(r.get("optimizer_state_bytes") or [0]) / 2**20
+    print(f"{name:<12}{str(r['scheduler']):<12}{p:>13.5f}{m:>12.5f}{m / p:>15.2f}{held:>26.2f}")
 d, s = rows["default"], rows["sequential"]
 print(
     f"default vs sequential: measured speed-up {s['measured_step_s'] / d['measured_step_s']:.2f}x,"
