@@ -11,6 +11,8 @@ while the losses agree to ~1e-7 (``bench/train_cpu.py --exactness`` measures bot
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from runtime_helpers import checkpoint_state, loss_errors, worst_relative
 
@@ -46,6 +48,12 @@ def test_tiny_mm_on_4_processes_matches_plain_pytorch(tmp_path, graph, oracle, s
         assert all(len(w.entries) == 1 and len(w.entries[0].devices) == 4 for w in plan.waves)
     else:
         assert len(plan.waves) < len(graph.metaops)  # MetaOps really run side by side
+        # recompute the language model's activations, as the planner marks a MetaOp that would
+        # not fit otherwise (it changes when the forward runs, never what it computes)
+        marked = tuple(dataclasses.replace(m, recompute=m.module == "lm") for m in plan.metaops)
+        plan = dataclasses.replace(plan, metaops=marked)
+        assert sum(m.recompute for m in plan.metaops) == 2
+    # the optimizer is sharded over each part's holders (the default)
     config = RunConfig(steps=STEPS, dtype="float64", checkpoint_dir=str(tmp_path), progress=False)
     result = TorchBackend().train(graph, plan, config, nproc=4)
     history, state = oracle
