@@ -9,6 +9,11 @@ Public API::
 With ``nproc`` it spawns local workers (gloo on CPU, NCCL on GPUs); under ``torchrun`` each
 process calls ``train`` without ``nproc`` and becomes the rank the environment names; with
 neither it runs as a single rank. Only rank 0 gets a ``RunResult`` back (others get None).
+
+The runtime keeps the memory the planner counts on: AdamW state is sharded over the ranks that
+hold each part (``RunConfig.optimizer_sharding``, ZeRO-1, ``zero.py``), and the MetaOps the plan
+marks recompute their activations in backward (``RunConfig.recompute``); what each rank held
+of the optimizer state comes back in ``result.extra["optimizer_state_bytes"]``.
 """
 
 from __future__ import annotations

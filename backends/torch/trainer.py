@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from spindle_dsl.errors import ExecutionError
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.plan.model import Plan
 
@@ -51,8 +52,14 @@ def make_rank_optimizer(
     hyper = dict(lr=config.lr, weight_decay=config.weight_decay, betas=config.betas, eps=config.eps)
     if not config.optimizer_sharding:
         return ReplicatedAdamW(schedule, rank, store, groups, tracer=tracer, **hyper)
+    gloo_only = dist.get_backend() == "gloo" and not gloo_has_reduce_scatter()
     if config.grad_collective == "auto":
-        scatter = dist.get_backend() != "gloo" or gloo_has_reduce_scatter()
+        scatter = not gloo_only
+    elif config.grad_collective == "reduce_scatter" and gloo_only:
+        raise ExecutionError(
+            f"this torch ({torch.__version__}) has no reduce-scatter on gloo; "
+            f"use grad_collective='all_reduce' or 'auto'"
+        )
     else:
         scatter = config.grad_collective == "reduce_scatter"
     return ShardedAdamW(

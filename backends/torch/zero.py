@@ -7,9 +7,10 @@ of the part's flattened parameters (``shards.py``). A step, bucket by bucket:
 
 1. the holders sum their gradients and each keeps the sum over its own shard: one
    reduce-scatter, or on a backend without one, an all-reduce of which each keeps its rows;
-2. each steps AdamW on its shard alone, with torch's own per-tensor AdamW (``adam(...,
-   decoupled_weight_decay=True, foreach=False)``: the function ``torch.optim.AdamW`` calls), whose
-   update is elementwise, so a shard gets bit for bit what the whole tensor would;
+2. each steps AdamW on its shard alone, with torch's own functional AdamW
+   (``torch.optim.adamw.adamw``, per tensor: ``foreach=False``, as ``make_optimizer`` asks of
+   ``torch.optim.AdamW``), whose update is elementwise, so a shard gets bit for bit what the whole
+   tensor would;
 3. one all-gather of the updated shards gives every holder the same new weights.
 
 So the step equals the unsharded one element by element, while a rank allocates state only for
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.optim.adam import adam
+from torch.optim.adamw import adamw
 
 from spindle_dsl.errors import ExecutionError
 
@@ -143,56 +144,69 @@ class ShardedAdamW:
         return [t for _, t in self.params[part]]
 
     def _step_bucket(self, bucket: Bucket) -> None:
-        k, i, chunk = len(bucket.holders), bucket.holders.index(self.rank), bucket.chunk
         some = self._tensors(bucket.parts[0].part)[0]
-        dtype, device = some.dtype, some.device
-        group = self.groups.get(bucket.holders)
-        rows = torch.zeros(k, chunk, dtype=dtype, device=device)
+        rows = torch.zeros(len(bucket.holders), bucket.chunk, dtype=some.dtype, device=some.device)
         for ps in bucket.parts:
             _scatter_rows(rows, ps, torch.cat([t.grad.reshape(-1) for t in self._tensors(ps.part)]))
         with self.tracer.span("reduce gradients", "reduce"):
-            if k == 1:
-                mine = rows[0]
-            elif self.reduce_scatter:
-                mine = torch.empty(chunk, dtype=dtype, device=device)
-                _reduce_scatter(mine, rows.view(-1), group=group)
-            else:
-                dist.all_reduce(rows, group=group)
-                mine = rows[i]
-        own = torch.empty(chunk, dtype=dtype, device=device)  # this rank's updated weights
+            mine = self._reduce(bucket, rows)
+        del rows  # the bucket's gradients, a transient copy
         with self.tracer.span("optimizer", "optimizer"):
-            lists: tuple[list[torch.Tensor], ...] = ([], [], [], [], [])
-            masters = []
-            for ps in bucket.parts:
-                lo, hi = ps.bounds(self.rank)
-                if hi == lo:
-                    self.steps[ps.part] += 1
-                    continue
-                shard = self._shard(ps)
-                grad = mine[ps.offset : ps.offset + hi - lo]
-                if shard.master is not None:
-                    weights, grad = shard.master, grad.to(shard.master.dtype)
-                    masters.append((ps, shard.master))
-                else:
-                    weights = own[ps.offset : ps.offset + hi - lo]
-                    _copy_range(self._tensors(ps.part), lo, hi, weights)
-                shard.step.fill_(float(self.steps[ps.part]))
-                self.steps[ps.part] += 1
-                for out, t in zip(
-                    lists, (weights, grad, shard.exp_avg, shard.exp_avg_sq, shard.step), strict=True
-                ):
-                    out.append(t)
-            if lists[0]:
-                adam(*lists[:4], [], lists[4], foreach=False, decoupled_weight_decay=True,
-                     amsgrad=False, maximize=False, **self.hyper)  # fmt: skip
-            for ps, master in masters:
-                own[ps.offset : ps.offset + master.numel()].copy_(master)
+            own = self._update(bucket, mine)
         with self.tracer.span("gather parameters", "reduce"):
-            if k == 1:
-                rows = own.view(1, chunk)
+            self._gather(bucket, own)
+
+    def _reduce(self, bucket: Bucket, rows: torch.Tensor) -> torch.Tensor:
+        """This rank's row of the holders' summed gradient rows."""
+        if len(bucket.holders) == 1:
+            return rows[0]
+        group = self.groups[bucket.holders]
+        if self.reduce_scatter:
+            mine = rows.new_empty(bucket.chunk)
+            _reduce_scatter(mine, rows.view(-1), group=group)
+            return mine
+        dist.all_reduce(rows, group=group)
+        return rows[bucket.holders.index(self.rank)].clone()
+
+    def _update(self, bucket: Bucket, mine: torch.Tensor) -> torch.Tensor:
+        """AdamW on every owned shard of the bucket, in one call; returns this rank's row of
+        updated weights (in the training dtype) for the all-gather."""
+        own = torch.empty_like(mine)
+        lists: tuple[list[torch.Tensor], ...] = ([], [], [], [], [])
+        masters = []
+        for ps in bucket.parts:
+            lo, hi = ps.bounds(self.rank)
+            self.steps[ps.part] += 1
+            if hi == lo:  # nothing of this part is ours
+                continue
+            shard = self._shard(ps)
+            grad = mine[ps.offset : ps.offset + hi - lo]
+            if shard.master is not None:
+                weights, grad = shard.master, grad.to(shard.master.dtype)
+                masters.append((ps, shard.master))
             else:
-                rows = torch.empty(k, chunk, dtype=dtype, device=device)
-                _all_gather(rows.view(-1), own, group=group)
+                weights = own[ps.offset : ps.offset + hi - lo]
+                _copy_range(self._tensors(ps.part), lo, hi, weights)
+            shard.step.fill_(float(self.steps[ps.part] - 1))  # adamw counts it up itself
+            for out, t in zip(
+                lists, (weights, grad, shard.exp_avg, shard.exp_avg_sq, shard.step), strict=True
+            ):
+                out.append(t)
+        if lists[0]:
+            adamw(*lists[:4], [], lists[4], foreach=False, amsgrad=False, maximize=False,
+                  **self.hyper)  # fmt: skip
+        for ps, master in masters:
+            own[ps.offset : ps.offset + master.numel()].copy_(master)
+        return own
+
+    def _gather(self, bucket: Bucket, own: torch.Tensor) -> None:
+        """Every holder's updated row, back into the parameters of every holder."""
+        k = len(bucket.holders)
+        if k == 1:
+            rows = own.view(1, -1)
+        else:
+            rows = own.new_empty(k, bucket.chunk)
+            _all_gather(rows.view(-1), own, group=self.groups[bucket.holders])
         for ps in bucket.parts:
             flat, start = _gather_rows(rows, ps), 0
             for t in self._tensors(ps.part):
