@@ -21,3 +21,28 @@ def shared_dir() -> Path:
     if not (SHARED / "spec").is_dir():
         pytest.skip(f"{SHARED} is absent (the shared spec fixtures live there)")
     return SHARED
+
+
+# A GPU spec with everything the memory model distinguishes: a shared causal LM with an
+# embedding and a head (lm loss), a frozen encoder, an encoder reading features. The cost
+# model's memory tests and the planner's memory-fit tests read it at different batches.
+MEMORY_SPEC = """
+cluster {{ devices = 16  device = "A800-80GB"  devices_per_node = 8 }}
+modality image {{ tokens = 64 }}
+modality audio {{ tokens = 40  features = 16 }}
+modality text  {{ tokens = 32  vocab = 1000 }}
+encoder vision : vit(layers = 4, hidden = 128, heads = 4, patch = 4) <- image frozen
+encoder hearing : transformer(layers = 3, hidden = 64, heads = 4) <- audio
+module  vproj : mlp(in = 128, out = 256)
+module  aproj : mlp(in = 64, out = 256)
+shared  lm : transformer(layers = 6, hidden = 256, heads = 8, causal = true, vocab = 1000)
+task caption {{ image -> vision -> vproj -> lm; text -> lm; loss = lm }}
+task listen  {{ audio -> hearing -> aproj -> lm; text[16] -> lm; loss = lm }}
+mix m {{ global_batch = {global_batch}; caption = 2; listen = 1 }}
+"""
+
+
+@pytest.fixture(scope="session")
+def memory_spec():
+    """``memory_spec(global_batch)``: the spec text above at that global batch."""
+    return lambda global_batch: MEMORY_SPEC.format(global_batch=global_batch)

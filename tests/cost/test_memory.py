@@ -15,23 +15,6 @@ from spindle_dsl.cost.profile import Profile, ProfiledCostModel, ProfileEntry, S
 from spindle_dsl.kinds import get_kind
 from spindle_dsl.language import compile_text
 
-# A GPU spec with everything the memory model distinguishes: a shared causal LM with an
-# embedding and a head (lm loss), a frozen encoder, an encoder reading features.
-SPEC = """
-cluster { devices = 16  device = "A800-80GB"  devices_per_node = 8 }
-modality image { tokens = 64 }
-modality audio { tokens = 40  features = 16 }
-modality text  { tokens = 32  vocab = 1000 }
-encoder vision : vit(layers = 4, hidden = 128, heads = 4, patch = 4) <- image frozen
-encoder hearing : transformer(layers = 3, hidden = 64, heads = 4) <- audio
-module  vproj : mlp(in = 128, out = 256)
-module  aproj : mlp(in = 64, out = 256)
-shared  lm : transformer(layers = 6, hidden = 256, heads = 8, causal = true, vocab = 1000)
-task caption { image -> vision -> vproj -> lm; text -> lm; loss = lm }
-task listen  { audio -> hearing -> aproj -> lm; text[16] -> lm; loss = lm }
-mix m { global_batch = 48; caption = 2; listen = 1 }
-"""
-
 
 def linear_profile(graph, alpha: float, beta: float) -> Profile:
     """A profile measuring every shape of ``graph`` as alpha + beta * FLOPs."""
@@ -51,8 +34,8 @@ def linear_profile(graph, alpha: float, beta: float) -> Profile:
 
 
 @pytest.fixture(scope="module")
-def graph():
-    return compile_text(SPEC).graph
+def graph(memory_spec):
+    return compile_text(memory_spec(48)).graph
 
 
 @pytest.fixture(scope="module")

@@ -17,25 +17,11 @@ from spindle_dsl.planner.memfit import memory_floor
 from spindle_dsl.planner.recompute import candidates, start
 
 MiB = 2**20
-SPEC = """
-cluster { devices = 16  device = "A800-80GB"  devices_per_node = 8 }
-modality image { tokens = 64 }
-modality audio { tokens = 40  features = 16 }
-modality text  { tokens = 32  vocab = 1000 }
-encoder vision : vit(layers = 4, hidden = 128, heads = 4, patch = 4) <- image frozen
-encoder hearing : transformer(layers = 3, hidden = 64, heads = 4) <- audio
-module  vproj : mlp(in = 128, out = 256)
-module  aproj : mlp(in = 64, out = 256)
-shared  lm : transformer(layers = 6, hidden = 256, heads = 8, causal = true, vocab = 1000)
-task caption { image -> vision -> vproj -> lm; text -> lm; loss = lm }
-task listen  { audio -> hearing -> aproj -> lm; text[16] -> lm; loss = lm }
-mix m { global_batch = 768; caption = 2; listen = 1 }
-"""
 
 
 @pytest.fixture(scope="module")
-def graph():
-    return compile_text(SPEC).graph
+def graph(memory_spec):
+    return compile_text(memory_spec(768)).graph
 
 
 def with_memory(graph, mib: int):
