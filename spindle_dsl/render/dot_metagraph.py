@@ -20,8 +20,8 @@ from html import escape
 
 import graphviz
 
-from spindle_dsl.metagraph import MetaGraph
-from spindle_dsl.plan.model import Plan
+from spindle_dsl.metagraph import MetaGraph, MetaOp
+from spindle_dsl.plan.model import Plan, PlanMetaOp
 from spindle_dsl.render.colors import MODALITY_FILL, Palette, mix, palette, task_order
 from spindle_dsl.render.fmt import fmt_bytes, fmt_flops
 
@@ -61,23 +61,31 @@ class GraphView:
     shared: tuple[SharedView, ...]
 
 
+def _op_view(
+    m: MetaOp | PlanMetaOp, frozen: bool | None, modalities: tuple[tuple[str, int], ...]
+) -> OpView:
+    """The fields a MetaGraph's MetaOp and a plan file's MetaOp share, plus what only one has."""
+    flops = m.forward_flops_per_layer * m.layers
+    return OpView(
+        m.id,
+        m.task,
+        m.module,
+        m.kind,
+        m.layers,
+        m.batch,
+        m.tokens,
+        flops,
+        frozen,
+        m.deps,
+        modalities,
+    )
+
+
 def graph_view(source: MetaGraph | Plan) -> GraphView:
     """The drawable facts of a MetaGraph, or of the MetaOps a plan file records."""
     if isinstance(source, MetaGraph):
         ops = tuple(
-            OpView(
-                m.id,
-                m.task,
-                m.module,
-                m.kind,
-                m.layers,
-                m.batch,
-                m.tokens,
-                m.forward_flops_per_layer * m.layers,
-                m.frozen,
-                m.deps,
-                tuple((i.source, i.tokens) for i in m.inputs if i.from_modality),
-            )
+            _op_view(m, m.frozen, tuple((i.source, i.tokens) for i in m.inputs if i.from_modality))
             for m in source.metaops
         )
         order = task_order((m.task for m in source.metaops), (t.name for t in source.tasks))
@@ -94,22 +102,7 @@ def graph_view(source: MetaGraph | Plan) -> GraphView:
         c = source.cluster
         title = f"{source.spec_path} · mix {source.mix or '-'} · {c.devices} × {c.device.name}"
         return GraphView(title, ops, tasks, shared)
-    ops = tuple(
-        OpView(
-            m.id,
-            m.task,
-            m.module,
-            m.kind,
-            m.layers,
-            m.batch,
-            m.tokens,
-            m.forward_flops_per_layer * m.layers,
-            None,
-            m.deps,
-            (),
-        )
-        for m in source.metaops
-    )
+    ops = tuple(_op_view(m, None, ()) for m in source.metaops)
     order = task_order(m.task for m in source.metaops)
     by_module: dict[str, list[str]] = {}
     for m in source.metaops:

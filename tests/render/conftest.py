@@ -150,20 +150,7 @@ WAVES = (
 def make_plan(graph: MetaGraph | None = None) -> Plan:
     graph = graph or make_graph()
     metaops = tuple(
-        PlanMetaOp(
-            m.id,
-            m.task,
-            m.module,
-            m.kind,
-            m.layers,
-            m.batch,
-            m.tokens,
-            m.deps,
-            m.forward_flops_per_layer,
-            m.param_bytes_per_layer,
-            tuple(zip((1, 2, 4), CURVES[m.id], strict=True)),
-        )
-        for m in graph.metaops
+        PlanMetaOp.of(m, tuple(zip((1, 2, 4), CURVES[m.id], strict=True))) for m in graph.metaops
     )
     curve = {m.id: dict(m.seconds_per_layer) for m in metaops}
     waves, start = [], 0.0

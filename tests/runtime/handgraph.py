@@ -156,19 +156,7 @@ def make_plan(graph: MetaGraph, waves: Sequence[Sequence[tuple[str, int, int, tu
     """A plan with the given waves of (metaop, first, end, devices); times are nominal."""
     n = graph.cluster.devices
     metaops = tuple(
-        PlanMetaOp(
-            m.id,
-            m.task,
-            m.module,
-            m.kind,
-            m.layers,
-            m.batch,
-            m.tokens,
-            m.deps,
-            m.forward_flops_per_layer,
-            m.param_bytes_per_layer,
-            tuple((k, 1e-3 / k) for k in range(1, n + 1)),
-        )
+        PlanMetaOp.of(m, tuple((k, 1e-3 / k) for k in range(1, n + 1)))
         for m in graph.metaops
         if m.batch > 0
     )
