@@ -11,6 +11,11 @@ the planner turns on when the plan would not fit in device memory otherwise. The
 only each layer's input from the forward pass and runs the layer's forward again inside its
 backward (``torch.utils.checkpoint`` per layer); ``seconds_per_layer`` of such a MetaOp is
 already its curve with that extra forward, and the plan's ``notes`` say why it was chosen.
+
+Top-level ``"micro_batches"`` (k, required by the format from this release; 1 when absent) and
+``"zero_stage"`` (1 when absent: each parameter part's optimizer state is sharded over the
+devices that hold the part; 2: its gradients are sharded too, ZeRO-2; 0: nothing sharded) are
+the memory levers the runtime carries out as the plan says.
 """
 
 from __future__ import annotations
@@ -167,6 +172,13 @@ class Plan:
     breakdown: tuple[tuple[str, float], ...] = ()  # "compute_s", "transfer_s", "grad_sync_s"...
     memory_bytes: tuple[int, ...] = ()  # predicted peak bytes per device id
     notes: tuple[str, ...] = ()  # why a choice was made, e.g. why iteration_s > sequential_s
+    # Memory levers the runtime carries out as planned (plan-format.md). ``micro_batches``: the
+    # waves run k times per iteration, each on 1/k of every task's batch, gradients
+    # accumulating, one optimizer step at the end (the waves and curves describe one pass).
+    # ``zero_stage``: 1 shards each parameter part's optimizer state over the devices holding
+    # the part (ZeRO-1, Megatron's distributed optimizer); 2 shards its gradients too (ZeRO-2).
+    micro_batches: int = 1
+    zero_stage: int = 1
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def metaop(self, metaop_id: str) -> PlanMetaOp:
@@ -216,6 +228,8 @@ class Plan:
                 **({"gap": self.solver.gap} if self.solver.gap is not None else {}),
             },
         }
+        out["micro_batches"] = self.micro_batches
+        out["zero_stage"] = self.zero_stage
         if self.breakdown:
             out["breakdown"] = dict(self.breakdown)
         if self.memory_bytes:
@@ -254,6 +268,8 @@ class Plan:
                 "breakdown",
                 "memory_bytes",
                 "notes",
+                "micro_batches",
+                "zero_stage",
             }
             return cls(
                 spec=SpecRef(d["spec"]["path"], d["spec"]["sha256"], d["spec"]["mix"]),
@@ -312,6 +328,8 @@ class Plan:
                 breakdown=tuple((k, float(v)) for k, v in d.get("breakdown", {}).items()),
                 memory_bytes=tuple(int(x) for x in d.get("memory_bytes", ())),
                 notes=tuple(d.get("notes", ())),
+                micro_batches=_count(d.get("micro_batches", 1), "micro_batches", 1),
+                zero_stage=_count(d.get("zero_stage", 1), "zero_stage", 0, 2),
                 extra={k: v for k, v in d.items() if k not in known},
             )
         except PlanFormatError:
@@ -337,4 +355,14 @@ def _flag(value: Any, what: str) -> bool:
     """A JSON boolean; anything else is a malformed plan (``"false"`` is not false)."""
     if not isinstance(value, bool):
         raise PlanFormatError(f"malformed plan: {what} must be true or false, got {value!r}")
+    return value
+
+
+def _count(value: Any, what: str, low: int, high: int | None = None) -> int:
+    """A JSON integer within ``[low, high]``; anything else is a malformed plan."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanFormatError(f"malformed plan: {what} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        span = f"at least {low}" if high is None else f"from {low} to {high}"
+        raise PlanFormatError(f"malformed plan: {what} must be {span}, got {value}")
     return value

@@ -135,9 +135,11 @@ def _times(plan: Plan, ops: dict) -> list[str]:
                     f"time: wave {pos} lasts {w.duration_s:.6g} s, shorter than its entry "
                     f"'{e.metaop}' ({e.time_s:.6g} s)"
                 )
-    if not _le(total, plan.iteration_s):
+    passes = plan.micro_batches * total  # the waves describe one micro-batch pass
+    if not _le(passes, plan.iteration_s):
         errs.append(
-            f"time: iteration_s {plan.iteration_s:.6g} s is less than the waves' {total:.6g} s"
+            f"time: iteration_s {plan.iteration_s:.6g} s is less than the waves' {total:.6g} s "
+            f"times micro_batches ({plan.micro_batches})"
         )
     return errs
 
@@ -182,11 +184,11 @@ def _extras(plan: Plan) -> list[str]:
             )
     parts = dict(plan.breakdown)
     if "compute_s" in parts:
-        waves = sum(w.duration_s for w in plan.waves)
+        waves = plan.micro_batches * sum(w.duration_s for w in plan.waves)
         if not _close(parts["compute_s"], waves):
             errs.append(
                 f"breakdown: compute_s {parts['compute_s']:.6g} s is not the waves' sum "
-                f"{waves:.6g} s"
+                f"{waves:.6g} s (times micro_batches, {plan.micro_batches})"
             )
         if not _le(sum(parts.values()), plan.iteration_s):
             errs.append("breakdown: its parts add up to more than iteration_s")

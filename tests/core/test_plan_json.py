@@ -67,3 +67,34 @@ def test_bad_files_raise_plan_format_error(tmp_path, text, words):
 def test_missing_file_is_a_plan_format_error(tmp_path):
     with pytest.raises(PlanFormatError, match="cannot read"):
         Plan.read(tmp_path / "nope.json")
+
+
+def test_memory_levers_round_trip(tmp_path):
+    """``micro_batches`` and ``zero_stage`` are written, read back, and default to 1."""
+    from dataclasses import replace
+
+    plan = replace(small_plan(), micro_batches=4, zero_stage=2)
+    path = tmp_path / "plan.json"
+    plan.write(path)
+    data = json.loads(path.read_text())
+    assert (data["micro_batches"], data["zero_stage"]) == (4, 2)
+    assert Plan.read(path) == plan
+    del data["micro_batches"], data["zero_stage"]
+    old = Plan.from_dict(data)
+    assert (old.micro_batches, old.zero_stage) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("micro_batches", 0, "micro_batches must be at least 1"),
+        ("micro_batches", "2", "micro_batches must be an integer"),
+        ("zero_stage", 3, "zero_stage must be from 0 to 2"),
+        ("zero_stage", True, "zero_stage must be an integer"),
+    ],
+)
+def test_bad_memory_levers(field, value, words):
+    data = small_plan().to_dict()
+    data[field] = value
+    with pytest.raises(PlanFormatError, match=words):
+        Plan.from_dict(data)

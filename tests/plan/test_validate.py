@@ -133,3 +133,17 @@ def test_unknown_metaops(plan):
     errs = validate_plan(bad)
     assert any("unknown MetaOp 'nope'" in e for e in errs)
     assert any("'v/d' covers layers up to 0" in e for e in errs)
+
+
+def test_micro_batches(plan):
+    """k passes of the waves: iteration_s and compute_s cover all of them."""
+    twice = replace(plan, micro_batches=2)
+    assert any("times micro_batches (2)" in e for e in validate_plan(twice))
+    waves = sum(w.duration_s for w in plan.waves)
+    fixed = replace(
+        twice,
+        iteration_s=2 * plan.iteration_s,
+        breakdown=(("compute_s", 2 * waves),),
+        baselines=(("sequential_s", 2 * plan.iteration_s),),
+    )
+    assert validate_plan(fixed) == []
