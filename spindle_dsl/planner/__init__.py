@@ -27,8 +27,10 @@ from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.planner import recompute
 from spindle_dsl.planner.baselines import BASELINES
-from spindle_dsl.planner.bounds import level_reference_s, lower_bound_s
+from spindle_dsl.planner.bounds import level_reference_s
 from spindle_dsl.planner.build import Evaluated, PlanContext, context, evaluate, to_plan
+from spindle_dsl.planner.isolate import warm_up
+from spindle_dsl.planner.lp_bound import lp_bound as lp_relaxation_bound
 from spindle_dsl.planner.memfit import overflow_message
 from spindle_dsl.planner.milp_scheduler import milp_schedule
 from spindle_dsl.planner.problem import Schedule
@@ -134,10 +136,15 @@ def make_plan(
     schedules under a cost model whose memory figures are known to be pessimistic.
     ``solver``: the MILP solver, "highs" or "cbc" (default: ``$SPINDLE_SOLVER``, else HiGHS;
     see ``planner.solver``).
+    ``lower_bound_s`` is the LP bound (``lp_bound``, proven below every plan of these
+    curves); ``extra["bounds"]`` holds it (``lp_s``, None if the LP failed) beside the
+    area / critical-path bound (``area_path_s``).
     """
     if scheduler not in SCHEDULERS:
         raise PlanError(f"unknown scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})")
     choice = choose_solver(solver)
+    if choice.isolated:
+        warm_up()  # the LP bound's solver process starts while the curves are priced
     t0 = time.perf_counter()
     state: recompute.FitState | None = None
     if check_memory and has_slice_memory(cost):
@@ -162,16 +169,22 @@ def make_plan(
         notes += (note,)
     if not chosen.fits:
         notes += ("memory check off: " + overflow_message(ctx, chosen),)
+    # the bound for the curves this plan was made with; with micro-batches (issue 10) pass
+    # the plan's k here, and see ``lp_bound`` for a bound over every k the planner may pick
+    bound = lp_relaxation_bound(ctx.problem, micro_batches=1, solver=choice)
+    if bound.note:
+        notes += (bound.note,)
     extra = {
         "scheduler": scheduler,
         "candidates_s": {k: e.iteration_s for k, e in evaluated.items()},
         "level_reference_s": level_reference_s(ctx.problem),
         "solver_notes": list(chosen.schedule.notes),
+        "bounds": {"lp_s": bound.seconds, "area_path_s": bound.area_path_s},
     }
     return to_plan(
         ctx,
         chosen,
-        lower_bound_s=lower_bound_s(ctx.problem),
+        lower_bound_s=bound.lower_bound_s,
         baselines=baselines,
         wall_s=time.perf_counter() - t0,
         notes=notes,
