@@ -185,23 +185,37 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
     model = new_model("lp_bound", solver)
     C = model.add_var("C", lb=0.0)
     N = inp.devices
-    durations, area = [], []
+    k = len(inp.layers)
+    # expressions built from coefficient lists: python-mip's operators make one object per
+    # term, which at 1,024 devices would cost more than the solve
+    d = [model.add_var(f"d_{m}", lb=0.0) for m in range(k)]  # d_m, defined below
+    starts = [model.add_var(f"s_{m}", lb=0.0) for m in range(k)]
+    area_vars: list[mip.Var] = [C]
+    area_coeffs: list[float] = [1.0]
     for m, (layers, pts) in enumerate(zip(inp.layers, inp.points, strict=True)):
         xs = [model.add_var(f"x_{m}_{n}", lb=0.0) for n, _ in pts]
-        model.add_constr(mip.xsum(xs) == 1, f"conv_{m}")
-        durations.append(mip.xsum(layers * t * x for (_, t), x in zip(pts, xs, strict=True)))
-        area.extend(layers * n * t / N * x for (n, t), x in zip(pts, xs, strict=True))
-    starts = [model.add_var(f"s_{m}", lb=0.0) for m in range(len(inp.layers))]
+        model.add_constr(mip.LinExpr(xs, [1.0] * len(xs)) == 1, f"conv_{m}")
+        model.add_constr(
+            mip.LinExpr([d[m], *xs], [-1.0, *(layers * t for _, t in pts)]) == 0, f"dur_{m}"
+        )
+        area_vars.extend(xs)
+        area_coeffs.extend(-layers * n * t / N for n, t in pts)
     ends = [
-        model.add_constr(C - starts[m] - durations[m] >= 0, f"end_{m}")
-        for m in range(len(inp.layers))
+        model.add_constr(mip.LinExpr([C, starts[m], d[m]], [1.0, -1.0, -1.0]) >= 0, f"end_{m}")
+        for m in range(k)
     ]
     edges = [
-        [model.add_constr(starts[m] - starts[p] - durations[p] >= 0, f"prec_{p}_{m}") for p in deps]
+        [
+            model.add_constr(
+                mip.LinExpr([starts[m], starts[p], d[p]], [1.0, -1.0, -1.0]) >= 0,
+                f"prec_{p}_{m}",
+            )
+            for p in deps
+        ]
         for m, deps in enumerate(inp.deps)
     ]
-    area_c = model.add_constr(C - mip.xsum(area) >= 0, "area")
-    model.objective = C
+    area_c = model.add_constr(mip.LinExpr(area_vars, area_coeffs) >= 0, "area")
+    model.objective = mip.LinExpr([C], [1.0])
     with _quiet_stdout():
         status = model.optimize(max_seconds=LP_TIME_LIMIT_S)
     wall = time.perf_counter() - t0
