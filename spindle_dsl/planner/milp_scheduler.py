@@ -237,6 +237,8 @@ def _stages(
                 notes.append("global MILP improved the plan")
         if glob.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
             status, gap = glob.status.value, glob.gap
+    elif not passes.global_milp:
+        notes.append("global MILP skipped (switched off)")
     else:
         notes.append("global MILP skipped (model too large, or no time or solver left)")
     if objective is not None and passes.polish:
