@@ -2,6 +2,10 @@
 
     .venv/bin/python bench/plan_quality.py [--time-limit S] [--solver highs|cbc] [--skip-sweep]
     .venv/bin/python bench/plan_quality.py --solvers highs,cbc [--repeat K] [--skip-sweep]
+    .venv/bin/python bench/plan_quality.py --tables gap,ablation   # issue 15's tables only
+
+Every table prints ``it/LP``: the plan's iteration time over its LP lower bound
+(``planner.lp_bound``; 1.00 would be provably optimal).
 
 Table 1: multitask_clip at 8/16/32/64 devices and qwen_val at 16/32/64 devices (both mixes),
 with the analytic cost model: the predicted iteration time (transfers and gradient sync
@@ -24,6 +28,16 @@ distributed optimizer and per-MetaOp activation recompute where needed. It print
 plan's iteration time, its speed-up over the sequential baseline planned under the same
 recompute choices, how many MetaOps recompute, and the peak memory per device, or why no plan
 fits.
+
+Table 4 (``gap``): issue 15's rows, planned as ``spindle plan`` plans them (memory enforced):
+iteration, the area / critical-path bound, the LP bound, iteration / LP bound, the gradient
+sync share, the LP's own solving time and the planning time; the bundled workloads at 16 to
+128 devices and two more multi-task specs written for it (``bench/specs``).
+
+Table 5 (``ablation``): what each pass of the ``milp`` scheduler buys (``PassOptions``):
+the same workloads planned with all passes, with each switched off in turn, and with none,
+printing the ``milp`` candidate's iteration time (and its change against all passes on) and
+the planning time.
 """
 
 from __future__ import annotations
@@ -43,8 +57,10 @@ from spindle_dsl.cost import make_cost_model  # noqa: E402
 from spindle_dsl.errors import PlanError  # noqa: E402
 from spindle_dsl.language import compile_file, compile_text  # noqa: E402
 from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S, make_plan  # noqa: E402
+from spindle_dsl.planner.passes import ALL_PASSES, NO_PASSES, PassOptions  # noqa: E402
 
 SPEC = HERE.parent.parent / "shared" / "spec"
+OWN_SPECS = HERE / "specs"
 CONFIGS = [("multitask_clip", None, n) for n in (8, 16, 32, 64)] + [
     ("qwen_val", mix, n) for mix in ("pretrain", "audio_heavy") for n in (16, 32, 64)
 ]
@@ -56,6 +72,32 @@ PAPER = (
 NAMES = ("milp", "paper", "sequential", "distmm", "optimus")
 COMPUTE_TARGET = 1.05
 PLAN_S_TARGET = 3.0
+GAP_TARGET = 1.10  # issue 15: the default plan within 1.10 x the LP bound
+# issue 15's table (workload, mix, devices), planned with memory enforced
+GAP_ROWS = [
+    *(("multitask_clip", None, n) for n in (16, 32, 64, 128)),
+    *(("qwen_val", "pretrain", n) for n in (16, 32, 64, 128)),
+    *(("clip10", None, n) for n in (16, 64)),
+    *(("encdec7", None, n) for n in (32, 128)),
+]
+ABLATION_ROWS = [
+    ("multitask_clip", None, 32),
+    ("multitask_clip", None, 64),
+    ("qwen_val", "pretrain", 64),
+    ("clip10", None, 16),
+    ("encdec7", None, 32),
+]
+TABLES = ("1", "2", "3", "gap", "ablation")
+
+
+def lp_ratio(plan) -> float | None:
+    """Iteration time over the plan's LP bound (None if the plan has no LP figure)."""
+    lp = plan.extra.get("bounds", {}).get("lp_s")
+    return plan.iteration_s / lp if lp else None
+
+
+def _ratio(r: float | None) -> str:
+    return f"{r:.2f}" if r is not None else "-"
 
 
 def plan_row(graph, time_limit: float, solver: str | None = None) -> dict:
@@ -74,6 +116,8 @@ def plan_row(graph, time_limit: float, solver: str | None = None) -> dict:
         "wall": wall,
         "metaops": len(plan.metaops),
         "notes": plan.extra.get("solver_notes", []),
+        "it_lp": lp_ratio(plan),
+        "lp_wall": plan.extra.get("bounds", {}).get("lp_wall_s"),
     }
 
 
@@ -88,15 +132,18 @@ def checks(r: dict) -> list[str]:
 
 
 def _graph(name: str, mix: str | None, n: int):
-    return compile_file(SPEC / f"{name}.spindle", mix=mix, cluster_overrides={"devices": n}).graph
+    path = SPEC / f"{name}.spindle"
+    if not path.exists():
+        path = OWN_SPECS / f"{name}.spindle"
+    return compile_file(path, mix=mix, cluster_overrides={"devices": n}).graph
 
 
 def table1(time_limit: float, solver: str | None) -> list[dict]:
     head = (
         f"{'workload':<26} {'N':>4} {'default':>9} "
         + " ".join(f"{n:>10}" for n in NAMES)
-        + f" {'x seq':>6} {'x dmm':>6} {'x opt':>6} {'x ppr':>6} {'comp/C':>7} {'fits':>5}"
-        f" {'plan s':>7}  checks"
+        + f" {'x seq':>6} {'x dmm':>6} {'x opt':>6} {'x ppr':>6} {'comp/C':>7} {'it/LP':>6}"
+        f" {'fits':>5} {'plan s':>7}  checks"
     )
     print(f"Table 1: predicted iteration time in ms (analytic cost model, solver {solver or '-'})")
     print(head)
@@ -111,7 +158,8 @@ def table1(time_limit: float, solver: str | None) -> list[dict]:
             + " ".join(f"{c[k] * 1e3:>10.1f}" for k in NAMES)
             + f" {c['sequential'] / r['it']:>6.2f} {c['distmm'] / r['it']:>6.2f}"
             f" {c['optimus'] / r['it']:>6.2f} {c['paper'] / r['it']:>6.2f}"
-            f" {r['compute_ratio']:>7.3f} {'yes' if r['fits'] else 'no':>5} {r['wall']:>7.2f}"
+            f" {r['compute_ratio']:>7.3f} {_ratio(r['it_lp']):>6}"
+            f" {'yes' if r['fits'] else 'no':>5} {r['wall']:>7.2f}"
             f"  {' '.join(checks(r))}  [{r['chosen']}]{' SOLVER CRASHED' if crashed else ''}"
         )
         rows.append(r)
@@ -129,10 +177,12 @@ def _cell(values: list[float], fmt: str) -> str:
 def solver_table(solvers: list[str], time_limit: float, repeat: int) -> None:
     """The default plan per workload and solver, side by side (medians of ``repeat`` runs)."""
     print(f"Solvers side by side: default plan, median [min-max] of {repeat} run(s)")
-    print(f"{'workload':<26} {'N':>4} " + " | ".join(f"{s:^44}" for s in solvers))
+    print(f"{'workload':<26} {'N':>4} " + " | ".join(f"{s:^58}" for s in solvers))
     print(
         f"{'':<26} {'':>4} "
-        + " | ".join(f"{'iter ms':>18} {'comp/C':>13} {'plan s':>11}" for _ in solvers)
+        + " | ".join(
+            f"{'iter ms':>18} {'comp/C':>13} {'it/LP':>13} {'plan s':>11}" for _ in solvers
+        )
     )
     for name, mix, n in CONFIGS:
         graph = _graph(name, mix, n)
@@ -144,6 +194,7 @@ def solver_table(solvers: list[str], time_limit: float, repeat: int) -> None:
             cells.append(
                 f"{_cell([r['it'] * 1e3 for r in rs], '.1f'):>18}"
                 f" {_cell([r['compute_ratio'] for r in rs], '.3f'):>13}"
+                f" {_cell([r['it_lp'] or float('nan') for r in rs], '.2f'):>13}"
                 f" {_cell([r['wall'] for r in rs], '.2f'):>11}"
                 + ("" if ok else " !")
                 + (f" crashed x{crashed}" if crashed else "")
@@ -157,7 +208,7 @@ def table2(time_limit: float, solver: str | None) -> None:
     print("\nTable 2: planning time of the default scheduler on generated specs")
     print(
         f"{'devices':>8} {'tasks':>6} {'MetaOps':>8} {'plan s':>8} {'default ms':>11}"
-        f" {'paper ms':>9} {'x seq':>6}  chosen"
+        f" {'paper ms':>9} {'x seq':>6} {'it/LP':>6} {'LP ms':>6}  chosen"
     )
     for n, t in SWEEP:
         graph = compile_text(synthetic_spec(n, t), path=f"<synthetic {n}x{t}>").graph
@@ -165,7 +216,8 @@ def table2(time_limit: float, solver: str | None) -> None:
         c = r["cands"]
         print(
             f"{n:>8} {t:>6} {r['metaops']:>8} {r['wall']:>8.2f} {r['it'] * 1e3:>11.1f}"
-            f" {c['paper'] * 1e3:>9.1f} {c['sequential'] / r['it']:>6.2f}  {r['chosen']}",
+            f" {c['paper'] * 1e3:>9.1f} {c['sequential'] / r['it']:>6.2f}"
+            f" {_ratio(r['it_lp']):>6} {r['lp_wall'] * 1e3:>6.1f}  {r['chosen']}",
             flush=True,
         )
 
@@ -173,30 +225,98 @@ def table2(time_limit: float, solver: str | None) -> None:
 def table3(time_limit: float, solver: str | None) -> None:
     print("\nTable 3: with memory enforced (as `spindle plan` plans)")
     print(
-        f"{'workload':<26} {'N':>4} {'default ms':>11} {'x seq':>6} {'recompute':>10}"
+        f"{'workload':<26} {'N':>4} {'default ms':>11} {'x seq':>6} {'it/LP':>6} {'recompute':>10}"
         f" {'peak GiB':>9} {'of GiB':>7} {'plan s':>7}"
     )
-    for name, mix, n in CONFIGS:
-        graph = _graph(name, mix, n)
-        label = f"{name}{'/' + mix if mix else ''}"
-        t0 = time.perf_counter()
-        try:
-            plan = make_plan(
-                graph, make_cost_model(graph.cluster), time_limit_s=time_limit, solver=solver
-            )
-        except PlanError as exc:
-            reason = exc.errors[0].message if exc.errors else str(exc)
-            print(f"{label:<26} {n:>4}  no plan fits: {reason[:110]}")
-            continue
-        wall = time.perf_counter() - t0
+    for label, n, plan, wall in _enforced_rows(CONFIGS, time_limit, solver):
         seq = plan.extra["candidates_s"]["sequential"]
         rc = sum(m.recompute for m in plan.metaops)
         print(
             f"{label:<26} {n:>4} {plan.iteration_s * 1e3:>11.1f} {seq / plan.iteration_s:>6.2f}"
-            f" {f'{rc}/{len(plan.metaops)}':>10} {max(plan.memory_bytes) / 2**30:>9.1f}"
+            f" {_ratio(lp_ratio(plan)):>6} {f'{rc}/{len(plan.metaops)}':>10}"
+            f" {max(plan.memory_bytes) / 2**30:>9.1f}"
             f" {plan.cluster.memory_bytes / 2**30:>7.1f} {wall:>7.2f}",
             flush=True,
         )
+
+
+def _enforced(name: str, mix: str | None, n: int, time_limit: float, solver, passes=ALL_PASSES):
+    """A plan as ``spindle plan`` makes it (memory enforced), its planning time, or the
+    reason no plan fits."""
+    graph = _graph(name, mix, n)
+    t0 = time.perf_counter()
+    try:
+        plan = make_plan(
+            graph,
+            make_cost_model(graph.cluster),
+            time_limit_s=time_limit,
+            solver=solver,
+            passes=passes,
+        )
+    except PlanError as exc:
+        return None, time.perf_counter() - t0, exc.errors[0].message if exc.errors else str(exc)
+    return plan, time.perf_counter() - t0, None
+
+
+def _enforced_rows(rows, time_limit: float, solver: str | None):
+    """(label, devices, plan, planning s) per row that fits; a line saying why for the rest."""
+    for name, mix, n in rows:
+        label = f"{name}{'/' + mix if mix else ''}"
+        plan, wall, why = _enforced(name, mix, n, time_limit, solver)
+        if plan is None:
+            print(f"{label:<26} {n:>4}  no plan fits: {why[:110]}", flush=True)
+        else:
+            yield label, n, plan, wall
+
+
+def table_gap(time_limit: float, solver: str | None) -> None:
+    print("\nTable 4: gap to the LP bound (issue 15; memory enforced, as `spindle plan` plans)")
+    print(
+        f"{'workload':<26} {'N':>4} {'iter ms':>9} {'area/path':>10} {'LP ms':>9} {'it/LP':>6}"
+        f" {'sync ms':>8} {'sync %':>7} {'LP solve':>9} {'plan s':>7}  check"
+    )
+    for label, n, plan, wall in _enforced_rows(GAP_ROWS, time_limit, solver):
+        b = plan.extra["bounds"]
+        sync = dict(plan.breakdown).get("grad_sync_s", 0.0)
+        r = lp_ratio(plan)
+        ok = r is not None and r <= GAP_TARGET
+        print(
+            f"{label:<26} {n:>4} {plan.iteration_s * 1e3:>9.1f} {b['area_path_s'] * 1e3:>10.1f}"
+            f" {(b['lp_s'] or float('nan')) * 1e3:>9.1f} {_ratio(r):>6} {sync * 1e3:>8.1f}"
+            f" {sync / plan.iteration_s:>7.1%} {b['lp_wall_s'] * 1e3:>7.1f}ms {wall:>7.2f}"
+            f"  {'<=' if ok else '>'}{GAP_TARGET:.2f}x LP",
+            flush=True,
+        )
+
+
+def ablations() -> list[tuple[str, PassOptions]]:
+    """All passes, each one off in turn, none."""
+    return [
+        ("all passes", ALL_PASSES),
+        *((f"no {name}", ALL_PASSES.without(name)) for name in PassOptions.names()),
+        ("no passes", NO_PASSES),
+    ]
+
+
+def table_ablation(time_limit: float, solver: str | None) -> None:
+    print(
+        "\nTable 5: what each pass buys: the milp candidate's iteration ms (change vs all "
+        "passes) and the planning time, memory enforced"
+    )
+    labels = [f"{n}{'/' + m if m else ''} {d}" for n, m, d in ABLATION_ROWS]
+    print(f"{'passes':<16} " + " ".join(f"{lb:>26}" for lb in labels))
+    base: dict[int, float] = {}
+    for title, passes in ablations():
+        cells = []
+        for i, (name, mix, n) in enumerate(ABLATION_ROWS):
+            plan, wall, _ = _enforced(name, mix, n, time_limit, solver, passes)
+            if plan is None:
+                cells.append(f"{'no plan fits':>26}")
+                continue
+            it = plan.extra["candidates_s"]["milp"]
+            base.setdefault(i, it)
+            cells.append(f"{it * 1e3:>9.1f} ({it / base[i] - 1:>+6.1%}) {wall:>5.2f} s")
+        print(f"{title:<16} " + " ".join(cells), flush=True)
 
 
 def main() -> int:
@@ -207,18 +327,30 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs per cell with --solvers")
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--skip-memory", action="store_true", help="leave out Table 3")
+    parser.add_argument(
+        "--tables",
+        default=",".join(TABLES),
+        help=f"comma-separated tables to print, of {','.join(TABLES)} (default: all)",
+    )
     args = parser.parse_args()
+    tables = {t.strip() for t in args.tables.split(",")}
+    if tables - set(TABLES):
+        parser.error(f"unknown table(s) {', '.join(sorted(tables - set(TABLES)))}")
     if not SPEC.is_dir():
         print(f"{SPEC} is absent: the fixtures live in the shared folder", file=sys.stderr)
         return 1
     if args.solvers:
         solver_table([s.strip() for s in args.solvers.split(",")], args.time_limit, args.repeat)
-    else:
+    elif "1" in tables:
         table1(args.time_limit, args.solver)
-    if not args.skip_sweep:
+    if "2" in tables and not args.skip_sweep:
         table2(args.time_limit, args.solver)
-    if not args.skip_memory:
+    if "3" in tables and not args.skip_memory:
         table3(args.time_limit, args.solver)
+    if "gap" in tables:
+        table_gap(args.time_limit, args.solver)
+    if "ablation" in tables:
+        table_ablation(args.time_limit, args.solver)
     return 0
 
 

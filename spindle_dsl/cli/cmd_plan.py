@@ -127,12 +127,29 @@ def summary(plan: Plan) -> dict[str, Any]:
         "speedup": {k.removesuffix("_s"): v / plan.iteration_s for k, v in base.items()},
         "lower_bound_s": plan.lower_bound_s,
         "ratio_to_bound": plan.iteration_s / plan.lower_bound_s if plan.lower_bound_s else None,
+        "bounds": plan.extra.get("bounds", {}),
         "level_reference_s": plan.extra.get("level_reference_s"),
         "peak_memory_bytes": max(plan.memory_bytes, default=0),
         "memory_capacity_bytes": plan.cluster.memory_bytes,
         "planning_s": plan.solver.wall_s,
         "notes": list(plan.notes),
     }
+
+
+def bound_text(s: dict[str, Any]) -> str:
+    """The bound, which one it is (the LP relaxation, or the area / critical-path bound when
+    the plan has no LP figure), and the plan's ratio to it."""
+    b = s.get("bounds") or {}
+    kind = "LP relaxation" if b.get("lp_s") is not None else "area / critical path"
+    other = (
+        f"; area / critical path {b['area_path_s'] * 1e3:.2f} ms"
+        if b.get("lp_s") is not None and b.get("area_path_s") is not None
+        else ""
+    )
+    return (
+        f"{s['lower_bound_s'] * 1e3:.2f} ms ({kind}{other}); "
+        f"iteration / bound = {s['ratio_to_bound']:.2f}x"
+    )
 
 
 def summary_text(s: dict[str, Any]) -> str:
@@ -151,10 +168,7 @@ def summary_text(s: dict[str, Any]) -> str:
             f"speed-up {s['speedup'][name.removesuffix('_s')]:.2f}x"
         )
     if s["ratio_to_bound"] is not None:
-        lines.append(
-            f"lower bound: {s['lower_bound_s'] * 1e3:.2f} ms "
-            f"(plan is {s['ratio_to_bound']:.2f}x the bound)"
-        )
+        lines.append(f"lower bound: {bound_text(s)}")
     lines.append(
         f"peak memory: {s['peak_memory_bytes'] / GiB:.1f} GiB of "
         f"{s['memory_capacity_bytes'] / GiB:.1f} GiB per device"

@@ -27,10 +27,13 @@ from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.planner import recompute
 from spindle_dsl.planner.baselines import BASELINES
-from spindle_dsl.planner.bounds import level_reference_s, lower_bound_s
+from spindle_dsl.planner.bounds import level_reference_s
 from spindle_dsl.planner.build import Evaluated, PlanContext, context, evaluate, to_plan
+from spindle_dsl.planner.isolate import warm_up
+from spindle_dsl.planner.lp_bound import lp_bound as lp_relaxation_bound
 from spindle_dsl.planner.memfit import overflow_message
 from spindle_dsl.planner.milp_scheduler import milp_schedule
+from spindle_dsl.planner.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.problem import Schedule
 from spindle_dsl.planner.solver import SolverChoice, choose_solver
 from spindle_dsl.planner.wavefront import paper_schedule
@@ -51,6 +54,7 @@ def _schedules(
     check_memory: bool,
     evaluate: Callable[[Schedule], Evaluated],
     solver: SolverChoice | None = None,
+    passes: PassOptions = ALL_PASSES,
 ) -> dict[str, Schedule]:
     out: dict[str, Schedule] = {}
     if scheduler in ("default", "milp"):
@@ -58,7 +62,7 @@ def _schedules(
         def objective(s: Schedule) -> tuple[float, float]:
             return _key(evaluate(s), ctx, check_memory)
 
-        out["milp"] = milp_schedule(ctx.problem, time_limit_s, objective, solver)
+        out["milp"] = milp_schedule(ctx.problem, time_limit_s, objective, solver, passes)
     if scheduler in ("default", "paper"):
         out["paper"] = paper_schedule(ctx.problem)
     for name, fn in BASELINES.items():
@@ -86,10 +90,11 @@ def _plan_round(
     time_limit_s: float,
     check_memory: bool,
     solver: SolverChoice | None = None,
+    passes: PassOptions = ALL_PASSES,
 ) -> tuple[dict[str, Evaluated], Evaluated]:
     """Every candidate schedule evaluated, and the one ``scheduler`` picks."""
     cached = _cached(ctx)
-    schedules = _schedules(ctx, scheduler, time_limit_s, check_memory, cached, solver)
+    schedules = _schedules(ctx, scheduler, time_limit_s, check_memory, cached, solver, passes)
     evaluated = {k: cached(s) for k, s in schedules.items()}
     if scheduler == "default":
         chosen = min(evaluated.values(), key=lambda e: _key(e, ctx, check_memory))
@@ -122,6 +127,7 @@ def make_plan(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     check_memory: bool = True,
     solver: str | None = None,
+    passes: PassOptions = ALL_PASSES,
 ) -> Plan:
     """Plan one training iteration of ``graph`` (see the module docstring for schedulers).
 
@@ -133,11 +139,17 @@ def make_plan(
     where it does not fit (``validate_plan`` still reports the overflow): for comparing
     schedules under a cost model whose memory figures are known to be pessimistic.
     ``solver``: the MILP solver, "highs" or "cbc" (default: ``$SPINDLE_SOLVER``, else HiGHS;
-    see ``planner.solver``).
+    see ``planner.solver``). ``passes``: the ``milp`` scheduler's passes to run (all by
+    default; ``bench/plan_quality.py --ablation`` switches each off in turn).
+    ``lower_bound_s`` is the LP bound (``lp_bound``, proven below every plan of these
+    curves); ``extra["bounds"]`` holds it (``lp_s``, None if the LP failed) beside the
+    area / critical-path bound (``area_path_s``) and the LP's solving time (``lp_wall_s``).
     """
     if scheduler not in SCHEDULERS:
         raise PlanError(f"unknown scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})")
     choice = choose_solver(solver)
+    if choice.isolated:
+        warm_up()  # the LP bound's solver process starts while the curves are priced
     t0 = time.perf_counter()
     state: recompute.FitState | None = None
     if check_memory and has_slice_memory(cost):
@@ -145,13 +157,13 @@ def make_plan(
         ctx = state.ctx
     else:
         ctx = context(graph, cost)
-    evaluated, chosen = _plan_round(ctx, scheduler, time_limit_s, check_memory, choice)
+    evaluated, chosen = _plan_round(ctx, scheduler, time_limit_s, check_memory, choice, passes)
     while state is not None and not chosen.fits:  # the MILP's pick may still overflow
         nxt = state.step(chosen)
         if nxt is None:
             break
         state, ctx = nxt, nxt.ctx
-        evaluated, chosen = _plan_round(ctx, scheduler, time_limit_s, check_memory, choice)
+        evaluated, chosen = _plan_round(ctx, scheduler, time_limit_s, check_memory, choice, passes)
     if not chosen.fits and check_memory:
         names = [c.op for c in state.candidates] if state and state.ctx.recompute else ()
         raise PlanError(overflow_message(ctx, chosen, names))
@@ -162,16 +174,26 @@ def make_plan(
         notes += (note,)
     if not chosen.fits:
         notes += ("memory check off: " + overflow_message(ctx, chosen),)
+    # the bound for the curves this plan was made with; with micro-batches (issue 10) pass
+    # the plan's k here, and see ``lp_bound`` for a bound over every k the planner may pick
+    bound = lp_relaxation_bound(ctx.problem, micro_batches=1, solver=choice)
+    if bound.note:
+        notes += (bound.note,)
     extra = {
         "scheduler": scheduler,
         "candidates_s": {k: e.iteration_s for k, e in evaluated.items()},
         "level_reference_s": level_reference_s(ctx.problem),
         "solver_notes": list(chosen.schedule.notes),
+        "bounds": {
+            "lp_s": bound.seconds,
+            "area_path_s": bound.area_path_s,
+            "lp_wall_s": bound.wall_s,
+        },
     }
     return to_plan(
         ctx,
         chosen,
-        lower_bound_s=lower_bound_s(ctx.problem),
+        lower_bound_s=bound.lower_bound_s,
         baselines=baselines,
         wall_s=time.perf_counter() - t0,
         notes=notes,

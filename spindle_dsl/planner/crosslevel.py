@@ -12,6 +12,7 @@ The result is a valid wave schedule again, so it can seed the global MILP (``mil
 from __future__ import annotations
 
 from spindle_dsl.planner.isolate import crash_count
+from spindle_dsl.planner.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.problem import EPS, Piece, Problem, Schedule
 from spindle_dsl.planner.resplit import resplit
 from spindle_dsl.planner.solver import SolverChoice
@@ -215,11 +216,13 @@ def improve(
     sched: Schedule,
     time_limit_s: float = 0.1,
     solver: SolverChoice | None = None,
+    passes: PassOptions = ALL_PASSES,
 ) -> Schedule:
     """Re-split layers, rebalance the waves, backfill across levels, re-split again (not if
-    the first re-split's solver crashed: see ``isolate.crash_count``)."""
-    half = time_limit_s / 2
+    the first re-split's solver crashed: see ``isolate.crash_count``). ``passes`` may switch
+    the re-splits or the backfill off."""
+    half = time_limit_s / 2 if passes.resplit else 0.0  # resplit with no time: unchanged
     crashes = crash_count()
     s = rebalance(problem, resplit(problem, sched, half, solver))
     second = half if crash_count() == crashes else 0.0
-    return resplit(problem, backfill(problem, s), second, solver)
+    return resplit(problem, backfill(problem, s) if passes.backfill else s, second, solver)

@@ -35,6 +35,7 @@ from spindle_dsl.planner.crosslevel import improve
 from spindle_dsl.planner.isolate import SolverCrashWarning, crash_count
 from spindle_dsl.planner.listsched import cpa_schedule
 from spindle_dsl.planner.milp import MilpResult, SolveStatus, WaveModelSpec, solve_waves
+from spindle_dsl.planner.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.polish import Objective, polish
 from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
 from spindle_dsl.planner.resplit import resplit
@@ -148,6 +149,7 @@ def milp_schedule(
     time_limit_s: float,
     objective: Objective | None = None,
     solver: SolverChoice | str | None = None,
+    passes: PassOptions = ALL_PASSES,
 ) -> Schedule:
     """Run the stages within about ``time_limit_s`` seconds.
 
@@ -156,12 +158,13 @@ def milp_schedule(
     no polish (for callers that have no cost model). ``solver``: a ``SolverChoice``, a solver
     name, or None for the default (``solver.choose_solver``). A solver process that dies
     costs only its own solve: the plan notes it ("warning: solver failure ...") and the
-    ``SolverCrashWarning`` is passed on to the caller.
+    ``SolverCrashWarning`` is passed on to the caller. ``passes`` switches stages off, to
+    measure what each buys (``passes.PassOptions``).
     """
     choice = solver if isinstance(solver, SolverChoice) else choose_solver(solver)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SolverCrashWarning)
-        best = _stages(problem, time_limit_s, objective, choice)
+        best = _stages(problem, time_limit_s, objective, choice, passes)
     crashes = []
     for w in caught:
         if issubclass(w.category, SolverCrashWarning):
@@ -176,6 +179,7 @@ def _stages(
     time_limit_s: float,
     objective: Objective | None,
     solver: SolverChoice,
+    passes: PassOptions = ALL_PASSES,
 ) -> Schedule:
     """The stages of the module docstring. Once a solve has crashed, the later solver
     stages get no time: a solver that died once is likely to die again, and each restart
@@ -198,18 +202,17 @@ def _stages(
     waves: list[tuple[Piece, ...]] = []
     results: list[MilpResult] = []
     for level in problem.levels:
-        lw, res = level_milp(problem, level, n_star, budget(level_budget), solver)
+        level_s = budget(level_budget) if passes.level_milps else 0.0  # 0: the paper's waves
+        lw, res = level_milp(problem, level, n_star, level_s, solver)
         waves.extend(lw)
         if res is not None:
             results.append(res)
-    starts = {
-        "levels": Schedule("milp", tuple(waves)),
-        "cpa": cpa_schedule(problem),
-        "tasks": optimus_schedule(problem),
-    }
+    starts = {"levels": Schedule("milp", tuple(waves))}
+    if passes.cross_starts:
+        starts.update(cpa=cpa_schedule(problem), tasks=optimus_schedule(problem))
     each = IMPROVE_SHARE * time_limit_s
     improved = {
-        k: replace(improve(problem, s, budget(each), solver), name="milp")
+        k: replace(improve(problem, s, budget(each), solver, passes), name="milp")
         for k, s in starts.items()
     }
     improved["paper"] = replace(paper_schedule(problem), name="milp")  # never worse than it
@@ -220,7 +223,7 @@ def _stages(
     notes = [f"level MILPs: {len(results)} solved ({status}); best start: {via}"]
     share = GLOBAL_SHARE if objective is not None else 1.0
     left = share * time_limit_s - (time.perf_counter() - t0)
-    glob = global_milp(problem, best, n_star, budget(left), solver)
+    glob = global_milp(problem, best, n_star, budget(left), solver) if passes.global_milp else None
     if glob is not None:
         notes.append(
             f"global MILP: {glob.status.value}, {glob.variables} variables, "
@@ -234,12 +237,14 @@ def _stages(
                 notes.append("global MILP improved the plan")
         if glob.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
             status, gap = glob.status.value, glob.gap
+    elif not passes.global_milp:
+        notes.append("global MILP skipped (switched off)")
     else:
         notes.append("global MILP skipped (model too large, or no time or solver left)")
-    if objective is not None:
+    if objective is not None and passes.polish:
 
         def refine(s: Schedule) -> Schedule:
-            return resplit(problem, s, budget(REFINE_S), solver)
+            return resplit(problem, s, budget(REFINE_S) if passes.resplit else 0.0, solver)
 
         best, via = _polish_best(problem, improved, keys, key, t0 + time_limit_s, cap, refine)
         notes.append(f"polished on placed iteration time; kept the start from {via}")

@@ -86,12 +86,13 @@ def _dot_picture(graph, title: str, caption: str, warnings: list[str]) -> str:
 
 def _cards(plan: Plan) -> str:
     seq = dict(plan.baselines).get("sequential_s")
+    lp = (plan.extra.get("bounds") or {}).get("lp_s") is not None  # older plans: area bound
     cards = [
         (fmt_seconds(plan.iteration_s), "predicted iteration"),
-        (fmt_seconds(plan.lower_bound_s), "lower bound"),
+        (fmt_seconds(plan.lower_bound_s), "LP lower bound" if lp else "lower bound"),
         (
             f"{plan.iteration_s / plan.lower_bound_s:.2f}×" if plan.lower_bound_s > 0 else "-",
-            "of the lower bound",
+            "iteration / LP bound" if lp else "of the lower bound",
         ),
         (f"{seq / plan.iteration_s:.2f}×" if seq else "-", "speed-up vs sequential"),
         (str(len(plan.waves)), "waves"),

@@ -26,6 +26,8 @@ class Summary:
     iteration_s: float
     lower_bound_s: float
     gap_to_bound: float  # iteration_s / lower_bound_s - 1 (0 means provably optimal)
+    lp_bound: bool  # the bound is the LP relaxation's (plans before it carry the area bound)
+    area_path_s: float | None  # the area / critical-path bound beside the LP's, if recorded
     speedups: tuple[Speedup, ...]
     waves: int
     devices: int
@@ -51,10 +53,13 @@ def summarize(plan: Plan) -> Summary:
         if plan.iteration_s > 0
     )
     gap = plan.iteration_s / plan.lower_bound_s - 1 if plan.lower_bound_s > 0 else float("nan")
+    bounds = plan.extra.get("bounds") or {}
     return Summary(
         iteration_s=plan.iteration_s,
         lower_bound_s=plan.lower_bound_s,
         gap_to_bound=gap,
+        lp_bound=bounds.get("lp_s") is not None,
+        area_path_s=bounds.get("area_path_s"),
         speedups=speedups,
         waves=len(plan.waves),
         devices=plan.cluster.devices,
@@ -83,11 +88,17 @@ def fmt_gib(n: float) -> str:
 
 def summary_html(s: Summary, *, stale: bool = False) -> str:
     """A compact table; ``stale`` greys it out and says it is the last good plan."""
+    other = (
+        f"; area / critical path {fmt_s(s.area_path_s)}"
+        if s.lp_bound and s.area_path_s is not None
+        else ""
+    )
     rows = [
         ("iteration", f"<b>{fmt_s(s.iteration_s)}</b>"),
         (
-            "lower bound",
-            f"{fmt_s(s.lower_bound_s)} (plan is {100 * s.gap_to_bound:.1f}% above)",
+            "LP lower bound" if s.lp_bound else "lower bound",
+            f"{fmt_s(s.lower_bound_s)} (iteration / bound <b>{1 + s.gap_to_bound:.2f}×</b>, "
+            f"{100 * s.gap_to_bound:.1f}% above{other})",
         ),
     ]
     for sp in s.speedups:

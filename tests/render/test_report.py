@@ -82,3 +82,11 @@ def test_report_flags_devices_over_memory(plan, no_dot):
     report = build_report(over)
     assert "2 of 4 devices exceed" in report.html and "devices 0, 2" in report.html
     assert "2 devices exceed their memory" in report.warnings
+
+
+def test_report_names_the_lp_bound_when_the_plan_has_one(plan, no_dot):
+    assert "of the lower bound" in build_report(plan).html  # a plan from before the LP bound
+    lp = replace(plan, extra={"bounds": {"lp_s": plan.lower_bound_s, "area_path_s": 0.1}})
+    html = build_report(lp).html
+    assert "LP lower bound" in html and "iteration / LP bound" in html
+    assert f"{plan.iteration_s / plan.lower_bound_s:.2f}×" in html

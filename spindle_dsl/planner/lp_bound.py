@@ -1,0 +1,318 @@
+"""The LP lower bound: the linear relaxation of malleable scheduling with precedence.
+
+The LP. Each MetaOp m takes a convex combination ``x[m,n] >= 0``, ``sum_n x[m,n] = 1`` of
+its valid allocations n (``OpSpec.ns``, n <= N); its duration is
+``d_m = L_m sum_n x[m,n] T_m(n)`` and its device-seconds ``a_m = L_m sum_n x[m,n] n T_m(n)``.
+Start times satisfy ``s_m >= s_p + d_p`` for every dep p, ``s_m >= 0``; and
+``C >= s_m + d_m`` for every m, ``C >= sum_m a_m / N``. The bound is min C, times the number
+of micro-batch passes k.
+
+Why it bounds every plan of this cost model. Take a plan's waves (one micro-batch pass,
+curves priced at the micro-batch size). Waves run back to back without overlap; a MetaOp
+has at most one entry per wave, and runs its layers one after another, each layer on some
+valid allocation n. Let ``x[m,n]`` be the fraction of m's layers run on n devices: a feasible
+convex combination, with ``d_m`` = the sum of m's entries' times. Let ``s_m`` be the start of
+m's first wave. Each entry lasts at most its wave, and m's waves lie between the start of
+its first and the end of its last, so ``s_m + d_m <= end(last wave of m)``. A dep p ends in
+a wave strictly before m's first, so ``s_p + d_p <= end(last wave of p) <= s_m``. C = the
+sum of wave durations (compute) is at least the end of every wave, so ``C >= s_m + d_m``.
+A wave of duration D holds entries on disjoint devices, at most N in all, each running
+l layers on n devices for ``l T(n) <= D``, so N D >= the device-seconds of its entries, and
+summed over waves ``N C >= sum_m a_m``. So compute_s >= the LP optimum; the plan's
+iteration_s is at least k times its one-pass compute (transfers and gradient sync only add
+time, and ``validate`` checks ``iteration_s >= micro_batches * compute``), hence the bound.
+It is at least the old area / critical-path bound (``bounds.py``): ``a_m >= L_m min_n n T(n)``
+and ``d_m >= L_m min_n T(n)`` for any x.
+
+Only the lower convex hull matters. Each op's point set P = {(T(n), n T(n))} enters the LP
+only through (d_m, a_m) in L_m conv(P), and both only ever appear on the small side of a
+constraint (a smaller d_m or a_m keeps every constraint satisfied with the same s and C). Every
+point of conv(P) is dominated componentwise by a point of its lower-left frontier (the part
+of the boundary of conv(P) + R^2_+ ), a convex combination of two neighbouring vertices of
+that frontier, which are points of P. So restricting x to those vertices (``frontier``)
+leaves the optimum unchanged: on the 1,024-device, 50-task bench spec they are 6 to 28
+points per op (14 on average), not 1,024.
+
+A certified value, whatever the solver's tolerances. The LP's dual gives weights: mu >= 0
+on the area constraint, g_m >= 0 on ``C >= s_m + d_m`` and f_pm >= 0 on each precedence
+edge. For ANY such numbers with ``mu + sum g <= 1`` and, at every op, inflow
+``sum_p f_pm <= phi_m := g_m + sum_c f_mc`` (outflow), every feasible solution (C >= 0)
+has ``C >= mu A / N + sum_m g_m (s_m + d_m) >= mu A / N + sum_m phi_m d_m``: the difference
+of the last two is ``sum_m g_m s_m - sum_(m->c) f_mc d_m``, and ``d_m <= s_c - s_m`` on each
+edge makes it at least ``sum_m s_m (phi_m - inflow_m) >= 0``. Writing out d_m and A gives
+``C >= sum_m L_m min_n T_m(n) (phi_m + mu n / N)`` (weak duality). ``certify`` repairs
+the solver's duals into such numbers (in-edges scaled down where inflow exceeds outflow,
+all scaled down if the total exceeds 1) and evaluates that minimum over *every* valid
+allocation, not only the frontier, so the reported bound is valid even if the solver or the
+frontier were wrong; at an optimal dual it equals the LP optimum (the bench and tests check
+that it matches the primal value).
+
+Solving: python-mip with the planner's solver (HiGHS by default), in the isolated worker
+process when the choice says so (``isolate``), since a native crash must not take planning
+down; if the solve fails, ``lp_bound`` returns the area / critical-path bound with a note.
+
+Micro-batches and memory levers (issue 10). ``lp_bound(problem, micro_batches=k)`` bounds
+plans made with ``problem``'s curves (priced at the micro-batch size ceil(B/k), recompute
+as the plan has it, allocations those on which a layer fits) and k passes: it is the bound
+for *that plan's* levers, which is what ``lower_bound_s <= iteration_s`` needs. A bound on
+every plan the planner may make instead, whatever levers it picks, is
+``min over k of k * LP(envelope of the curves of every lever setting for that k)``:
+``envelope`` merges per op the points of each setting (recompute on or off, each ZeRO stage:
+each setting changes T(n) and which n fit). That is valid for per-op and global levers
+alike: every plan's points are among the envelope's, at equal or greater T(n), and the LP
+optimum only falls when an op gains points or its T(n) fall (the same x stays feasible with
+smaller d and a). The bound of the chosen k alone is *not* a bound on plans with another k;
+which to report is the lead's call: the chosen k's for ``lower_bound_s`` (always valid for
+the plan), the min over k for a statement about the planner's choice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mip
+import numpy as np
+
+from spindle_dsl.planner import isolate
+from spindle_dsl.planner.bounds import lower_bound_s as area_path_bound_s
+from spindle_dsl.planner.problem import OpSpec, Problem
+from spindle_dsl.planner.resplit import _quiet_stdout
+from spindle_dsl.planner.solver import SolverChoice, new_model
+
+LP_TIME_LIMIT_S = 5.0  # far above what it needs (milliseconds); a hang must still end
+SAFETY = 1e-12  # relative margin against rounding in the certificate's own arithmetic
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One op's valid allocations (n <= N) and T(n) per layer, as arrays."""
+
+    ns: np.ndarray
+    seconds: np.ndarray
+
+
+@dataclass(frozen=True)
+class LpInput:
+    """What the worker process is sent: per op its layers, deps (indices into ``ops``, all
+    earlier) and frontier points; times divided by ``scale`` so the solver sees numbers near
+    1."""
+
+    layers: tuple[int, ...]
+    deps: tuple[tuple[int, ...], ...]
+    points: tuple[tuple[tuple[int, float], ...], ...]  # (n, T(n) / scale) per op
+    devices: int
+
+
+@dataclass(frozen=True)
+class LpSolution:
+    """The solver's answer in plain values: the primal value (scaled units) and the duals."""
+
+    status: str
+    primal: float | None
+    mu: float  # area constraint
+    ends: tuple[float, ...]  # C >= s_m + d_m, per op
+    edges: tuple[tuple[float, ...], ...]  # s_m >= s_p + d_p, per op, in the order of its deps
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class LpBound:
+    """``seconds``: the certified LP bound (times k), None if the LP was not solved;
+    ``primal_s``: the solver's LP value (times k), for comparison; ``area_path_s``: the old
+    bound (times k); ``note``: why the LP was not used, or None."""
+
+    seconds: float | None
+    primal_s: float | None
+    area_path_s: float
+    micro_batches: int
+    points: int  # frontier points in the LP, all ops together
+    wall_s: float
+    note: str | None = None
+
+    @property
+    def lower_bound_s(self) -> float:
+        """What a plan reports: the larger of the two bounds (equal to the LP's unless the
+        LP failed: the LP is never below the area / critical-path bound)."""
+        return max(self.seconds or 0.0, self.area_path_s)
+
+
+def curve_of(op: OpSpec, devices: int) -> Curve:
+    ns = np.fromiter(op.ns, dtype=np.int64, count=len(op.ns))
+    secs = np.fromiter(op.seconds, dtype=np.float64, count=len(op.seconds))
+    keep = ns <= devices
+    return Curve(ns[keep], secs[keep])
+
+
+def frontier(curve: Curve) -> tuple[tuple[int, float], ...]:
+    """Vertices of the lower-left frontier of conv{(T(n), n T(n))}, by increasing T (see the
+    module docstring for why the LP needs no other point)."""
+    ts, areas = curve.seconds, curve.ns * curve.seconds
+    order = np.lexsort((areas, ts))  # by T, then by area
+    ts, areas, ns = ts[order], areas[order], curve.ns[order]
+    best_before = np.minimum.accumulate(np.concatenate(([np.inf], areas[:-1])))
+    pareto = areas < best_before  # strictly less area than every faster-or-equal point
+    hull: list[tuple[int, float, float]] = []
+    rows = zip(ns[pareto].tolist(), ts[pareto].tolist(), areas[pareto].tolist(), strict=True)
+    for n, t, a in rows:
+        while len(hull) >= 2:
+            (_, t1, a1), (_, t2, a2) = hull[-2], hull[-1]
+            if (t2 - t1) * (a - a1) - (a2 - a1) * (t - t1) <= 0:  # not a strict left turn
+                hull.pop()
+            else:
+                break
+        hull.append((n, t, a))
+    return tuple((n, t) for n, t, _ in hull)
+
+
+def envelope(problems: Sequence[Problem]) -> Problem:
+    """Per op, the union of the allocations of several problems over the same ops (e.g. one
+    per memory-lever setting at one k), keeping the least T(n) where several have n: the
+    LP of the result bounds plans made with any of them (module docstring)."""
+    first = problems[0]
+    ops = []
+    for op in first.ops:
+        best: dict[int, float] = {}
+        for p in problems:
+            o = p.op(op.id)
+            for n, s in zip(o.ns, o.seconds, strict=True):
+                best[n] = min(s, best.get(n, s))
+        ns = tuple(sorted(best))
+        ops.append(OpSpec(op.id, op.layers, op.deps, ns, tuple(best[n] for n in ns), op.task))
+    return Problem(tuple(ops), max(p.devices for p in problems))
+
+
+def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
+    """Build and solve the LP (in whichever process calls it); duals read back as plain
+    floats."""
+    t0 = time.perf_counter()
+    model = new_model("lp_bound", solver)
+    C = model.add_var("C", lb=0.0)
+    N = inp.devices
+    k = len(inp.layers)
+    # expressions built from coefficient lists: python-mip's operators make one object per
+    # term, which at 1,024 devices would cost more than the solve
+    d = [model.add_var(f"d_{m}", lb=0.0) for m in range(k)]  # d_m, defined below
+    starts = [model.add_var(f"s_{m}", lb=0.0) for m in range(k)]
+    area_vars: list[mip.Var] = [C]
+    area_coeffs: list[float] = [1.0]
+    for m, (layers, pts) in enumerate(zip(inp.layers, inp.points, strict=True)):
+        xs = [model.add_var(f"x_{m}_{n}", lb=0.0) for n, _ in pts]
+        model.add_constr(mip.LinExpr(xs, [1.0] * len(xs)) == 1, f"conv_{m}")
+        model.add_constr(
+            mip.LinExpr([d[m], *xs], [-1.0, *(layers * t for _, t in pts)]) == 0, f"dur_{m}"
+        )
+        area_vars.extend(xs)
+        area_coeffs.extend(-layers * n * t / N for n, t in pts)
+    ends = [
+        model.add_constr(mip.LinExpr([C, starts[m], d[m]], [1.0, -1.0, -1.0]) >= 0, f"end_{m}")
+        for m in range(k)
+    ]
+    edges = [
+        [
+            model.add_constr(
+                mip.LinExpr([starts[m], starts[p], d[p]], [1.0, -1.0, -1.0]) >= 0,
+                f"prec_{p}_{m}",
+            )
+            for p in deps
+        ]
+        for m, deps in enumerate(inp.deps)
+    ]
+    area_c = model.add_constr(mip.LinExpr(area_vars, area_coeffs) >= 0, "area")
+    model.objective = mip.LinExpr([C], [1.0])
+    with _quiet_stdout():
+        status = model.optimize(max_seconds=LP_TIME_LIMIT_S)
+    wall = time.perf_counter() - t0
+    if status != mip.OptimizationStatus.OPTIMAL:
+        return LpSolution(status.name.lower(), None, 0.0, (), (), wall)
+
+    def dual(c: mip.Constr) -> float:
+        return max(0.0, c.pi or 0.0)
+
+    return LpSolution(
+        "optimal",
+        float(model.objective_value),
+        dual(area_c),
+        tuple(dual(c) for c in ends),
+        tuple(tuple(dual(c) for c in row) for row in edges),
+        wall,
+    )
+
+
+def certify(inp: LpInput, curves: Sequence[Curve], sol: LpSolution) -> float:
+    """The weak-duality bound (seconds, one pass) from ``sol``'s duals repaired into valid
+    weights (module docstring), evaluated over every valid allocation in ``curves``."""
+    k = len(inp.layers)
+    flows = [list(row) for row in sol.edges]  # flows[m][j]: dep inp.deps[m][j] -> m
+    out = [0.0] * k
+    out_edges = [0.0] * k  # sum of f_mc over consumers c of m
+    for m in reversed(range(k)):  # consumers come later: their in-edges are final first
+        out[m] = sol.ends[m] + out_edges[m]
+        inflow = sum(flows[m])
+        if inflow > out[m]:
+            shrink = out[m] / inflow * (1 - SAFETY) if inflow > 0 else 0.0
+            flows[m] = [f * shrink for f in flows[m]]
+        for p, f in zip(inp.deps[m], flows[m], strict=True):
+            out_edges[p] += f
+    total = sol.mu + sum(sol.ends)
+    norm = (1 + SAFETY) * total if total > 1 else 1.0
+    mu = sol.mu / norm
+    value = 0.0
+    for m, curve in enumerate(curves):
+        phi = out[m] / norm
+        weights = curve.seconds * (phi + mu * curve.ns / inp.devices)
+        value += inp.layers[m] * float(weights.min())
+    return max(0.0, value * (1 - SAFETY))
+
+
+def lp_input(problem: Problem, scale: float) -> tuple[LpInput, list[Curve]]:
+    index = {o.id: i for i, o in enumerate(problem.ops)}
+    curves = [curve_of(o, problem.devices) for o in problem.ops]
+    points = tuple(tuple((n, t / scale) for n, t in frontier(c)) for c in curves)
+    inp = LpInput(
+        tuple(o.layers for o in problem.ops),
+        tuple(tuple(index[d] for d in o.deps) for o in problem.ops),
+        points,
+        problem.devices,
+    )
+    return inp, curves
+
+
+def lp_bound(
+    problem: Problem, micro_batches: int = 1, solver: SolverChoice | None = None
+) -> LpBound:
+    """The LP bound for plans of ``problem`` run ``micro_batches`` passes per iteration (see
+    the module docstring), certified by weak duality; the area / critical-path bound with a
+    note if the LP cannot be solved."""
+    t0 = time.perf_counter()
+    solver = solver or SolverChoice()
+    k = micro_batches
+    old = area_path_bound_s(problem)
+
+    def without_lp(why: str, points: int = 0) -> LpBound:
+        note = f"LP bound not solved ({why}); reporting the area / critical-path bound"
+        return LpBound(None, None, old * k, k, points, time.perf_counter() - t0, note)
+
+    if old <= 0:
+        return without_lp("nothing to bound: no MetaOp takes time")
+    inp, curves = lp_input(problem, old)
+    if any(not len(c.ns) for c in curves):
+        return without_lp("a MetaOp has no allocation within the devices")
+    n_points = sum(len(p) for p in inp.points)
+    try:
+        if solver.isolated:
+            timeout = LP_TIME_LIMIT_S + isolate.GRACE_S
+            sol = isolate.call(solve_relaxation, (inp, solver.name), timeout)
+        else:
+            sol = solve_relaxation(inp, solver.name)
+    except Exception as e:  # SolverCrash from the worker; any solver error in-process
+        return without_lp(e.reason if isinstance(e, isolate.SolverCrash) else repr(e), n_points)
+    if sol.primal is None:
+        return without_lp(f"solver status {sol.status}", n_points)
+    seconds = certify(inp, curves, sol) * k
+    primal = sol.primal * old * k
+    return LpBound(seconds, primal, old * k, k, n_points, time.perf_counter() - t0)
+
+
+__all__ = ["LpBound", "envelope", "frontier", "lp_bound", "solve_relaxation"]

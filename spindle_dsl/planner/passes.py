@@ -1,0 +1,51 @@
+"""Switches for the ``milp`` scheduler's passes, to measure what each one buys.
+
+The ``milp`` scheduler (``milp_scheduler``) chains several passes, each kept only where it
+improves the plan. ``bench/plan_quality.py --ablation`` plans with each switched off in turn
+and prints the iteration and planning time, so that a pass that no longer pays can be seen
+(and dropped). Planning uses ``ALL_PASSES`` unless a caller asks otherwise; the switches
+are for measurement, not a user-facing option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class PassOptions:
+    """Which passes run (all by default).
+
+    ``level_milps``: per-MetaLevel MILPs (off: the paper's waves for each level).
+    ``cross_starts``: the two starts that ignore MetaLevels, CPA list scheduling and the
+    task-parallel chains (off: only the level-by-level start and the paper's plan).
+    ``backfill``: the cross-level pass of ``improve`` that starts MetaOps as soon as their own
+    inputs are done and fills idle devices with later levels' layers.
+    ``global_milp``: one MILP over all waves with precedence, warm-started from the best start.
+    ``resplit``: the LP/MILP re-split of layers between a schedule's pieces (in ``improve``
+    and after a polish edit that dissolves a wave).
+    ``polish``: local search on the placed plan's iteration time.
+    """
+
+    level_milps: bool = True
+    cross_starts: bool = True
+    backfill: bool = True
+    global_milp: bool = True
+    resplit: bool = True
+    polish: bool = True
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def without(self, name: str) -> PassOptions:
+        """These options with pass ``name`` switched off."""
+        if name not in self.names():
+            raise ValueError(f"unknown pass '{name}' (choose from {', '.join(self.names())})")
+        return replace(self, **{name: False})
+
+
+ALL_PASSES = PassOptions()
+NO_PASSES = PassOptions(**dict.fromkeys(PassOptions.names(), False))
+
+__all__ = ["ALL_PASSES", "NO_PASSES", "PassOptions"]

@@ -1,0 +1,181 @@
+"""The LP lower bound: hand-computed optima, below every schedule, above the old bound."""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from synth import SynthCost, random_graph, random_problem
+
+from spindle_dsl.cli.cmd_plan import summary, summary_text
+from spindle_dsl.planner import lp_bound as lp_module
+from spindle_dsl.planner import make_plan
+from spindle_dsl.planner.baselines import BASELINES
+from spindle_dsl.planner.bounds import lower_bound_s
+from spindle_dsl.planner.crosslevel import improve
+from spindle_dsl.planner.listsched import cpa_schedule
+from spindle_dsl.planner.lp_bound import (
+    LpSolution,
+    certify,
+    curve_of,
+    envelope,
+    frontier,
+    lp_bound,
+    lp_input,
+)
+from spindle_dsl.planner.milp_scheduler import milp_schedule
+from spindle_dsl.planner.problem import OpSpec, Problem
+from spindle_dsl.planner.solver import SolverChoice
+from spindle_dsl.planner.wavefront import paper_schedule
+
+IN_PROCESS = SolverChoice("highs", isolated=False)
+
+
+def op(op_id: str, layers: int, deps: tuple[str, ...], curve: dict[int, float]) -> OpSpec:
+    ns = tuple(sorted(curve))
+    return OpSpec(op_id, layers, deps, ns, tuple(curve[n] for n in ns))
+
+
+def test_a_chain_costs_the_sum_of_its_fastest_layers():
+    """Area is slack (0.8 s of 8 devices' time), so C = 2 * 1.2 + 3 * 2 = 8.4 s."""
+    p = Problem(
+        (op("a", 2, (), {1: 2.0, 2: 1.2}), op("b", 3, ("a",), {1: 3.0, 2: 2.0})),
+        8,
+    )
+    b = lp_bound(p, solver=IN_PROCESS)
+    assert b.seconds == pytest.approx(8.4, rel=1e-9)
+    assert b.primal_s == pytest.approx(8.4, rel=1e-9)
+    assert b.note is None
+
+
+def test_two_parallel_ops_trade_time_for_area():
+    """On 2 devices, a (T(1) = 2, T(2) = 1.25) beside b (1 s, one device only). With x the
+    share of a's layer on 2 devices: C >= 2 - 0.75 x and C >= (2 + 0.5 x + 1) / 2, equal at
+    x = 1/2: C = 13/8, above both the area bound (1.5) and the critical path (1.25)."""
+    p = Problem((op("a", 1, (), {1: 2.0, 2: 1.25}), op("b", 1, (), {1: 1.0})), 2)
+    assert lower_bound_s(p) == pytest.approx(1.5)
+    assert lp_bound(p, solver=IN_PROCESS).seconds == pytest.approx(13 / 8, rel=1e-9)
+
+
+def test_area_binds_when_ops_outnumber_devices():
+    """Eight independent ops of T(1) = 4 on 4 devices: every allocation costs at least 4
+    device-seconds, so C = 8 * 4 / 4 = 8 although each op alone takes at most 4 s."""
+    curve = {1: 4.0, 2: 2.2, 4: 1.3}
+    p = Problem(tuple(op(f"t{i}", 1, (), curve) for i in range(8)), 4)
+    assert lp_bound(p, solver=IN_PROCESS).seconds == pytest.approx(8.0, rel=1e-9)
+
+
+def test_micro_batches_multiply_the_bound():
+    p = Problem((op("a", 1, (), {1: 2.0, 2: 1.25}), op("b", 1, (), {1: 1.0})), 2)
+    one, three = (lp_bound(p, k, solver=IN_PROCESS) for k in (1, 3))
+    assert three.seconds == pytest.approx(3 * one.seconds, rel=1e-12)
+    assert three.area_path_s == pytest.approx(3 * one.area_path_s, rel=1e-12)
+
+
+def test_frontier_keeps_the_lower_left_convex_vertices():
+    """(T, nT): n=1 (4, 4), n=2 (2.2, 4.4), n=3 (1.9, 5.7) lies above the chord from n=2 to
+    n=4 (1.6, 6.4), n=5 is slower than n=4 and costs more, n=6 (1.5, 9) is the fastest."""
+    c = {1: 4.0, 2: 2.2, 3: 1.9, 4: 1.6, 5: 1.7, 6: 1.5}
+    pts = frontier(curve_of(op("a", 1, (), c), 6))
+    assert [n for n, _ in pts] == [6, 4, 2, 1]
+    # allocations above the device count are not part of any plan
+    assert [n for n, _ in frontier(curve_of(op("a", 1, (), c), 4))] == [4, 2, 1]
+
+
+def test_envelope_bounds_each_setting():
+    slow = Problem((op("a", 4, (), {1: 2.0, 2: 1.5}), op("b", 2, ("a",), {2: 1.0})), 2)
+    fast_small = Problem((op("a", 4, (), {1: 1.8}), op("b", 2, ("a",), {1: 1.9, 2: 1.2})), 2)
+    both = envelope([slow, fast_small])
+    assert both.op("a").ns == (1, 2) and both.op("a").seconds == (1.8, 1.5)
+    merged = lp_bound(both, solver=IN_PROCESS).seconds
+    assert merged <= lp_bound(slow, solver=IN_PROCESS).seconds * (1 + 1e-9)
+    assert merged <= lp_bound(fast_small, solver=IN_PROCESS).seconds * (1 + 1e-9)
+
+
+def test_a_failed_solve_falls_back_to_the_old_bound_with_a_note(monkeypatch):
+    def broken(*_args):
+        raise RuntimeError("no solver today")
+
+    monkeypatch.setattr(lp_module, "solve_relaxation", broken)
+    p = random_problem(random.Random(3), 8, 4)
+    b = lp_bound(p, solver=IN_PROCESS)
+    assert b.seconds is None and b.lower_bound_s == pytest.approx(lower_bound_s(p))
+    assert "LP bound not solved" in b.note and "no solver today" in b.note
+
+
+def jagged_problem(rng: random.Random, N: int, k: int) -> Problem:
+    """Curves with holes, plateaus and slow-downs (measured curves are not smooth)."""
+    ops = []
+    for i in range(k):
+        ns = sorted(rng.sample(range(1, N + 1), rng.randint(1, N)))
+        t1 = rng.uniform(0.1, 3.0)
+        secs = [t1 / n ** rng.uniform(0.2, 1.0) * rng.uniform(0.8, 1.3) for n in ns]
+        deps = sorted({ops[j].id for j in range(i) if rng.random() < 0.3})[:3]
+        ops.append(OpSpec(f"t{i}/m", rng.randint(1, 12), tuple(deps), tuple(ns), tuple(secs)))
+    return Problem(tuple(ops), N)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(0, 100_000),
+    st.sampled_from([1, 2, 3, 8, 16, 40]),
+    st.integers(1, 9),
+    st.booleans(),
+)
+def test_lp_bound_lies_between_the_old_bound_and_every_schedule(seed, N, k, jagged):
+    rng = random.Random(seed)
+    p = jagged_problem(rng, N, k) if jagged else random_problem(rng, N, k)
+    b = lp_bound(p, solver=IN_PROCESS)
+    assert b.note is None and b.seconds is not None
+    assert b.seconds >= lower_bound_s(p) * (1 - 1e-9)
+    assert b.seconds == pytest.approx(b.primal_s, rel=1e-6)  # the certificate is tight
+    scheds = [paper_schedule(p), cpa_schedule(p)] + [f(p) for f in BASELINES.values()]
+    scheds.append(improve(p, scheds[0], 0.05, IN_PROCESS))
+    for s in scheds:
+        assert s.compute_s(p) >= b.seconds, s.name
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(0, 100_000), st.sampled_from([2, 8, 16]), st.integers(2, 6))
+def test_lp_bound_is_below_the_milp_schedule(seed, N, k):
+    p = random_problem(random.Random(seed), N, k)
+    assert milp_schedule(p, 0.2, solver=IN_PROCESS).compute_s(p) >= lp_bound(p).seconds
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 100_000), st.integers(1, 7))
+def test_any_dual_weights_give_a_valid_bound(seed, k):
+    """Weak duality holds for whatever weights the solver returns: random ones, repaired by
+    ``certify``, never exceed the LP optimum."""
+    rng = random.Random(seed)
+    p = jagged_problem(rng, 8, k)
+    inp, curves = lp_input(p, lower_bound_s(p))
+    sol = LpSolution(
+        "optimal",
+        1.0,
+        rng.uniform(0, 1.5),
+        tuple(rng.uniform(0, 1) for _ in range(k)),
+        tuple(tuple(rng.uniform(0, 2) for _ in deps) for deps in inp.deps),
+        0.0,
+    )
+    assert certify(inp, curves, sol) <= lp_bound(p, solver=IN_PROCESS).primal_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("scheduler", ["default", "paper"])
+def test_every_plan_reports_the_lp_bound(scheduler):
+    graph = random_graph(random.Random(7), 16, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no solver failure, no fallback
+        plan = make_plan(graph, SynthCost(graph.cluster), scheduler=scheduler, time_limit_s=0.3)
+    bounds = plan.extra["bounds"]
+    assert plan.lower_bound_s == bounds["lp_s"] >= bounds["area_path_s"]
+    assert plan.lower_bound_s <= plan.iteration_s
+    assert not any("LP bound not solved" in n for n in plan.notes)
+    text = summary_text(summary(plan))
+    assert (
+        "LP relaxation" in text
+        and f"iteration / bound = {plan.iteration_s / plan.lower_bound_s:.2f}x" in text
+    )
