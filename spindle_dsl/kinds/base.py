@@ -36,7 +36,8 @@ REQUIRED: Any = _Required()
 
 @dataclass(frozen=True)
 class ArgSpec:
-    """One argument of a kind: its type, its default and the least value it may take.
+    """One argument of a kind: its type, its default, the least value it may take and, for a
+    word, the values it may be.
 
     ``default`` is a value, ``REQUIRED``, ``None`` (optional, absent) or a function of the other
     resolved arguments (``ffn = 4 * hidden``).
@@ -47,6 +48,7 @@ class ArgSpec:
     default: ArgValue | Callable[[dict[str, Any]], ArgValue] | None = REQUIRED
     minimum: float | None = 1
     doc: str = ""
+    choices: tuple[str, ...] | None = None  # the words a str argument may be
 
 
 class Kind(ABC):
@@ -75,6 +77,9 @@ class Kind(ABC):
                 problems.append(
                     (key, f"'{key}' of {self.name}() must be {spec.type.__name__}, got {value!r}")
                 )
+            elif spec.choices is not None and value not in spec.choices:
+                listed = " or ".join(f'"{c}"' for c in spec.choices)
+                problems.append((key, f"'{key}' of {self.name}() must be {listed}, got {value!r}"))
             elif (
                 spec.minimum is not None and isinstance(value, int | float) and value < spec.minimum
             ):
