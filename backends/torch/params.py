@@ -20,7 +20,7 @@ from spindle_dsl.errors import ExecutionError
 from spindle_dsl.kinds import get_kind
 from spindle_dsl.metagraph import MetaGraph, ModalityInfo
 
-from .parts import Part, part_seed
+from .parts import Part, part_seed, tied_stage
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -101,6 +101,18 @@ class PartStore(nn.Module):
         # ModuleDict keys may not contain '.', so index by position and keep a map.
         self._index = {p: i for i, p in enumerate(self.parts)}
         self.mods = nn.ModuleList(build_part(graph, p, seed, dtype, device) for p in self.parts)
+        self._tie_heads(graph)
+
+    def _tie_heads(self, graph: MetaGraph) -> None:
+        """Hand each tied LM head the input stage whose embedding it multiplies by (the
+        schedule puts that stage on every rank holding the head)."""
+        for part in self.parts:
+            tied = tied_stage(graph, part.module) if part.role == "head" else None
+            if tied is None:
+                continue
+            if tied not in self:
+                raise ExecutionError(f"internal: {part.key} is tied to {tied.key}, not held here")
+            self[part].tie_to(self[tied])
 
     def __getitem__(self, part: Part) -> nn.Module:
         try:

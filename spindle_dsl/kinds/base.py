@@ -147,6 +147,12 @@ class Kind(ABC):
         """Parameters of the output head (an LM head), 0 if the kind has none."""
         return 0
 
+    def tied_embeddings(self, args: Args) -> bool:
+        """Whether the head multiplies by the token embedding of the module's input stage for
+        token ids instead of a matrix of its own (``head_params`` then leaves the matrix out,
+        and the module must read exactly one vocab modality, whose stage holds it)."""
+        return False
+
     @abstractmethod
     def activation_elements(self, args: Args, in_tokens: int) -> float:
         """Elements one layer keeps for backward, for one sample (memory = this x dtype bytes)."""
@@ -161,7 +167,8 @@ class Kind(ABC):
         raise TypeError(f"{self.name} has no input stage for {modality.name}")
 
     def build_head(self, args: Args) -> nn.Module | None:
-        """The output head (hidden -> vocab logits) where the kind has one."""
+        """The output head (hidden -> vocab logits) where the kind has one. A tied head gets
+        the input stage it shares the embedding with through its ``tie_to(stage)``."""
         return None
 
 

@@ -220,16 +220,18 @@ class LMHead(nn.Module):
     """A final norm, then Linear(hidden, vocab, bias=False): next-token logits.
 
     A tied head (``tied``) has no matrix of its own: it multiplies by the token embedding of
-    its module's input stage, which whoever builds the parts hands it with ``tie_to``."""
+    its module's input stage (an ``EmbeddingStage``), which whoever builds the parts hands it
+    with ``tie_to``; the stage is kept outside the head's parameters, so it is owned, reduced
+    and saved once, as part of the stage."""
 
     def __init__(self, hidden: int, vocab: int, norm: str = "layernorm", tied: bool = False):
         super().__init__()
         self.ln = make_norm(norm, hidden)
         self.out = None if tied else nn.Linear(hidden, vocab, bias=False)
-        self._tied: list[nn.Embedding] = []  # a list, so the embedding is not a submodule
+        self._tied: list[EmbeddingStage] = []  # a list, so the stage is not a submodule
 
-    def tie_to(self, embedding: nn.Embedding) -> None:
-        self._tied[:] = [embedding]
+    def tie_to(self, stage: EmbeddingStage) -> None:
+        self._tied[:] = [stage]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.ln(x)
@@ -237,4 +239,4 @@ class LMHead(nn.Module):
             return self.out(x)
         if not self._tied:
             raise RuntimeError("a tied LM head was built without its token embedding")
-        return F.linear(x, self._tied[0].weight)
+        return F.linear(x, self._tied[0].embed.weight)

@@ -179,7 +179,7 @@ def test_tied_head_has_only_its_norm_and_uses_the_embedding() -> None:
     head = kind.build_head(args)
     assert numel(head) == 2 * 48
     stage = kind.build_input_stage(args, ModalityInfo("text", tokens=12, vocab=50))
-    head.tie_to(stage.embed)
+    head.tie_to(stage)
     x = torch.randn(2, 3, 48)
     assert torch.allclose(head(x), head.ln(x) @ stage.embed.weight.T)
     untied = kind.resolve({**BASE, "causal": True, "vocab": 50, "norm": "rmsnorm"})
