@@ -128,7 +128,7 @@ class TaskChecker:
         ``"package.module:function"`` that returns a dataset (imported when training)."""
         if s.value.kind != "string":
             self.r.error(
-                f'data of task \'{t.name}\' is a quoted path or "package.module:function", '
+                f"data of task '{t.name}' is a quoted path or \"package.module:function\", "
                 f"got {s.value.describe()}",
                 s.value.loc,
             )
