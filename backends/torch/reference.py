@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from spindle_dsl.errors import ExecutionError
 from spindle_dsl.metagraph import MetaGraph
 
 from . import losses as L
@@ -21,6 +22,7 @@ from .data import TaskData
 from .optim import make_optimizer
 from .params import DTYPES, PartStore
 from .parts import Part, graph_parts, head_module
+from .weights import check_weights, compare_keys, flat_key, read_header
 
 
 class ReferenceModel:
@@ -35,6 +37,7 @@ class ReferenceModel:
         datasets: Mapping[str, Any] | None = None,
     ):
         self.graph = graph
+        check_weights(graph, graph_parts(graph))
         self.store = PartStore(graph, graph_parts(graph), seed, DTYPES[dtype])
         self.data = TaskData(graph, seed, datasets, DTYPES[dtype])
         self.tasks = [t for t in graph.tasks if t.batch > 0]
@@ -105,6 +108,22 @@ class ReferenceModel:
             opt.step()
             history.append({k: float(v.detach()) for k, v in losses.items()})
         return history
+
+    def load_weights(self, path: str) -> None:
+        """Load every parameter from a safetensors file with ``MODULE.ROLE.PARAM`` keys (what
+        ``spindle export`` writes), strictly: a missing, extra or mis-shaped key is an error
+        listing each."""
+        from safetensors import safe_open
+
+        params = {
+            flat_key(p, n): t for p in self.store.parts for n, t in self.store[p].named_parameters()
+        }
+        problems = compare_keys({k: tuple(t.shape) for k, t in params.items()}, read_header(path))
+        if problems:
+            raise ExecutionError(f"{path} does not fit the model:\n  " + "\n  ".join(problems))
+        with safe_open(path, framework="pt") as f, torch.no_grad():
+            for key, t in params.items():
+                t.copy_(f.get_tensor(key).to(t.dtype))
 
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every parameter, by part key then parameter name (as checkpoints store them)."""
