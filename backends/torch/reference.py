@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from spindle_dsl.errors import ExecutionError
-from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.metagraph import MetaGraph, TaskInfo
 
 from . import losses as L
 from .data import TaskData
@@ -44,27 +44,42 @@ class ReferenceModel:
         for task in self.tasks:
             L.check_task(graph, task)
 
+    def forward(self, task: TaskInfo, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every MetaOp output of ``task`` on the raw rows ``raw``, by MetaOp id."""
+        acts: dict[str, torch.Tensor] = {}
+        for op in self.graph.metaops:
+            if op.task != task.name:
+                continue
+            pieces = []
+            for inp in op.inputs:
+                if inp.from_modality:
+                    stage = self.store[Part(op.segments[0][0], f"input.{inp.source}")]
+                    pieces.append(stage(raw[inp.source][:, : inp.tokens]))
+                else:
+                    pieces.append(acts[inp.source])
+            x = torch.cat(pieces, dim=1)
+            for module, count in op.segments:
+                for j in range(count):
+                    x = self.store[Part(module, f"layer.{j}")](x)
+            acts[op.id] = x
+        return acts
+
+    def lm_logits(self, task: str, first: int, count: int) -> torch.Tensor:
+        """Next-token logits of an lm task's text on ``count`` samples from global position
+        ``first``: (count, text tokens - 1, vocab), position i predicting text token i + 1."""
+        info = self.graph.task(task)
+        sink = info.sinks[0]
+        where = L.lm_target(self.graph, sink)
+        acts = self.forward(info, self.data.rows_at(task, first, 0, count))
+        head = self.store[Part(head_module(self.graph.op(sink)), "head")]
+        return head(acts[sink][:, where.offset : where.offset + where.count - 1])
+
     def losses(self, step: int) -> dict[str, torch.Tensor]:
         """Each task's mean loss on its whole batch of step ``step`` (0-based)."""
         out: dict[str, torch.Tensor] = {}
         for task in self.tasks:
             raw = self.data.rows(task.name, step, 0, task.batch)
-            acts: dict[str, torch.Tensor] = {}
-            for op in self.graph.metaops:
-                if op.task != task.name:
-                    continue
-                pieces = []
-                for inp in op.inputs:
-                    if inp.from_modality:
-                        stage = self.store[Part(op.segments[0][0], f"input.{inp.source}")]
-                        pieces.append(stage(raw[inp.source][:, : inp.tokens]))
-                    else:
-                        pieces.append(acts[inp.source])
-                x = torch.cat(pieces, dim=1)
-                for module, count in op.segments:
-                    for j in range(count):
-                        x = self.store[Part(module, f"layer.{j}")](x)
-                acts[op.id] = x
+            acts = self.forward(task, raw)
             if task.loss == "lm":
                 out[task.name] = sum(
                     L.lm_loss_part(

@@ -195,11 +195,20 @@ class _PositionTable(nn.Module):
 
 
 class EmbeddingStage(_PositionTable):
-    """Token ids (batch, tokens) -> Embedding(vocab, width) + positions."""
+    """Token ids (batch, tokens) -> Embedding(vocab, width) + positions.
 
-    def __init__(self, vocab: int, tokens: int, width: int, learned: bool = True):
+    An embedding an LM head is ``tied`` to starts at standard deviation 1/sqrt(width) instead
+    of torch's 1: the head's logits are a normalised hidden state (norm ~ sqrt(width)) times
+    an embedding row, so they start near unit scale rather than ~sqrt(width), where the first
+    steps would only undo the initialisation."""
+
+    def __init__(
+        self, vocab: int, tokens: int, width: int, learned: bool = True, tied: bool = False
+    ):
         super().__init__(tokens, width, learned)
         self.embed = nn.Embedding(vocab, width)
+        if tied:
+            nn.init.normal_(self.embed.weight, std=width**-0.5)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.add_positions(self.embed(ids))

@@ -215,7 +215,8 @@ class TransformerKind(_BlockKind):
         hidden, learned = c.int_arg(args, "hidden"), self.learned_positions(args)
         if c.modality_form(modality) == "vocab":
             assert modality.vocab is not None
-            return EmbeddingStage(modality.vocab, modality.tokens, hidden, learned)
+            tied = self.tied_embeddings(args)
+            return EmbeddingStage(modality.vocab, modality.tokens, hidden, learned, tied)
         assert modality.features is not None
         return LinearStage(modality.features, modality.tokens, hidden, learned, bool(args["bias"]))
 

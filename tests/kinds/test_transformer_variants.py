@@ -182,6 +182,15 @@ def test_tied_head_has_only_its_norm_and_uses_the_embedding() -> None:
     head.tie_to(stage)
     x = torch.randn(2, 3, 48)
     assert torch.allclose(head(x), head.ln(x) @ stage.embed.weight.T)
+    # a tied embedding starts at std 1/sqrt(hidden), so the first logits are near unit scale
+    torch.manual_seed(0)
+    big = kind.resolve(
+        {**BASE, "hidden": 256, "causal": True, "vocab": 400, "tie_embeddings": True}
+    )
+    std = float(
+        kind.build_input_stage(big, ModalityInfo("t", 4, vocab=400)).embed.weight.detach().std()
+    )
+    assert std == pytest.approx(256**-0.5, rel=0.05)
     untied = kind.resolve({**BASE, "causal": True, "vocab": 50, "norm": "rmsnorm"})
     assert kind.head_params(untied) == 48 + 48 * 50 == numel(kind.build_head(untied))
 
