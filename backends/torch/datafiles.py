@@ -39,7 +39,6 @@ import numpy as np
 import torch
 
 from spindle_dsl.errors import ExecutionError
-from spindle_dsl.language.files import is_reference
 
 from .needs import InputNeed, TargetNeed
 
@@ -254,6 +253,8 @@ def open_source(
     targets: Sequence[TargetNeed] = (),
 ) -> torch.utils.data.Dataset:
     """A folder (``NpyFolder``) or a ``package.module:function`` (``ReferenceSource``)."""
+    from spindle_dsl.language.files import is_reference  # the language only where it is needed
+
     text = os.fspath(spec)
     if is_reference(text) and not os.path.exists(text):
         return ReferenceSource(text, task)
