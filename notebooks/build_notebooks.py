@@ -241,10 +241,85 @@ for task in tasks:  # the model learns: the last steps average below the first o
     ]
 
 
+def digits():
+    return [
+        md("""
+# Real data: handwritten digits, captioned
+
+scikit-learn ships 1,797 handwritten digits (8x8 grey images) inside its wheel. This notebook
+writes them as a Spindle data folder (one memory-mapped `.npy` array per modality), captions
+each image with its class name ("a handwritten digit seven ."), trains a vit + SwiGLU/RMSNorm/
+rotary language model on 2 CPU worker processes, exports the trained weights as safetensors,
+and scores 297 held-out digits the model never saw. The code is `examples/digits.py`
+(`python examples/digits.py` runs it as a script).
+"""),
+        code(FIND_ROOT),
+        code("""
+import sys
+import tempfile
+
+sys.path.insert(0, str(EXAMPLES))
+import digits
+
+out = Path(tempfile.mkdtemp(prefix="spindle-digits-"))
+print(digits.SPEC)
+"""),
+        md(
+            "Train, export, score. Held-out scores come from the exported file loaded strictly "
+            "into the single-process reference model, before and after training."
+        ),
+        code("""
+STEPS = 150
+result = digits.run(STEPS, out)
+print(f"{STEPS} steps in {result.seconds:.1f} s on 2 worker processes")
+print(f"training loss: {result.losses[0]:.3f} at step 1, {result.losses[-1]:.3f} at step {STEPS}")
+print(f"held-out class-word accuracy: {result.before.accuracy:.1%} -> {result.after.accuracy:.1%}")
+print(f"held-out caption loss: {result.before.loss:.3f} -> {result.after.loss:.3f}")
+"""),
+        code("""
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(7, 3.5))
+ax.plot(range(1, STEPS + 1), result.losses)
+ax.set_yscale("log")
+ax.set_xlabel("step")
+ax.set_ylabel("training loss (caption)")
+ax.set_title("digits, 2 CPU workers")
+plt.show()
+# the loss falls well below its start, and held-out digits are read far above chance (10%)
+assert sum(result.losses[-10:]) / 10 < 0.25 * result.losses[0]
+assert result.after.loss < result.before.loss / 3
+assert result.after.accuracy > 0.5 > result.before.accuracy
+"""),
+        md('A few held-out digits with the word the trained model predicts after "digit":'),
+        code("""
+import numpy as np
+import torch
+
+from spindle_dsl.backends.torch import ReferenceModel
+from spindle_dsl.language import compile_file
+
+graph = compile_file(out / "digits.spindle").graph
+model = ReferenceModel(graph, datasets={"caption": str(out / "held_out" / "caption")})
+model.load_weights(str(out / "digits.safetensors"))
+with torch.no_grad():
+    words = model.lm_logits("caption", 0, 8)[:, digits.CLASS_POSITION - 1].argmax(-1)
+images = np.load(out / "held_out" / "caption" / "image.npy")[:8, 0]
+fig, axes = plt.subplots(1, 8, figsize=(10, 1.8))
+for ax, image, word in zip(axes, images, words, strict=True):
+    ax.imshow(image, cmap="gray_r")
+    ax.set_title(digits.VOCAB[int(word)])
+    ax.axis("off")
+plt.show()
+"""),
+    ]
+
+
 NOTEBOOKS = {
     "quickstart.ipynb": quickstart,
     "interactive_planning.ipynb": interactive_planning,
     "train_tiny_mm.ipynb": train_tiny_mm,
+    "digits.ipynb": digits,
 }
 
 

@@ -44,6 +44,7 @@ class ModuleInfo:
     # task feeds (``text[2048] -> llm`` beside ``text -> llm``): the input stage's position
     # table is sized for that, so every task's sequence fits.
     raw_inputs: tuple[tuple[str, int], ...] = ()
+    weights: str | None = None  # `from "FILE"`: pretrained weights (a resolved path) to load
 
     def arg(self, name: str) -> Any:
         return dict(self.args)[name]
@@ -112,6 +113,7 @@ class TaskInfo:
     weight: float | None  # its weight in the selected mix, None without a mix
     loss: Loss
     sinks: tuple[str, ...]  # MetaOp ids whose outputs the loss reads
+    data: str | None = None  # `data = "..."`: a resolved path, or "package.module:function"
 
 
 @dataclass(frozen=True)

@@ -1,101 +1,53 @@
-"""Training data: a deterministic synthetic source per task, and binding real datasets to tasks.
+"""Training data: each task's source (synthetic, a folder of arrays, a dataset), read by row.
 
-Every sample is addressed by (task, index): step ``s`` of a task with batch ``B`` reads indices
-``s*B .. s*B+B-1``, and any rank can produce any sample on its own. So a rank reads exactly the
-rows of its shard, whatever the plan and the number of ranks, and the single-process oracle
-reads the same samples: nothing about the data depends on the schedule.
+Every sample is addressed by (task, position): a task's samples are numbered from 0 across the
+whole run, a step reads the rows ``first .. first+B-1`` where ``first`` is the position of its
+first row (``step * B`` while the batch stays B), and sample ``position mod len(source)`` is
+what a row holds. Any rank can produce any sample on its own, so a rank reads exactly the rows
+of its shard, whatever the plan and the number of ranks, and the single-process oracle reads the
+same samples: nothing about the data depends on the schedule, and a resumed run reads what an
+uninterrupted one would have.
 
-The synthetic source draws each sample from a generator seeded by (seed, task, modality,
-index): token ids are arithmetic progressions modulo the vocabulary (so a language model has
-something to learn), features and image patches are standard normal. A real dataset is any
-``torch.utils.data.Dataset`` whose items are dicts keyed by modality name (token ids as a 1-D
-integer tensor, features and flattened ``3 x patch x patch`` image patches as a 2-D float
-tensor, one row per token), plus ``target`` for an ``mse`` task; ``bind`` checks what it gives.
+Each task's source is, in order of precedence: a dataset bound from Python (or a folder or
+``package.module:function`` given as a string, as ``spindle train --data`` does), the task's
+``data = "..."`` in the spec, or the synthetic source. The synthetic source draws each sample
+from a generator seeded by (seed, task, modality, index): token ids are arithmetic progressions
+modulo the vocabulary (so a language model has something to learn), features and image patches
+are standard normal. Folders of ``.npy`` arrays are described in ``datafiles.py``. A dataset is
+any ``torch.utils.data.Dataset`` whose items are dicts keyed by modality name (token ids as a
+1-D integer tensor, features and flattened ``3 x patch x patch`` image patches as a 2-D float
+tensor, one row per token), plus ``target`` for an ``mse`` task; ``TaskData`` checks what it
+gives.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from spindle_dsl.errors import ExecutionError
-from spindle_dsl.kinds import get_kind
 from spindle_dsl.metagraph import MetaGraph
 
-Form = Literal["vocab", "features", "image"]
+from .datafiles import NpyFolder, open_source, target_file, write_task_folder
+from .needs import InputNeed, TargetNeed, input_needs, target_needs
 
-
-@dataclass(frozen=True)
-class InputNeed:
-    """What one task reads of one raw modality: tokens per sample and the width of each."""
-
-    task: str
-    modality: str
-    form: Form
-    tokens: int  # the most any edge of the task reads (edges take a prefix)
-    width: int  # features or pixels per token; the vocabulary size for token ids
-
-
-@dataclass(frozen=True)
-class TargetNeed:
-    """The regression target of one sink of an ``mse`` task."""
-
-    task: str
-    sink: str
-    shape: tuple[int, int]  # (tokens, width) of the sink's output
-
-
-def _raw_width(graph: MetaGraph, module: str, modality: str) -> tuple[Form, int]:
-    m = graph.modality(modality)
-    if m.vocab is not None:
-        return "vocab", m.vocab
-    if m.features is not None:
-        return "features", m.features
-    info = graph.module(module)
-    kind, args = get_kind(info.kind), dict(info.args)
-    if hasattr(kind, "patch_features"):
-        return "image", int(kind.patch_features(args))
-    if "patch" in args:
-        return "image", 3 * int(args["patch"]) ** 2
-    raise ExecutionError(
-        f"module {module} ({info.kind}) reads image modality {modality} but says no patch size"
-    )
-
-
-def input_needs(graph: MetaGraph) -> dict[str, dict[str, InputNeed]]:
-    """Per task, per modality: what its MetaOps read."""
-    out: dict[str, dict[str, InputNeed]] = {}
-    for op in graph.metaops:
-        if op.batch <= 0:
-            continue
-        for inp in op.inputs:
-            if not inp.from_modality:
-                continue
-            form, width = _raw_width(graph, op.segments[0][0], inp.source)
-            have = out.setdefault(op.task, {}).get(inp.source)
-            if have is not None and (have.form, have.width) != (form, width):
-                raise ExecutionError(
-                    f"task {op.task} reads {inp.source} with {have.width} and {width} values per "
-                    f"token (two encoders with different patch sizes); use one patch size"
-                )
-            tokens = max(inp.tokens, have.tokens if have else 0)
-            out[op.task][inp.source] = InputNeed(op.task, inp.source, form, tokens, width)
-    return out
-
-
-def target_needs(graph: MetaGraph) -> dict[str, tuple[TargetNeed, ...]]:
-    return {
-        t.name: tuple(
-            TargetNeed(t.name, s, (graph.op(s).out_tokens, graph.op(s).out_width)) for s in t.sinks
-        )
-        for t in graph.tasks
-        if t.loss == "mse" and t.batch > 0
-    }
+__all__ = [
+    "DictDataset",
+    "InputNeed",
+    "SyntheticSource",
+    "TargetNeed",
+    "TaskData",
+    "input_needs",
+    "synthesize",
+    "target_needs",
+]
 
 
 def _generator(seed: int, *parts: object) -> torch.Generator:
@@ -149,7 +101,11 @@ class DictDataset(Dataset):
 
 
 class TaskData:
-    """Batches of raw inputs and targets for the runtime and the oracle alike."""
+    """Batches of raw inputs and targets for the runtime and the oracle alike.
+
+    ``datasets`` maps a task to a dataset, or to a folder or ``package.module:function`` as a
+    string; it overrides the task's ``data`` in the spec. Every source is checked here, so a
+    bad one fails before anything trains (the ``--nproc`` parent builds one to check)."""
 
     def __init__(
         self,
@@ -167,14 +123,38 @@ class TaskData:
         unknown = sorted(set(datasets) - set(self.batches))
         if unknown:
             raise ExecutionError(f"datasets bound to unknown tasks: {', '.join(unknown)}")
-        self.sources: dict[str, Any] = {
-            t.name: datasets[t.name] if t.name in datasets else SyntheticSource(graph, t.name, seed)
-            for t in graph.tasks
-        }
-        for name, ds in datasets.items():
-            if len(ds) == 0:
-                raise ExecutionError(f"the dataset bound to task {name} is empty")
-            self._check(name, ds[0])
+        self.sources: dict[str, Any] = {}
+        for t in graph.tasks:
+            bound = datasets.get(t.name, t.data)
+            self.sources[t.name] = (
+                SyntheticSource(graph, t.name, seed) if bound is None else self._open(t.name, bound)
+            )
+
+    def _open(self, task: str, bound: Any) -> Any:
+        """The source ``bound`` names, checked against what ``task`` reads."""
+        if isinstance(bound, str | os.PathLike):
+            source = open_source(bound, task, self.needs.get(task, {}), self.targets.get(task, ()))
+            if isinstance(source, NpyFolder):
+                return source  # checked whole, from the arrays' headers, when opened
+        else:
+            source = bound
+        if len(source) == 0:
+            raise ExecutionError(f"the dataset bound to task {task} is empty")
+        self._check(task, source[0])
+        return source
+
+    def describe(self) -> dict[str, str]:
+        """Where each task's samples come from, in words (for the train command to show)."""
+        out = {}
+        for task, source in self.sources.items():
+            if isinstance(source, SyntheticSource):
+                out[task] = "synthetic"
+            elif isinstance(source, NpyFolder):
+                out[task] = f"{source.folder} ({len(source)} samples)"
+            else:
+                name = getattr(source, "reference", type(source).__name__)
+                out[task] = f"{name} ({len(source)} samples)"
+        return out
 
     def _check(self, task: str, sample: Any) -> None:
         if not isinstance(sample, Mapping):
@@ -215,22 +195,82 @@ class TaskData:
         return None
 
     def rows(self, task: str, step: int, lo: int, hi: int) -> dict[str, torch.Tensor]:
-        """Rows ``[lo, hi)`` of ``task``'s batch at ``step`` (0-based): each modality stacked to
-        (rows, tokens[, width]) and each target to (rows, tokens, width), on the device."""
-        base = step * self.batches[task]
+        """Rows ``[lo, hi)`` of ``task``'s batch at ``step`` (0-based) while every step of the
+        run takes the task's batch from this graph: ``rows_at`` from position step x batch."""
+        return self.rows_at(task, step * self.batches[task], lo, hi)
+
+    def rows_at(self, task: str, first: int, lo: int, hi: int) -> dict[str, torch.Tensor]:
+        """Rows ``[lo, hi)`` of a batch of ``task`` whose first row is the task's sample at
+        global position ``first``: each modality stacked to (rows, tokens[, width]) and each
+        target to (rows, tokens, width), on the device. Row ``i`` holds sample
+        ``(first + i) mod len(source)``, so the caller decides positions (a run whose batch
+        changes from step to step passes the running total of rows taken)."""
         source = self.sources[task]
-        samples = [source[(base + i) % len(source)] for i in range(lo, hi)]
+        n = len(source)
+        indices = [(first + i) % n for i in range(lo, hi)]
+        if isinstance(source, NpyFolder):
+            taken = source.take(indices)
+            samples = None
+        else:
+            samples = [source[i] for i in indices]
         out: dict[str, torch.Tensor] = {}
         for name, need in self.needs.get(task, {}).items():
-            if need.form == "vocab":
-                cols = [torch.as_tensor(s[name])[: need.tokens].long() for s in samples]
-                empty = torch.zeros(0, need.tokens, dtype=torch.long)
+            if samples is None:
+                stacked = taken[name]
+            elif samples:
+                stacked = torch.stack([torch.as_tensor(s[name])[: need.tokens] for s in samples])
             else:
-                cols = [torch.as_tensor(s[name])[: need.tokens].to(self.dtype) for s in samples]
-                empty = torch.zeros(0, need.tokens, need.width, dtype=self.dtype)
-            out[name] = (torch.stack(cols) if cols else empty).to(self.device)
+                tail = (need.tokens,) if need.form == "vocab" else (need.tokens, need.width)
+                stacked = torch.zeros(0, *tail)
+            kind = torch.long if need.form == "vocab" else self.dtype
+            out[name] = stacked.to(kind).to(self.device)
         for t in self.targets.get(task, ()):
-            cols = [torch.as_tensor(s[self._target_key(task, t.sink, s)]) for s in samples]
-            stacked = torch.stack(cols) if cols else torch.zeros(0, *t.shape)
-            out[f"target:{t.sink}"] = stacked.to(self.dtype).to(self.device)
+            key = f"target:{t.sink}"
+            if samples is None:
+                stacked = taken[key]
+            elif samples:
+                stacked = torch.stack(
+                    [torch.as_tensor(s[self._target_key(task, t.sink, s)]) for s in samples]
+                )
+            else:
+                stacked = torch.zeros(0, *t.shape)
+            out[key] = stacked.to(self.dtype).to(self.device)
         return out
+
+
+def synthesize(
+    graph: MetaGraph, out: str | os.PathLike[str], samples: int, seed: int = 0
+) -> dict[str, Path]:
+    """Write the first ``samples`` samples of every task's synthetic source as a data folder
+    (one sub-folder per task, the format of ``datafiles.py``): a template for real data, and
+    what training on the in-memory source reads, sample for sample. Returns each task's
+    folder."""
+    needs, targets = input_needs(graph), target_needs(graph)
+    folders: dict[str, Path] = {}
+    for task in graph.tasks:
+        if task.batch <= 0:
+            continue
+        source = SyntheticSource(graph, task.name, seed)
+        first = source[0]
+        arrays = {
+            name: np.empty((samples, *first[name].shape), dtype=_np_dtype(first[name]))
+            for name in needs.get(task.name, {})
+        }
+        sinks = targets.get(task.name, ())
+        for t in sinks:
+            arrays[target_file(t.sink, sinks)[:-4]] = np.empty(
+                (samples, *t.shape), dtype=np.float32
+            )
+        for i in range(samples):
+            sample = source[i]
+            for name in needs.get(task.name, {}):
+                arrays[name][i] = sample[name].numpy()
+            for t in sinks:
+                arrays[target_file(t.sink, sinks)[:-4]][i] = sample[f"target:{t.sink}"].numpy()
+        folders[task.name] = Path(out) / task.name
+        write_task_folder(folders[task.name], arrays)
+    return folders
+
+
+def _np_dtype(t: torch.Tensor) -> Any:
+    return np.int64 if not t.is_floating_point() else np.float32

@@ -4,7 +4,8 @@ Each part is built under its own forked RNG seeded from (seed, module, part), so
 builds three layers of a module gets bit-for-bit the tensors a single process building the
 whole model gets: nothing depends on what else is built or in which order. Parts are built in
 float32 on the CPU (as the kinds initialise them) and only then cast and moved, so float64 and
-CUDA runs start from the same numbers.
+CUDA runs start from the same numbers. A module declared ``from "w.safetensors"`` then takes
+its tensors from that file (``weights.py``), cast to the training dtype.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from spindle_dsl.errors import ExecutionError
 from spindle_dsl.kinds import get_kind
 from spindle_dsl.metagraph import MetaGraph, ModalityInfo
 
-from .parts import Part, part_seed
+from .parts import Part, part_seed, tied_stage
+from .weights import load_part
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -50,6 +52,32 @@ def _stage_modality(graph: MetaGraph, module: str, modality: str) -> ModalityInf
     return replace(info, tokens=max(fed, default=info.tokens))
 
 
+def construct_part(graph: MetaGraph, part: Part) -> nn.Module:
+    """The PyTorch module of ``part`` as its kind builds it, on the current default device and
+    RNG (``build_part`` seeds it; under ``torch.device("meta")`` it costs no memory, which is
+    how the weights check learns every parameter's name and shape)."""
+    info = graph.module(part.module)
+    kind, args = get_kind(info.kind), dict(info.args)
+    what, _, rest = part.role.partition(".")
+    try:
+        if what == "layer":
+            module = _layer(kind, args, last=int(rest) == info.layers - 1)
+        elif what == "input":
+            module = kind.build_input_stage(args, _stage_modality(graph, part.module, rest))
+        elif what == "head":
+            module = kind.build_head(args)
+            if module is None:
+                raise ExecutionError(
+                    f"module {part.module} ({info.kind}) has no LM head, so a task cannot "
+                    f"use loss = lm on it; give the sink a causal transformer with a vocab"
+                )
+        else:
+            raise ExecutionError(f"unknown parameter part {part.key}")
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise ExecutionError(f"cannot build {part.key} ({info.kind}): {exc}") from None
+    return module
+
+
 def build_part(
     graph: MetaGraph,
     part: Part,
@@ -57,29 +85,15 @@ def build_part(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
 ) -> nn.Module:
-    """The PyTorch module of ``part``; its parameters are frozen if the module is."""
+    """The PyTorch module of ``part``: seeded, or loaded from its module's ``from`` file (each
+    process reads only the tensors of the parts it builds); frozen if the module is."""
     info = graph.module(part.module)
-    kind, args = get_kind(info.kind), dict(info.args)
-    what, _, rest = part.role.partition(".")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(part_seed(seed, part))
-        try:
-            if what == "layer":
-                module = _layer(kind, args, last=int(rest) == info.layers - 1)
-            elif what == "input":
-                module = kind.build_input_stage(args, _stage_modality(graph, part.module, rest))
-            elif what == "head":
-                module = kind.build_head(args)
-                if module is None:
-                    raise ExecutionError(
-                        f"module {part.module} ({info.kind}) has no LM head, so a task cannot "
-                        f"use loss = lm on it; give the sink a causal transformer with a vocab"
-                    )
-            else:
-                raise ExecutionError(f"unknown parameter part {part.key}")
-        except (TypeError, ValueError, AssertionError) as exc:
-            raise ExecutionError(f"cannot build {part.key} ({info.kind}): {exc}") from None
+        module = construct_part(graph, part)
     module = module.to(dtype=dtype, device=device)
+    if info.weights:
+        load_part(info.weights, part, module)
     if info.frozen:
         module.requires_grad_(False)
     return module
@@ -101,6 +115,18 @@ class PartStore(nn.Module):
         # ModuleDict keys may not contain '.', so index by position and keep a map.
         self._index = {p: i for i, p in enumerate(self.parts)}
         self.mods = nn.ModuleList(build_part(graph, p, seed, dtype, device) for p in self.parts)
+        self._tie_heads(graph)
+
+    def _tie_heads(self, graph: MetaGraph) -> None:
+        """Hand each tied LM head the input stage whose embedding it multiplies by (the
+        schedule puts that stage on every rank holding the head)."""
+        for part in self.parts:
+            tied = tied_stage(graph, part.module) if part.role == "head" else None
+            if tied is None:
+                continue
+            if tied not in self:
+                raise ExecutionError(f"internal: {part.key} is tied to {tied.key}, not held here")
+            self[part].tie_to(self[tied])
 
     def __getitem__(self, part: Part) -> nn.Module:
         try:

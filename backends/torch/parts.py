@@ -41,6 +41,31 @@ def part_seed(seed: int, part: Part) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
+def tied_stage(graph: MetaGraph, module: str) -> Part | None:
+    """The input stage whose token embedding ``module``'s LM head multiplies by, when the
+    module ties them (the checker makes sure it reads exactly one vocab modality); else None.
+    Whoever holds the head holds this stage too, so its gradient sums both uses."""
+    from spindle_dsl.kinds import get_kind
+
+    info = graph.module(module)
+    if not get_kind(info.kind).tied_embeddings(dict(info.args)):
+        return None
+    raw = {m for m, _ in info.raw_inputs} or {  # a graph built by hand records no raw_inputs
+        i.source
+        for op in graph.metaops
+        if op.segments[0][0] == module
+        for i in op.inputs
+        if i.from_modality
+    }
+    vocab = sorted(m for m in raw if graph.modality(m).vocab is not None)
+    if len(vocab) != 1:
+        raise ExecutionError(
+            f"module {module} ties its head to its token embedding but reads "
+            f"{len(vocab)} token-id modalities; it must read exactly one"
+        )
+    return Part(module, f"input.{vocab[0]}")
+
+
 def head_module(op: MetaOp) -> str:
     """The module whose head reads ``op``'s output: its last segment."""
     return op.segments[-1][0]
@@ -64,7 +89,12 @@ def graph_parts(graph: MetaGraph) -> tuple[Part, ...]:
                 needed.add(Part(op.segments[0][0], f"input.{inp.source}"))
     for task in graph.tasks:
         if task.batch > 0 and task.loss == "lm":
-            needed.update(Part(head_module(graph.op(s)), "head") for s in task.sinks)
+            for s in task.sinks:
+                module = head_module(graph.op(s))
+                needed.add(Part(module, "head"))
+                tied = tied_stage(graph, module)
+                if tied is not None:
+                    needed.add(tied)
 
     def order(p: Part) -> tuple[int, int, int, str]:
         mod = next(i for i, m in enumerate(graph.modules) if m.name == p.module)

@@ -14,13 +14,15 @@ from typing import Any
 
 import torch
 
-from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.errors import ExecutionError
+from spindle_dsl.metagraph import MetaGraph, TaskInfo
 
 from . import losses as L
 from .data import TaskData
 from .optim import make_optimizer
 from .params import DTYPES, PartStore
 from .parts import Part, graph_parts, head_module
+from .weights import check_weights, compare_keys, flat_key, read_header
 
 
 class ReferenceModel:
@@ -35,33 +37,49 @@ class ReferenceModel:
         datasets: Mapping[str, Any] | None = None,
     ):
         self.graph = graph
+        check_weights(graph, graph_parts(graph))
         self.store = PartStore(graph, graph_parts(graph), seed, DTYPES[dtype])
         self.data = TaskData(graph, seed, datasets, DTYPES[dtype])
         self.tasks = [t for t in graph.tasks if t.batch > 0]
         for task in self.tasks:
             L.check_task(graph, task)
 
+    def forward(self, task: TaskInfo, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every MetaOp output of ``task`` on the raw rows ``raw``, by MetaOp id."""
+        acts: dict[str, torch.Tensor] = {}
+        for op in self.graph.metaops:
+            if op.task != task.name:
+                continue
+            pieces = []
+            for inp in op.inputs:
+                if inp.from_modality:
+                    stage = self.store[Part(op.segments[0][0], f"input.{inp.source}")]
+                    pieces.append(stage(raw[inp.source][:, : inp.tokens]))
+                else:
+                    pieces.append(acts[inp.source])
+            x = torch.cat(pieces, dim=1)
+            for module, count in op.segments:
+                for j in range(count):
+                    x = self.store[Part(module, f"layer.{j}")](x)
+            acts[op.id] = x
+        return acts
+
+    def lm_logits(self, task: str, first: int, count: int) -> torch.Tensor:
+        """Next-token logits of an lm task's text on ``count`` samples from global position
+        ``first``: (count, text tokens - 1, vocab), position i predicting text token i + 1."""
+        info = self.graph.task(task)
+        sink = info.sinks[0]
+        where = L.lm_target(self.graph, sink)
+        acts = self.forward(info, self.data.rows_at(task, first, 0, count))
+        head = self.store[Part(head_module(self.graph.op(sink)), "head")]
+        return head(acts[sink][:, where.offset : where.offset + where.count - 1])
+
     def losses(self, step: int) -> dict[str, torch.Tensor]:
         """Each task's mean loss on its whole batch of step ``step`` (0-based)."""
         out: dict[str, torch.Tensor] = {}
         for task in self.tasks:
             raw = self.data.rows(task.name, step, 0, task.batch)
-            acts: dict[str, torch.Tensor] = {}
-            for op in self.graph.metaops:
-                if op.task != task.name:
-                    continue
-                pieces = []
-                for inp in op.inputs:
-                    if inp.from_modality:
-                        stage = self.store[Part(op.segments[0][0], f"input.{inp.source}")]
-                        pieces.append(stage(raw[inp.source][:, : inp.tokens]))
-                    else:
-                        pieces.append(acts[inp.source])
-                x = torch.cat(pieces, dim=1)
-                for module, count in op.segments:
-                    for j in range(count):
-                        x = self.store[Part(module, f"layer.{j}")](x)
-                acts[op.id] = x
+            acts = self.forward(task, raw)
             if task.loss == "lm":
                 out[task.name] = sum(
                     L.lm_loss_part(
@@ -105,6 +123,22 @@ class ReferenceModel:
             opt.step()
             history.append({k: float(v.detach()) for k, v in losses.items()})
         return history
+
+    def load_weights(self, path: str) -> None:
+        """Load every parameter from a safetensors file with ``MODULE.ROLE.PARAM`` keys (what
+        ``spindle export`` writes), strictly: a missing, extra or mis-shaped key is an error
+        listing each."""
+        from safetensors import safe_open
+
+        params = {
+            flat_key(p, n): t for p in self.store.parts for n, t in self.store[p].named_parameters()
+        }
+        problems = compare_keys({k: tuple(t.shape) for k, t in params.items()}, read_header(path))
+        if problems:
+            raise ExecutionError(f"{path} does not fit the model:\n  " + "\n  ".join(problems))
+        with safe_open(path, framework="pt") as f, torch.no_grad():
+            for key, t in params.items():
+                t.copy_(f.get_tensor(key).to(t.dtype))
 
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every parameter, by part key then parameter name (as checkpoints store them)."""

@@ -25,7 +25,7 @@ from spindle_dsl.kinds import get_kind
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 from spindle_dsl.plan.model import Plan
 
-from .parts import Part, graph_parts, head_module
+from .parts import Part, graph_parts, head_module, tied_stage
 
 
 def shard_bounds(batch: int, n: int) -> tuple[tuple[int, int], ...]:
@@ -281,7 +281,11 @@ def _holders(
         if task.batch <= 0 or task.loss != "lm":
             continue
         for sink_id in task.sinks:
-            held[Part(head_module(graph.op(sink_id)), "head")].update(chains[sink_id][-1].devices)
+            module, devices = head_module(graph.op(sink_id)), chains[sink_id][-1].devices
+            held[Part(module, "head")].update(devices)
+            tied = tied_stage(graph, module)
+            if tied is not None:  # a tied head multiplies by that stage's embedding
+                held[tied].update(devices)
     order = {p: i for i, p in enumerate(graph_parts(graph))}
     missing = [p for p in held if p not in order]
     if missing:

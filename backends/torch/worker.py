@@ -27,10 +27,12 @@ from ..base import RunConfig, RunResult, StepRecord
 from . import checkpoint
 from .data import TaskData
 from .losses import check_task
+from .parts import graph_parts
 from .progress import Progress
 from .schedule import Schedule, build_schedule
 from .trace import Tracer, write_measured_trace
 from .trainer import Trainer
+from .weights import check_weights
 
 
 @dataclass(frozen=True)
@@ -64,13 +66,15 @@ def preflight(
     graph: MetaGraph, plan: Plan, world_size: int, datasets: Mapping[str, Any] | None = None
 ) -> Schedule:
     """Every check that needs no process group: the plan fits the graph and the world size,
-    each task's loss can read its sinks, and bound datasets give what the tasks read. The
-    ``--nproc`` parent runs it before spawning anything, so a bad job fails at once."""
+    each task's loss can read its sinks, bound datasets give what the tasks read, and
+    pretrained weights files hold what their modules need. The ``--nproc`` parent runs it
+    before spawning anything, so a bad job fails at once."""
     schedule = build_schedule(graph, plan, world_size)
     for task in graph.tasks:
         if task.batch > 0:
             check_task(graph, task)
     TaskData(graph, 0, datasets)
+    check_weights(graph, graph_parts(graph))
     return schedule
 
 

@@ -43,6 +43,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "train for real on torch.distributed",
         "spindle train examples/tiny_mm.spindle --nproc 4 --steps 5",
     ),
+    "data": (
+        "write training data in the on-disk format (synthetic, as a template)",
+        "spindle data synth examples/tiny_mm.spindle --samples 256 --out data",
+    ),
+    "export": (
+        "write the model's weights as one safetensors file",
+        "spindle export SPEC --checkpoint-dir ckpt -o model.safetensors",
+    ),
 }
 
 

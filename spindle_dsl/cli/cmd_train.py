@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from spindle_dsl.atomic import write_atomic
+from spindle_dsl.cli.cmd_data import DATA_HELP, bind_data, describe_data
 from spindle_dsl.cli.common import add_spec_arguments, load_cost_model, load_graph
 from spindle_dsl.errors import ExecutionError
 
@@ -70,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="shard each part's AdamW state over the ranks holding the part (ZeRO-1), as the "
         "planner's memory model assumes; off keeps it whole on every holder (default: on)",
     )
+    parser.add_argument("--data", action="append", metavar="DIR|TASK=PATH", help=DATA_HELP)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument(
@@ -135,7 +137,12 @@ def run(args: argparse.Namespace) -> int:
         recompute=args.recompute,
         optimizer_sharding=args.optimizer_sharding == "on",
     )
-    result = TorchBackend().train(graph, plan, config, nproc=args.nproc, planner=planner)
+    datasets = bind_data(args.data, graph)
+    if env is None or env[0] == 0:
+        describe_data(graph, datasets, args.seed)
+    result = TorchBackend().train(
+        graph, plan, config, nproc=args.nproc, planner=planner, datasets=datasets
+    )
     if result is not None:  # rank 0 (or the parent of --nproc workers)
         sequential = result.extra.get("baselines", {}).get("sequential_s")
         scheduler = result.extra.get("scheduler", "?")

@@ -36,7 +36,8 @@ REQUIRED: Any = _Required()
 
 @dataclass(frozen=True)
 class ArgSpec:
-    """One argument of a kind: its type, its default and the least value it may take.
+    """One argument of a kind: its type, its default, the least value it may take and, for a
+    word, the values it may be.
 
     ``default`` is a value, ``REQUIRED``, ``None`` (optional, absent) or a function of the other
     resolved arguments (``ffn = 4 * hidden``).
@@ -47,6 +48,7 @@ class ArgSpec:
     default: ArgValue | Callable[[dict[str, Any]], ArgValue] | None = REQUIRED
     minimum: float | None = 1
     doc: str = ""
+    choices: tuple[str, ...] | None = None  # the words a str argument may be
 
 
 class Kind(ABC):
@@ -75,6 +77,9 @@ class Kind(ABC):
                 problems.append(
                     (key, f"'{key}' of {self.name}() must be {spec.type.__name__}, got {value!r}")
                 )
+            elif spec.choices is not None and value not in spec.choices:
+                listed = " or ".join(f'"{c}"' for c in spec.choices)
+                problems.append((key, f"'{key}' of {self.name}() must be {listed}, got {value!r}"))
             elif (
                 spec.minimum is not None and isinstance(value, int | float) and value < spec.minimum
             ):
@@ -142,6 +147,12 @@ class Kind(ABC):
         """Parameters of the output head (an LM head), 0 if the kind has none."""
         return 0
 
+    def tied_embeddings(self, args: Args) -> bool:
+        """Whether the head multiplies by the token embedding of the module's input stage for
+        token ids instead of a matrix of its own (``head_params`` then leaves the matrix out,
+        and the module must read exactly one vocab modality, whose stage holds it)."""
+        return False
+
     @abstractmethod
     def activation_elements(self, args: Args, in_tokens: int) -> float:
         """Elements one layer keeps for backward, for one sample (memory = this x dtype bytes)."""
@@ -156,7 +167,8 @@ class Kind(ABC):
         raise TypeError(f"{self.name} has no input stage for {modality.name}")
 
     def build_head(self, args: Args) -> nn.Module | None:
-        """The output head (hidden -> vocab logits) where the kind has one."""
+        """The output head (hidden -> vocab logits) where the kind has one. A tied head gets
+        the input stage it shares the embedding with through its ``tie_to(stage)``."""
         return None
 
 

@@ -1,15 +1,17 @@
 """Pieces the built-in kinds share: argument specs, the input-stage rules and cost formulas.
 
-The built-in kinds are all made of the same few parts (pre-LN attention blocks, two-layer GELU
-feed-forward nets, linear or embedding input stages with a learned position table). Writing
-each part's parameter and FLOP formula once here keeps the four kinds consistent with each
-other and with the PyTorch layers in ``layers.py``, which the tests count against these.
+The built-in kinds are all made of the same few parts (pre-norm attention blocks and their
+variants, feed-forward nets, linear or embedding input stages with an optional learned position
+table). Writing each part's parameter and FLOP formula once here keeps the four kinds
+consistent with each other and with the PyTorch layers in ``layers.py``, which the tests count
+against these.
 
 Conventions (every count is per sample and per layer):
 - FLOPs are 2 per multiply-accumulate of the matmuls, including attention scores (QK^T) and
   attention-weighted values (AV). Attention is counted over the full sequence even when causal
-  (a dense kernel computes it all). Norms, softmax, GELU, biases and residual adds are left out:
-  they are O(tokens x width), below 1% of the matmuls at any realistic width.
+  (a dense kernel computes it all). Norms, softmax, GELU/SiLU and the SwiGLU product, rotary
+  rotations, biases and residual adds are left out: they are O(tokens x width), below 1% of
+  the matmuls at any realistic width.
 - Activation elements are the tensors one layer keeps for its backward pass on the plain
   (non-fused) attention path, which stores the softmax probabilities (heads x q x k); fused
   kernels store less, so this is a safe upper bound for memory planning.
@@ -17,6 +19,7 @@ Conventions (every count is per sample and per layer):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spindle_dsl.kinds.base import Args, ArgSpec
@@ -44,6 +47,11 @@ def layernorm_params(width: int) -> int:
     return 2 * width  # weight and bias
 
 
+def norm_params(norm: str, width: int) -> int:
+    """LayerNorm keeps a weight and a bias, RMSNorm a weight only."""
+    return 2 * width if norm == "layernorm" else width
+
+
 def linear_params(n_in: int, n_out: int, bias: bool = True) -> int:
     return n_in * n_out + (n_out if bias else 0)
 
@@ -51,17 +59,6 @@ def linear_params(n_in: int, n_out: int, bias: bool = True) -> int:
 def ffn_params(hidden: int, ffn: int) -> int:
     """Linear(hidden, ffn) - GELU - Linear(ffn, hidden), both with bias."""
     return linear_params(hidden, ffn) + linear_params(ffn, hidden)
-
-
-def self_attention_block_params(hidden: int, ffn: int) -> int:
-    """Pre-LN block: LN, fused qkv (3h x h, bias), out proj (h x h, bias), LN, FFN."""
-    return (
-        layernorm_params(hidden)
-        + linear_params(hidden, 3 * hidden)
-        + linear_params(hidden, hidden)
-        + layernorm_params(hidden)
-        + ffn_params(hidden, ffn)
-    )
 
 
 # --- FLOPs ----------------------------------------------------------------------------------
@@ -72,42 +69,102 @@ def matmul_flops(rows: int, n_in: int, n_out: int) -> float:
     return 2.0 * rows * n_in * n_out
 
 
-def self_attention_block_flops(tokens: int, hidden: int, ffn: int) -> float:
-    t, h = tokens, hidden
-    return (
-        matmul_flops(t, h, 3 * h)  # qkv projection
-        + matmul_flops(t, h, t)  # scores QK^T, all heads together
-        + matmul_flops(t, t, h)  # probabilities x V
-        + matmul_flops(t, h, h)  # output projection
-        + matmul_flops(t, h, ffn)
-        + matmul_flops(t, ffn, h)
-    )
+# --- the self-attention block and its variants -----------------------------------------------
+
+ACTIVATIONS = ("gelu", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rotary")
 
 
-def self_attention_block_activations(tokens: int, hidden: int, ffn: int, heads: int) -> float:
-    t, h = tokens, hidden
-    # LN1 in, qkv in, q/k/v, attention out (proj in), LN2 in, fc1 in: 8th; the GELU's input and
-    # output (fc2 in): 2tf; the softmax probabilities: heads x t x t.
-    return 8.0 * t * h + 2.0 * t * ffn + float(heads) * t * t
+@dataclass(frozen=True)
+class BlockShape:
+    """One pre-norm self-attention block, resolved from a kind's arguments.
+
+    The default (GELU, LayerNorm, every linear with a bias, as many K/V heads as query heads)
+    is the GPT-2/ViT block; the variants are the LLaMA/Qwen ones: SwiGLU feed-forward (gate and
+    up projections, then down), RMSNorm, grouped-query attention (``kv_heads`` K/V heads, each
+    shared by ``heads / kv_heads`` query heads), no biases, or biases on q/k/v only, and
+    rotary positions (parameter-free, applied to q and k inside the block). The parameter,
+    FLOP and activation formulas below are what the tests pin to the PyTorch layer.
+    """
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    act: str = "gelu"
+    norm: str = "layernorm"
+    bias: bool = True  # the output projection and the feed-forward linears
+    qkv_bias: bool = True  # the q/k/v projection
+    rotary: bool = False
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def qkv_width(self) -> int:
+        """Output width of the fused q/k/v projection: all query heads, then K and V heads."""
+        return self.hidden + 2 * self.kv_heads * self.head_dim
+
+    @property
+    def ffn_in_width(self) -> int:
+        """Output width of the first feed-forward linear (SwiGLU fuses gate and up)."""
+        return 2 * self.ffn if self.act == "swiglu" else self.ffn
+
+    def params(self) -> int:
+        h = self.hidden
+        return (
+            2 * norm_params(self.norm, h)
+            + linear_params(h, self.qkv_width, self.qkv_bias)
+            + linear_params(h, h, self.bias)
+            + linear_params(h, self.ffn_in_width, self.bias)
+            + linear_params(self.ffn, h, self.bias)
+        )
+
+    def flops(self, tokens: int) -> float:
+        t, h = tokens, self.hidden
+        return (
+            matmul_flops(t, h, self.qkv_width)  # q, k and v projections
+            + matmul_flops(t, h, t)  # scores QK^T, all query heads together
+            + matmul_flops(t, t, h)  # probabilities x V
+            + matmul_flops(t, h, h)  # output projection
+            + matmul_flops(t, h, self.ffn_in_width)
+            + matmul_flops(t, self.ffn, h)
+        )
+
+    def activations(self, tokens: int) -> float:
+        t, h, f = tokens, self.hidden, self.ffn
+        # Norm 1 in, qkv in, q, attention out (proj in), norm 2 in, fc1 in: 6th; k and v at
+        # their own (GQA: smaller) width; the softmax probabilities, heads x t x t. GELU keeps
+        # its input and output (fc2 in): 2tf; SwiGLU keeps gate and up (2tf), the SiLU output
+        # and the product (fc2 in): 4tf.
+        kv = 2.0 * t * self.kv_heads * self.head_dim
+        ffn = (4.0 if self.act == "swiglu" else 2.0) * t * f
+        return 6.0 * t * h + kv + ffn + float(self.heads) * t * t
 
 
 # --- input stages ---------------------------------------------------------------------------
 
 
-def position_params(modality: ModalityInfo, width: int) -> int:
-    """The learned position table: one row per token of the modality."""
-    return modality.tokens * width
+def position_params(modality: ModalityInfo, width: int, learned: bool = True) -> int:
+    """The learned position table: one row per token of the modality (none with rotary
+    positions, which the blocks apply)."""
+    return modality.tokens * width if learned else 0
 
 
-def embedding_stage_params(modality: ModalityInfo, width: int) -> int:
+def embedding_stage_params(modality: ModalityInfo, width: int, learned: bool = True) -> int:
     """Token ids: Embedding(vocab, width) plus the position table."""
     assert modality.vocab is not None
-    return modality.vocab * width + position_params(modality, width)
+    return modality.vocab * width + position_params(modality, width, learned)
 
 
-def linear_stage_params(n_in: int, modality: ModalityInfo, width: int) -> int:
+def linear_stage_params(
+    n_in: int, modality: ModalityInfo, width: int, learned: bool = True, bias: bool = True
+) -> int:
     """Feature vectors or flattened pixel patches: Linear(n_in, width) plus the position table."""
-    return linear_params(n_in, width) + position_params(modality, width)
+    return linear_params(n_in, width, bias) + position_params(modality, width, learned)
 
 
 def modality_form(modality: ModalityInfo) -> str:

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spindle_dsl.kinds.common import BlockShape
+
 
 def pool_tokens(x: torch.Tensor, out_tokens: int | None) -> torch.Tensor:
     """Adaptive average pooling along the token axis; a no-op when already ``out_tokens`` long."""
@@ -22,13 +24,49 @@ def pool_tokens(x: torch.Tensor, out_tokens: int | None) -> torch.Tensor:
 class FeedForward(nn.Module):
     """Linear(width, ffn) - GELU - Linear(ffn, width)."""
 
-    def __init__(self, width: int, ffn: int):
+    def __init__(self, width: int, ffn: int, bias: bool = True):
         super().__init__()
-        self.fc1 = nn.Linear(width, ffn)
-        self.fc2 = nn.Linear(ffn, width)
+        self.fc1 = nn.Linear(width, ffn, bias=bias)
+        self.fc2 = nn.Linear(ffn, width, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x)))
+
+
+class SwiGLUFeedForward(nn.Module):
+    """SiLU(x W_gate) * (x W_up), then W_down; gate and up are one fused Linear(width, 2 ffn)
+    (gate first), so the layer is two matmuls as the GELU one is."""
+
+    def __init__(self, width: int, ffn: int, bias: bool = True):
+        super().__init__()
+        self.fc1 = nn.Linear(width, 2 * ffn, bias=bias)
+        self.fc2 = nn.Linear(ffn, width, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2(F.silu(gate) * up)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight (no mean subtraction, no bias), computed in float32 at least."""
+
+    def __init__(self, width: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight
+
+
+def make_norm(norm: str, width: int) -> nn.Module:
+    if norm == "rmsnorm":
+        return RMSNorm(width)
+    if norm == "layernorm":
+        return nn.LayerNorm(width)
+    raise ValueError(f"unknown norm {norm!r}")
 
 
 def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -41,24 +79,53 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b, t, h * d)
 
 
-class SelfAttentionBlock(nn.Module):
-    """Pre-LN transformer block; optionally causal; optionally pools tokens at the end."""
+def rotate(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding of (batch, heads, tokens, head_dim): the two halves of each
+    head are the real and imaginary parts rotated by position x frequency (GPT-NeoX/LLaMA
+    layout), frequencies ``theta ** (-2i / head_dim)``, positions 0..tokens-1."""
+    t, d = x.shape[-2], x.shape[-1]
+    half = d // 2
+    freq = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2 / d)
+    angle = torch.arange(t, dtype=torch.float64, device=x.device)[:, None] * freq[None, :]
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
 
-    def __init__(self, hidden: int, heads: int, ffn: int, causal: bool, out_tokens: int | None):
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Scaled dot-product attention where k/v may have fewer heads than q (grouped-query):
+    each K/V head serves ``q_heads / kv_heads`` consecutive query heads."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+class SelfAttentionBlock(nn.Module):
+    """Pre-norm transformer block (``BlockShape``); optionally causal; optionally pools tokens
+    at the end."""
+
+    def __init__(self, shape: BlockShape, causal: bool, out_tokens: int | None):
         super().__init__()
-        assert hidden % heads == 0, f"hidden {hidden} not divisible by heads {heads}"
-        self.heads, self.causal, self.out_tokens = heads, causal, out_tokens
-        self.ln1 = nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-        self.ln2 = nn.LayerNorm(hidden)
-        self.ffn = FeedForward(hidden, ffn)
+        h = shape.hidden
+        assert h % shape.heads == 0, f"hidden {h} not divisible by heads {shape.heads}"
+        assert shape.heads % shape.kv_heads == 0, "kv_heads must divide heads"
+        self.shape, self.causal, self.out_tokens = shape, causal, out_tokens
+        self.ln1 = make_norm(shape.norm, h)
+        self.qkv = nn.Linear(h, shape.qkv_width, bias=shape.qkv_bias)
+        self.proj = nn.Linear(h, h, bias=shape.bias)
+        self.ln2 = make_norm(shape.norm, h)
+        ffn = SwiGLUFeedForward if shape.act == "swiglu" else FeedForward
+        self.ffn = ffn(h, shape.ffn, bias=shape.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
-        q, k, v = (_split_heads(t, self.heads) for t in (q, k, v))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        x = x + self.proj(_merge_heads(attn))
+        s = self.shape
+        kv_width = s.kv_heads * s.head_dim
+        q, k, v = self.qkv(self.ln1(x)).split((s.hidden, kv_width, kv_width), dim=-1)
+        q, k, v = _split_heads(q, s.heads), _split_heads(k, s.kv_heads), _split_heads(v, s.kv_heads)
+        if s.rotary:
+            q, k = rotate(q, s.rope_theta), rotate(k, s.rope_theta)
+        x = x + self.proj(_merge_heads(attention(q, k, v, self.causal)))
         x = x + self.ffn(self.ln2(x))
         return pool_tokens(x, self.out_tokens)
 
@@ -106,13 +173,19 @@ class ResamplerLayer(nn.Module):
 
 
 class _PositionTable(nn.Module):
-    """A learned (tokens, width) position table added to the first ``t`` tokens of the input."""
+    """A learned (tokens, width) position table added to the first ``t`` tokens of the input;
+    with ``learned`` off (rotary positions, applied in the blocks) there is no table."""
 
-    def __init__(self, tokens: int, width: int):
+    def __init__(self, tokens: int, width: int, learned: bool = True):
         super().__init__()
-        self.pos = nn.Parameter(torch.randn(tokens, width) * 0.02)
+        if learned:
+            self.pos = nn.Parameter(torch.randn(tokens, width) * 0.02)
+        else:
+            self.pos = None
 
     def add_positions(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pos is None:
+            return x
         t = x.shape[1]
         if t > self.pos.shape[0]:
             raise ValueError(
@@ -122,11 +195,20 @@ class _PositionTable(nn.Module):
 
 
 class EmbeddingStage(_PositionTable):
-    """Token ids (batch, tokens) -> Embedding(vocab, width) + positions."""
+    """Token ids (batch, tokens) -> Embedding(vocab, width) + positions.
 
-    def __init__(self, vocab: int, tokens: int, width: int):
-        super().__init__(tokens, width)
+    An embedding an LM head is ``tied`` to starts at standard deviation 1/sqrt(width) instead
+    of torch's 1: the head's logits are a normalised hidden state (norm ~ sqrt(width)) times
+    an embedding row, so they start near unit scale rather than ~sqrt(width), where the first
+    steps would only undo the initialisation."""
+
+    def __init__(
+        self, vocab: int, tokens: int, width: int, learned: bool = True, tied: bool = False
+    ):
+        super().__init__(tokens, width, learned)
         self.embed = nn.Embedding(vocab, width)
+        if tied:
+            nn.init.normal_(self.embed.weight, std=width**-0.5)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.add_positions(self.embed(ids))
@@ -135,21 +217,35 @@ class EmbeddingStage(_PositionTable):
 class LinearStage(_PositionTable):
     """Feature vectors or flattened pixel patches (batch, tokens, n_in) -> Linear + positions."""
 
-    def __init__(self, n_in: int, tokens: int, width: int):
-        super().__init__(tokens, width)
-        self.proj = nn.Linear(n_in, width)
+    def __init__(self, n_in: int, tokens: int, width: int, learned: bool = True, bias: bool = True):
+        super().__init__(tokens, width, learned)
+        self.proj = nn.Linear(n_in, width, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.add_positions(self.proj(x))
 
 
 class LMHead(nn.Module):
-    """LayerNorm then Linear(hidden, vocab, bias=False): next-token logits."""
+    """A final norm, then Linear(hidden, vocab, bias=False): next-token logits.
 
-    def __init__(self, hidden: int, vocab: int):
+    A tied head (``tied``) has no matrix of its own: it multiplies by the token embedding of
+    its module's input stage (an ``EmbeddingStage``), which whoever builds the parts hands it
+    with ``tie_to``; the stage is kept outside the head's parameters, so it is owned, reduced
+    and saved once, as part of the stage."""
+
+    def __init__(self, hidden: int, vocab: int, norm: str = "layernorm", tied: bool = False):
         super().__init__()
-        self.ln = nn.LayerNorm(hidden)
-        self.out = nn.Linear(hidden, vocab, bias=False)
+        self.ln = make_norm(norm, hidden)
+        self.out = None if tied else nn.Linear(hidden, vocab, bias=False)
+        self._tied: list[EmbeddingStage] = []  # a list, so the stage is not a submodule
+
+    def tie_to(self, stage: EmbeddingStage) -> None:
+        self._tied[:] = [stage]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.ln(x))
+        x = self.ln(x)
+        if self.out is not None:
+            return self.out(x)
+        if not self._tied:
+            raise RuntimeError("a tied LM head was built without its token embedding")
+        return F.linear(x, self._tied[0].embed.weight)

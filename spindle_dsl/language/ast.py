@@ -109,7 +109,7 @@ class ModalityDecl:
 
 @dataclass(frozen=True)
 class ModuleDecl:
-    """``encoder|module|shared NAME : KIND(args) [<- MODALITY] [frozen]``."""
+    """``encoder|module|shared NAME : KIND(args) [<- MODALITY] [frozen] [from "FILE"]``."""
 
     keyword: ModuleKeyword
     name: Ident
@@ -117,6 +117,7 @@ class ModuleDecl:
     args: tuple[Setting, ...]
     modality: Ident | None = None
     frozen: bool = False
+    weights: Value | None = None  # the string after ``from``: pretrained weights to load
     loc: Loc = field(default=NOWHERE, compare=False, repr=False)
 
 

@@ -86,6 +86,7 @@ def _module(tree: Tree) -> ModuleDecl:
     args: tuple[Setting, ...] = ()
     modality = None
     frozen = False
+    weights = None
     for part in rest:
         if part.data == "kind_args":
             args = _settings(part.children)
@@ -93,6 +94,8 @@ def _module(tree: Tree) -> ModuleDecl:
             modality = _ident(part.children[1])
         elif part.data == "frozen":
             frozen = True
+        elif part.data == "weights":
+            weights = _value(part.children[1])
     return ModuleDecl(
         str(keyword),  # type: ignore[arg-type]
         _ident(name),
@@ -100,6 +103,7 @@ def _module(tree: Tree) -> ModuleDecl:
         args,
         modality,
         frozen,
+        weights,
         _tree_loc(tree),
     )
 

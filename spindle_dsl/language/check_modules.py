@@ -8,12 +8,15 @@ to it as known-but-unusable, so one bad declaration yields one error, not one pe
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from spindle_dsl.kinds import get_kind, kind_names
 from spindle_dsl.kinds.base import Kind
 from spindle_dsl.language.ast import Loc, ModalityDecl, ModuleDecl, Setting
+from spindle_dsl.language.files import spec_relative
 from spindle_dsl.language.reporter import Reporter
 from spindle_dsl.language.resolved import ResolvedModule
 from spindle_dsl.language.suggest import did_you_mean
@@ -100,10 +103,28 @@ def resolve_modules(
     """The modules whose kind, arguments and binding are all valid, by name."""
     out: dict[str, ResolvedModule] = {}
     for d in decls:
+        weights = _weights_file(d, r)
         resolved = _resolve_module(d, r, modalities, modality_names)
-        if resolved is not None:
-            out[d.name.name] = resolved
+        if resolved is not None and weights is not False:
+            out[d.name.name] = replace(resolved, weights=weights)
     return out
+
+
+def _weights_file(d: ModuleDecl, r: Reporter) -> str | bool | None:
+    """The resolved path after ``from``, None without one, False after an error."""
+    if d.weights is None:
+        return None
+    path = spec_relative(r.path, str(d.weights.value))
+    if not os.path.isfile(path):
+        what = "a folder" if os.path.isdir(path) else "not found"
+        r.error(
+            f"weights file {d.weights.describe()} of module '{d.name.name}': {what} "
+            f"(looked for {path})",
+            d.weights.loc,
+            hint="name a .safetensors file, relative to the spec (spindle export writes one)",
+        )
+        return False
+    return path
 
 
 def _resolve_module(
@@ -212,3 +233,28 @@ def _check_binding_name(d: ModuleDecl, r: Reporter, modality_names: set[str]) ->
         )
         return False
     return True
+
+
+def check_tied_embeddings(
+    modules: dict[str, ResolvedModule],
+    reads: dict[str, set[str]],
+    modalities: dict[str, ModalityInfo],
+    r: Reporter,
+) -> None:
+    """A module whose head is tied to its token embedding must read exactly one vocab
+    modality raw (``reads``: module -> modalities any task feeds it raw): that modality's
+    input stage holds the one matrix the embedding and the head share."""
+    for name, m in modules.items():
+        kind = get_kind(m.kind)
+        if not call_kind(r, m.loc, kind, kind.tied_embeddings, m.argmap):
+            continue
+        vocab = sorted(x for x in reads.get(name, ()) if modalities[x].vocab is not None)
+        if len(vocab) != 1:
+            found = "none" if not vocab else ", ".join(vocab)
+            r.error(
+                f"module '{name}' ties its LM head to its token embedding, so it must read "
+                f"exactly one token-id modality; it reads {found}",
+                m.loc,
+                hint="route one vocab modality into it (text -> " + name + "), or set "
+                "tie_embeddings = false",
+            )

@@ -9,17 +9,19 @@ graph with a hole in it they would report the hole again under another name.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from spindle_dsl.kinds import get_kind
 from spindle_dsl.language.ast import Ident, Loc, Path, Setting, TaskDecl
 from spindle_dsl.language.check_modules import modality_problem
+from spindle_dsl.language.files import is_reference, spec_relative
 from spindle_dsl.language.reporter import Reporter
 from spindle_dsl.language.resolved import Edge, ResolvedModule
 from spindle_dsl.language.suggest import did_you_mean
 from spindle_dsl.metagraph import Loss, ModalityInfo
 
-TASK_KEYS = ("batch", "loss")
+TASK_KEYS = ("batch", "loss", "data")
 LOSSES: tuple[Loss, ...] = ("lm", "contrastive", "mse")
 
 
@@ -47,6 +49,7 @@ class TaskDraft:
     batch_setting: Setting | None = None
     loss: Loss | None = None
     loss_setting: Setting | None = None
+    data: str | None = None  # resolved path or package.module:function
     refs: dict[str, list[Loc]] = field(default_factory=dict)  # every reference to a node
 
     @property
@@ -95,7 +98,8 @@ class TaskChecker:
                 self.r.error(
                     f"unknown task setting '{key}'{did_you_mean(key, TASK_KEYS)}",
                     s.key.loc,
-                    hint="a task takes paths (a -> b), batch = N and loss = lm|contrastive|mse",
+                    hint="a task takes paths (a -> b), batch = N, loss = lm|contrastive|mse "
+                    'and data = "folder"',
                 )
             elif key in seen:
                 self.r.error(f"'{key}' is set twice in task '{t.name}'", s.key.loc)
@@ -103,6 +107,9 @@ class TaskChecker:
                 seen.add(key)
                 t.batch_setting = s
                 t.batch = self.r.integer(s.value, f"batch of task '{t.name}'", at=s.loc)
+            elif key == "data":
+                seen.add(key)
+                t.data = self._data(t, s)
             else:
                 seen.add(key)
                 t.loss_setting = s
@@ -115,6 +122,30 @@ class TaskChecker:
                     )
                 elif word is not None:
                     t.loss = word  # type: ignore[assignment]
+
+    def _data(self, t: TaskDraft, s: Setting) -> str | None:
+        """``data = "folder"`` (relative to the spec; it must exist) or a
+        ``"package.module:function"`` that returns a dataset (imported when training)."""
+        if s.value.kind != "string":
+            self.r.error(
+                f"data of task '{t.name}' is a quoted path or \"package.module:function\", "
+                f"got {s.value.describe()}",
+                s.value.loc,
+            )
+            return None
+        text = str(s.value.value)
+        if is_reference(text):
+            return text
+        path = spec_relative(self.r.path, text)
+        if not os.path.exists(path):
+            self.r.error(
+                f"data of task '{t.name}': {s.value.describe()} not found (looked for {path})",
+                s.value.loc,
+                hint="a folder with one .npy array per modality (spindle data synth writes "
+                'one), or "package.module:function" returning a dataset',
+            )
+            return None
+        return path
 
     # --- paths ------------------------------------------------------------------------------
     def _path(

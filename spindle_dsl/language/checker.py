@@ -21,7 +21,11 @@ from spindle_dsl.language.ast import (
 )
 from spindle_dsl.language.check_cluster import resolve_cluster
 from spindle_dsl.language.check_mixes import Mix, resolve_mixes
-from spindle_dsl.language.check_modules import resolve_modalities, resolve_modules
+from spindle_dsl.language.check_modules import (
+    check_tied_embeddings,
+    resolve_modalities,
+    resolve_modules,
+)
 from spindle_dsl.language.check_tasks import Names, TaskChecker, TaskDraft
 from spindle_dsl.language.reporter import Reporter
 from spindle_dsl.language.resolved import Checked, ResolvedTask
@@ -52,6 +56,12 @@ def check(
     )
     checker = TaskChecker(r, names)
     drafts = [checker.check(t) for t in tasks]
+    reads: dict[str, set[str]] = {}
+    for t in drafts:
+        for e in t.edges:
+            if e.from_modality and e.source in modalities:
+                reads.setdefault(e.target, set()).add(e.source)
+    check_tied_embeddings(modules, reads, modalities, r)
     mixes = resolve_mixes(mix_decls, r, [t.name.name for t in tasks])
     selected = _select_mix(mix, mixes, r)
     batches = _batches(drafts, selected, mixes, r)
@@ -74,6 +84,7 @@ def check(
             batch=batches[t.name],
             weight=weights.get(t.name),
             loc=t.decl.name.loc,
+            data=t.data,
         )
         for t in drafts
         if batches.get(t.name, 0) > 0

@@ -208,6 +208,8 @@ def _module(d: ModuleDecl, att: Attached, keyword: int = 0, name: int = 0) -> li
         tail += f" <- {d.modality.name}"
     if d.frozen:
         tail += " frozen"
+    if d.weights is not None:
+        tail += f" from {value_text(d.weights)}"
     trailing = att.trailing.get(id(d))
     args = ", ".join(_setting(a) for a in d.args)
     unpadded = len(f"{d.keyword} {d.name.name} : {d.kind.name}({args}{tail}")

@@ -65,7 +65,8 @@ def lower(checked: Checked) -> MetaGraph:
     return MetaGraph(
         metaops=metaops,
         tasks=tuple(
-            TaskInfo(t.name, t.batch, t.weight, t.loss, tuple(sinks[t.name])) for t in checked.tasks
+            TaskInfo(t.name, t.batch, t.weight, t.loss, tuple(sinks[t.name]), t.data)
+            for t in checked.tasks
         ),
         modules=_module_infos(checked, runs),
         modalities=tuple(
@@ -276,6 +277,7 @@ def _module_infos(checked: Checked, runs: dict[str, list[str]]) -> tuple[ModuleI
                 tasks=tuple(runs[m.name]),
                 params=int(args.get("layers", 1)) * layer + stages + head,
                 raw_inputs=tuple(sorted(raw.items())),
+                weights=m.weights,
             )
         )
     return tuple(out)

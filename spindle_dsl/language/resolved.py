@@ -30,6 +30,7 @@ class ResolvedModule:
     in_width: int
     out_width: int
     loc: Loc = field(default=NOWHERE, compare=False, repr=False)
+    weights: str | None = None  # `from "FILE"`: the file, resolved against the spec's folder
 
     @property
     def argmap(self) -> dict[str, Any]:
@@ -59,6 +60,7 @@ class ResolvedTask:
     batch: int
     weight: float | None  # its weight in the selected mix, None without one
     loc: Loc = field(default=NOWHERE, compare=False, repr=False)
+    data: str | None = None  # `data = "..."`: a resolved path, or "package.module:function"
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,11 @@ EXAMPLES: dict[str, list[str]] = {
         "module m : = 1",
     ],
     "expected a modality name after '<-'": ["encoder e : vit(layers = 1) <- 3"],
+    "expected the weights file in quotes after 'from' (from \"w.safetensors\")": [
+        "module m : mlp(in = 1) from w",
+        "module m : mlp(in = 1) from 3",
+        "encoder e : vit(layers = 1) <- x frozen from",
+    ],
     "expected '{' after the declaration's name": [
         "modality m tokens = 3 }",
         "task t a -> b }",

@@ -22,9 +22,9 @@ from spindle_dsl.errors import Diagnostic, SourceSpan
 from spindle_dsl.language.ast import Comment
 
 DECL_KEYWORDS = frozenset({"CLUSTER", "MODALITY", "ENCODER", "MODULE", "SHARED", "TASK", "MIX"})
-KEYWORDS = DECL_KEYWORDS | {"FROZEN"}
+KEYWORDS = DECL_KEYWORDS | {"FROZEN", "FROM"}
 # A newline right after one of these continues the statement on the next line.
-_CONTINUES = frozenset({"ARROW", "LARROW", "EQUAL", "COLON", "COMMA", "LPAR", "LSQB"})
+_CONTINUES = frozenset({"ARROW", "LARROW", "EQUAL", "COLON", "COMMA", "LPAR", "LSQB", "FROM"})
 _OPENS = frozenset({"LPAR", "LSQB"})
 _CLOSES = frozenset({"RPAR", "RSQB"})
 _MAX_LEX_ERRORS = 20

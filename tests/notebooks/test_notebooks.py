@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-NAMES = ("quickstart.ipynb", "interactive_planning.ipynb", "train_tiny_mm.ipynb")
+NAMES = ("quickstart.ipynb", "interactive_planning.ipynb", "train_tiny_mm.ipynb", "digits.ipynb")
 
 
 @pytest.mark.parametrize("name", NAMES)
