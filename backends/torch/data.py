@@ -16,7 +16,7 @@ tensor, one row per token), plus ``target`` for an ``mse`` task; ``bind`` checks
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -158,8 +158,13 @@ class TaskData:
         datasets: Mapping[str, Any] | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        positions: Callable[[str, int], int] | None = None,
     ):
+        """``positions(task, step)``: the index of the task's first sample at ``step`` (a run
+        that follows a schedule of mixes counts the batches each task took; by default
+        ``step * batch``)."""
         self.graph, self.dtype, self.device = graph, dtype, torch.device(device)
+        self.positions = positions
         self.needs = input_needs(graph)
         self.targets = target_needs(graph)
         self.batches = {t.name: t.batch for t in graph.tasks}
@@ -217,7 +222,7 @@ class TaskData:
     def rows(self, task: str, step: int, lo: int, hi: int) -> dict[str, torch.Tensor]:
         """Rows ``[lo, hi)`` of ``task``'s batch at ``step`` (0-based): each modality stacked to
         (rows, tokens[, width]) and each target to (rows, tokens, width), on the device."""
-        base = step * self.batches[task]
+        base = self.positions(task, step) if self.positions else step * self.batches[task]
         source = self.sources[task]
         samples = [source[(base + i) % len(source)] for i in range(lo, hi)]
         out: dict[str, torch.Tensor] = {}

@@ -10,7 +10,7 @@ CUDA runs start from the same numbers.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 import torch
@@ -95,12 +95,19 @@ class PartStore(nn.Module):
         seed: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        given: Mapping[Part, nn.Module] | None = None,
     ):
+        """``given``: parts this process already holds (a run moving to the next phase of a
+        schedule keeps them as they are); the others are built."""
         super().__init__()
         self.parts = tuple(parts)
         # ModuleDict keys may not contain '.', so index by position and keep a map.
         self._index = {p: i for i, p in enumerate(self.parts)}
-        self.mods = nn.ModuleList(build_part(graph, p, seed, dtype, device) for p in self.parts)
+        given = given or {}
+        self.mods = nn.ModuleList(
+            given[p] if p in given else build_part(graph, p, seed, dtype, device)
+            for p in self.parts
+        )
 
     def __getitem__(self, part: Part) -> nn.Module:
         try:
