@@ -50,10 +50,8 @@ def test_train_follows_the_schedule_on_4_and_2_processes_and_resumes_in_a_phase(
     two = tmp_path / "L2.jsonl"
     assert main(["train", spec, "--devices", "2", "--steps", "8", "--log-json", str(two),
                  "--no-progress"]) == 0  # fmt: skip
-    assert all(_close(a["loss"], b["loss"], 1e-4) for a, b in zip(lines, _log(two), strict=True)), (
-        lines,
-        _log(two),
-    )
+    pairs = list(zip(lines, _log(two), strict=True))
+    assert all(_close(a["loss"], b["loss"], 1e-4) for a, b in pairs), pairs
 
     # 4 steps with a checkpoint folder, then 8 with the same: the uninterrupted run's losses
     ckpt, part = tmp_path / "ckpt", tmp_path / "L3.jsonl"
