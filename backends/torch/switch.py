@@ -4,23 +4,26 @@ At a phase boundary every rank holds the old plan's parts (and the parts it keep
 must end up holding the new plan's, with the weights and AdamW state they had, as if one
 process had trained all along. The switch, on every rank at once:
 
-1. compiles the new plan (``build_schedule``) and gathers each of the old plan's parts' whole
-   optimizer state onto its first holder, through the optimizer's own per-part interface
-   (``part_state``, the one checkpoints use), so how the optimizer keeps its state (sharded,
-   replicated, bucketed) is its own business;
-2. works out, identically everywhere, what each new holder lacks: a rank that held a part
-   keeps its very tensors; one that did not receives the weights from the part's first old
-   holder (or from the rank keeping it parked); every new holder receives the whole state,
+1. compiles the new plan (``build_schedule``); a part whose holders stay the same moves
+   nothing at all: every holder keeps its tensors, and the new optimizer adopts what the old
+   one kept of the part's state (``take_part_state``, where the optimizer offers it);
+2. gathers the whole optimizer state of every other part of the old plan onto its first
+   holder, through the optimizer's per-part interface (``part_state``, the one checkpoints
+   use), so how the optimizer keeps its state (sharded, replicated, bucketed) is its own
+   business;
+3. works out, identically everywhere, what each new holder of those parts lacks: a rank that
+   held a part keeps its tensors; one that did not receives the weights from the part's first
+   old holder (or from the rank keeping it parked); every new holder receives the whole state,
    which the new optimizer cuts into its shard (``load_part_state``). Parts no rank has held
    yet (a task training for the first time) are built from their seed, as at the start;
-3. sends all of it with batched point-to-point (sizes first, then the tensors), builds the new
-   plan's trainer around the kept and received parts, and loads the state;
-4. parks the parts of tasks that leave on their first holder, weights and whole state, until
+4. sends all of it with batched point-to-point (sizes first, then the tensors, one message of
+   each per pair of ranks), builds the new plan's trainer around the kept and received parts,
+   and loads the state;
+5. parks the parts of tasks that leave on their first holder, weights and whole state, until
    a later phase brings the task back.
 
-Parts whose holders do not change move no weights; their optimizer state still goes through
-``part_state``/``load_part_state`` (a gather and a send within the unchanged holder group),
-since that interface is the only one every optimizer offers.
+An optimizer without ``take_part_state`` still works: its unchanged parts then go through
+``part_state``/``load_part_state`` like the others (a gather and sends inside the group).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class SwitchStats:
     seconds: float
     sent_bytes: int  # weights and optimizer state this rank sent
     received_parts: int  # parts this rank received weights of
+    kept_parts: int  # parts whose holders did not change (nothing of them moved)
     parked: int  # parts that left (parked somewhere) at this switch
     unparked: int  # parked parts that came back
 
@@ -72,11 +76,15 @@ def transfers(
     old: dict[Part, tuple[int, ...]],
     parked_at: dict[Part, int],
     new: tuple[tuple[Part, tuple[int, ...]], ...],
+    kept: frozenset[Part] = frozenset(),
 ) -> tuple[Transfer, ...]:
     """Every transfer of a switch, in the new plan's global part order (the same list on
-    every rank). ``old``: the old plan's holders; ``parked_at``: where parked parts are."""
+    every rank). ``old``: the old plan's holders; ``parked_at``: where parked parts are;
+    ``kept``: parts that stay where they are, optimizer state included."""
     out = []
     for part, holders in new:
+        if part in kept:
+            continue
         if part in old:
             src, have = old[part][0], set(old[part])
         elif part in parked_at:
@@ -106,15 +114,18 @@ def switch(
     schedule = build_schedule(graph, plan, world_size)
     before = old.schedule.holder_map
     after = schedule.holder_map
+    # the same answer on every rank: every rank runs the same kind of optimizer
+    handover = callable(getattr(old.opt, "take_part_state", None))
+    kept = frozenset(p for p, h in after.items() if handover and before.get(p) == h)
     whole = {}
     for part, holders in old.schedule.holders:  # the global order: gathers meet
-        if rank in holders:
+        if rank in holders and part not in kept:
             state = old.opt.part_state(part)
             if holders[0] == rank:
                 whole[part] = state
-    for part, kept in parked.mine.items():
-        whole[part] = kept.state
-    moves = transfers(before, parked.at, schedule.holders)
+    for part, keeping in parked.mine.items():
+        whole[part] = keeping.state
+    moves = transfers(before, parked.at, schedule.holders, kept)
 
     def module_of(part: Part) -> torch.nn.Module:
         return old.store[part] if part in old.store else parked.mine[part].module
@@ -125,6 +136,10 @@ def switch(
     received, sent = _exchange(moves, rank, whole, module_of, store, old.device)
     new = make(graph, plan, store)
     for part in schedule.parts_of(rank):
+        if part in kept:
+            if not new.opt.take_part_state(part, old.opt):  # type: ignore[attr-defined]
+                raise ExecutionError(f"internal: the optimizer did not keep {part.key}'s state")
+            continue
         state = received.get(part, whole.get(part))
         if state is not None:
             new.opt.load_part_state(part, state)
@@ -138,7 +153,7 @@ def switch(
         if before[part][0] == rank:
             parked.mine[part] = ParkedPart(old.store[part], whole[part])
     weights = sum(1 for m in moves if m.dst == rank and m.weights)
-    stats = SwitchStats(time.perf_counter() - t0, sent, weights, len(left), len(back))
+    stats = SwitchStats(time.perf_counter() - t0, sent, weights, len(kept), len(left), len(back))
     return new, stats
 
 
