@@ -26,7 +26,7 @@ def add_jobs_argument(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="with a schedule: worker processes planning phases beside this one "
-        "(default: one per phase but the first, at most the CPU count; 0: none)",
+        "(default: one per phase but the first, at most the idle cores; 0: none)",
     )
 
 

@@ -13,9 +13,11 @@ complexity, while two things do pay:
   gives: a fork would share the parent's solver process and locks, and a spawn would re-run
   a user script's top-level code. Each worker starts its own solver process, so a solver
   crash in one phase is a warning there, as in a single plan. A worker costs about half a
-  second to start (imports, its solver process), so side by side pays for plans that take
-  longer than that (qwen_val's two phases: 2.7 s one after the other, 1.9 s side by side)
-  and barely for tiny ones (tiny_schedule's three: 1.5 s either way, on two busy cores).
+  second to start (imports, its solver process), and it needs a core of its own: side by
+  side paid on two cores that were otherwise idle (qwen_val's two phases: 2.7 s one after the
+  other, 1.9 s side by side; tiny_schedule's three: 1.56 s and 1.32 s) and cost a lot on the
+  same two cores with a dozen other processes running (tiny_schedule 2.2 s and 5.4 s). So by
+  default a worker is started only for a core the load average says is idle.
 
 With one distinct graph, or ``jobs=0``, everything runs in this process.
 """
@@ -100,14 +102,15 @@ def plan_schedule(
     jobs: int | None = None,
 ) -> PlanBundle:
     """A plan per phase of ``schedule``, as a bundle. ``jobs``: worker processes planning
-    beside this one (default: one per distinct graph but the first, at most the CPU count;
-    0 plans everything here). Raises ``PlanError`` naming the phase that cannot be planned."""
+    beside this one (default: one per distinct graph but the first, at most the number of
+    idle cores, ``idle_cores``; 0 plans everything here). Raises ``PlanError`` naming the
+    phase that cannot be planned."""
     t0 = time.perf_counter()
     graphs, index = distinct_graphs(schedule)
     requests = [
         PlanRequest(g, profile, scheduler, time_limit_s, check_memory, solver) for g in graphs
     ]
-    most = jobs if jobs is not None else os.cpu_count() or 1
+    most = jobs if jobs is not None else idle_cores()
     workers = max(0, min(len(requests) - 1, most))
     outcomes = _side_by_side(requests, workers) if workers else _here(requests)
     phases = []
@@ -128,6 +131,17 @@ def plan_schedule(
             "phases_sharing_a_plan": len(schedule) - len(graphs),
         },
     )
+
+
+def idle_cores() -> int:
+    """Cores this process may use that the last minute's load average leaves idle (the CPU
+    count where the platform keeps no load average)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = 0.0
+    return max(0, int((cores or 1) - load))
 
 
 def _for_mix(plan: Plan, mix: str) -> Plan:

@@ -61,3 +61,16 @@ def test_a_phase_that_cannot_be_planned_is_named():
     schedule = compile_text(TINY, cluster_overrides={"memory_bytes": 2**20}).schedule
     with pytest.raises(PlanError, match="phase from step 0 \\(mix 'warmup'\\)"):
         plan_schedule(schedule, scheduler="paper", jobs=0)
+
+
+def test_by_default_workers_start_only_for_idle_cores(monkeypatch):
+    import os
+
+    from spindle_dsl.planner import phases
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (50.0, 0.0, 0.0))
+    assert phases.idle_cores() == 0
+    schedule = compile_file(EXAMPLES / "tiny_schedule.spindle").schedule
+    assert plan_schedule(schedule, scheduler="paper").planning["worker_processes"] == 0
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert phases.idle_cores() == len(os.sched_getaffinity(0))
