@@ -3,9 +3,10 @@
 Table 1, planning (no training): for tiny_schedule (3 phases, 4 CPU devices) and a
 qwen_val-sized job with a schedule (examples/qwen_val.spindle with ``schedule { 0: pretrain;
 2000: audio_heavy }`` appended, 32 A800s), the seconds to plan every phase one after the other
-in this process (``--jobs 0``) and side by side (this process and worker processes, the
-default), the median of ``--repeat`` runs; beside them, what one phase's curves and planning
-context cost, the part that sharing between phases could save.
+in this process (``--jobs 0``), side by side (this process and a worker process per other
+plan) and by default (workers only for idle cores), the median of ``--repeat`` runs; beside
+them, what one phase's curves and planning context cost, the part that sharing between phases
+could save.
 
 Table 2, switching (tiny_schedule trained for 8 steps on 4 gloo workers, float32): each switch's
 seconds on rank 0 and on the slowest rank, the bytes the ranks sent, and the median step time of
@@ -17,6 +18,7 @@ the phase the run switches from and of the one it switches to.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -61,19 +63,23 @@ def time_shareable(schedule) -> float:
 
 
 def planning_table(repeat: int, limit: float | None) -> None:
-    from spindle_dsl.planner.phases import distinct_graphs
+    from spindle_dsl.planner.phases import distinct_graphs, idle_cores
 
-    print("Table 1: planning every phase (median of", repeat, "runs)")
+    print(f"Table 1: planning every phase (median of {repeat} runs; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, {idle_cores()} idle)")  # fmt: skip
     head = f"{'workload':<30} {'phases':>6} {'plans':>5} {'serial s':>9} {'side by side s':>14} "
-    print(head + f"{'speed-up':>8} {'curves+context s':>16}")
+    print(head + f"{'speed-up':>8} {'default s':>9} {'curves+context s':>16}")
     for name, schedule in workloads():
-        serial = time_planning(schedule, 0, repeat, limit)
-        side = time_planning(schedule, None, repeat, limit)
         plans = len(distinct_graphs(schedule)[0])
+        serial = time_planning(schedule, 0, repeat, limit)
+        side = time_planning(schedule, plans - 1, repeat, limit)
+        auto = time_planning(schedule, None, repeat, limit)
         print(
             f"{name:<30} {len(schedule):>6} {plans:>5} {serial:>9.2f} {side:>14.2f} "
-            f"{serial / side:>7.2f}x {time_shareable(schedule):>16.4f}"
+            f"{serial / side:>7.2f}x {auto:>9.2f} {time_shareable(schedule):>16.4f}"
         )
+    print("(side by side: a worker process per plan but the first; default: workers only for")
+    print(" idle cores, so serial on a busy machine)")
 
 
 def switch_table(repeat: int) -> None:
