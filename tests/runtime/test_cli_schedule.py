@@ -10,8 +10,6 @@ import pytest
 from spindle_dsl.cli import main
 from spindle_dsl.render.trace import check_trace
 
-pytestmark = pytest.mark.slow
-
 MIXES = ["warmup"] * 3 + ["caption_only"] * 3 + ["balanced"] * 2
 
 
@@ -23,6 +21,7 @@ def _close(a: dict, b: dict, rel: float) -> bool:
     return a.keys() == b.keys() and all(abs(a[k] - b[k]) <= rel * abs(a[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_train_follows_the_schedule_on_4_and_2_processes_and_resumes_in_a_phase(
     tmp_path, shared_dir, capfd
 ):
@@ -63,3 +62,25 @@ def test_train_follows_the_schedule_on_4_and_2_processes_and_resumes_in_a_phase(
     resumed = _log(part)
     assert [x["mix"] for x in resumed] == MIXES
     assert _close(lines[-1]["loss"], resumed[-1]["loss"], 1e-6), (lines[-1], resumed[-1])
+
+
+def test_a_scheduled_spec_needs_its_bundle_and_a_bundle_needs_its_schedule(
+    tmp_path, shared_dir, capfd
+):
+    spec = str(shared_dir / "spec" / "next" / "tiny_schedule.spindle")
+    single, bundle, other = tmp_path / "p.json", tmp_path / "b.json", tmp_path / "o.json"
+    plan = ["plan", spec, "--scheduler", "paper", "--quiet", "--jobs", "0", "--out"]
+    assert main([*plan[:2], "--mix", "warmup", *plan[2:], str(single)]) == 0
+    assert main([*plan, str(bundle)]) == 0
+    data = json.loads(bundle.read_text())
+    data["phases"][1]["first_step"] = 4
+    other.write_text(json.dumps(data))
+    capfd.readouterr()
+    run = ["--nproc", "4", "--steps", "1"]
+    assert main(["train", spec, "--plan", str(single), *run]) == 1
+    assert "this spec has a schedule: run it with the plan bundle" in capfd.readouterr().err
+    assert main(["train", spec, "--mix", "warmup", "--plan", str(bundle), *run]) == 1
+    assert "a plan bundle needs a spec with a schedule" in capfd.readouterr().err
+    assert main(["train", spec, "--plan", str(other), *run]) == 1
+    err = capfd.readouterr().err
+    assert "are not the spec's schedule" in err and "Traceback" not in err
