@@ -37,3 +37,17 @@ def test_a_scheduled_spec_shows_its_phases_and_replans_each_once():
     w.mix.value = "caption_only"
     assert w.view.result.bundle is None and w.phases.value == ""
     assert {m.task for m in w.plan.metaops} == {"caption"}
+
+
+def test_export_of_a_schedule_writes_its_bundle(tmp_path):
+    from spindle_dsl.plan.bundle import read_plan_file
+
+    w = PlannerWidget.from_file(EXAMPLES / "tiny_schedule.spindle", debounce_s=0)
+    w.export_dir.value = str(tmp_path)
+    w.export()
+    written = w.last_export
+    assert written.bundle is not None and written.bundle in written.paths
+    bundle = read_plan_file(written.bundle)
+    assert [p.mix for p in bundle.phases] == ["warmup", "caption_only", "balanced"]
+    assert "--mix" not in written.command and str(written.bundle) in written.command
+    assert "Phase 3: mix balanced" in written.report.read_text()
