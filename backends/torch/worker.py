@@ -292,11 +292,11 @@ def _train(
             dpn = trainer.plan.cluster.devices_per_node
             write_measured_trace(config.trace, spans, schedule_at, dpn, meta)
             trace_path = config.trace
-    # What each rank holds of the optimizer state, for the result (memory accounting, tests).
     if job.schedule is not None:  # every rank's view of the switches, for the result
         views: list[Any] = [None] * world_size if lead else []
         dist.gather_object(switches, views if lead else None, dst=0)
         switches = [{**s, "per_rank": [v[i] for v in views]} for i, s in enumerate(switches)]
+    # What each rank holds of the optimizer state, for the result (memory accounting, tests).
     held = [(t.opt.state_elements(), t.opt.state_bytes()) for t in (trainer, *others)]
     every: list[Any] = [None] * world_size if lead else []
     dist.gather_object(held, every if lead else None, dst=0)
