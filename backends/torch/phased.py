@@ -4,7 +4,8 @@ A phase is (first step, mix, MetaGraph, plan). A run without a schedule is a run
 so the worker has a single path. Between phases a task may leave (``caption_only`` drops
 ``transcribe``); its parts are then *parked*: the first rank that held each keeps its weights
 and its whole optimizer state, untouched, until a later phase trains the task again and the
-switch (``switch.py``) hands them to their new holders. Every rank knows where each parked
+switch (``switch.py``) hands them to their new holders; they wait in host memory, so the
+device keeps its room for the phase that runs. Every rank knows where each parked
 part is (``Parked.at``); only that rank holds it (``Parked.mine``). A checkpoint writes parked
 parts too, and resuming spreads them over the ranks of the new run.
 """
@@ -102,7 +103,7 @@ class Parked:
         return {p: (k.module, k.state) for p, k in self.mine.items()}
 
     def bytes_here(self) -> int:
-        """Parameter bytes this rank keeps parked (memory accounting)."""
+        """Parameter bytes this rank keeps parked (its whole optimizer state besides)."""
         return sum(t.numel() * t.element_size() for k in self.mine.values()
                    for t in k.module.parameters())  # fmt: skip
 
@@ -116,7 +117,6 @@ def resume_parked(
     *,
     seed: int,
     dtype: torch.dtype,
-    device: torch.device,
 ) -> Parked:
     """The checkpoint's parts that the resuming phase does not use, parked again: the ``i``-th
     (in the manifest's order) on rank ``i mod world_size``, whatever ranks kept them before."""
@@ -127,7 +127,7 @@ def resume_parked(
         parked.at[part] = i % world_size
         if parked.at[part] != rank:
             continue
-        module = build_part(module_graph(phases, part.module), part, seed, dtype, device)
+        module = build_part(module_graph(phases, part.module), part, seed, dtype, "cpu")
         record = checkpoint.read_part(info, part)
         checkpoint.load_params(info, part, module, record)
         parked.mine[part] = ParkedPart(module, record["optimizer"])

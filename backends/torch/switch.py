@@ -19,8 +19,9 @@ process had trained all along. The switch, on every rank at once:
 4. sends all of it with batched point-to-point (sizes first, then the tensors, one message of
    each per pair of ranks), builds the new plan's trainer around the kept and received parts,
    and loads the state;
-5. parks the parts of tasks that leave on their first holder, weights and whole state, until
-   a later phase brings the task back.
+5. parks the parts of tasks that leave on their first holder, weights and whole state, in
+   host memory (the device keeps room for the phase that runs), until a later phase brings
+   the task back.
 
 An optimizer without ``take_part_state`` still works: its unchanged parts then go through
 ``part_state``/``load_part_state`` like the others (a gather and sends inside the group).
@@ -70,6 +71,7 @@ class SwitchStats:
     kept_parts: int  # parts whose holders did not change (nothing of them moved)
     parked: int  # parts that left (parked somewhere) at this switch
     unparked: int  # parked parts that came back
+    parked_bytes: int  # weights this rank keeps parked in host memory after the switch
 
 
 def transfers(
@@ -131,7 +133,9 @@ def switch(
         return old.store[part] if part in old.store else parked.mine[part].module
 
     given = {p: module_of(p) for p in schedule.parts_of(rank) if p in old.store}
-    given.update({p: parked.mine[p].module for p in schedule.parts_of(rank) if p in parked.mine})
+    for p in schedule.parts_of(rank):
+        if p in parked.mine:  # coming back: from host memory to the device
+            given[p] = parked.mine[p].module.to(old.device)
     store = PartStore(graph, schedule.parts_of(rank), seed, dtype, old.device, given=given)
     received, sent = _exchange(moves, rank, whole, module_of, store, old.device)
     new = make(graph, plan, store)
@@ -151,9 +155,17 @@ def switch(
     for part in left:
         parked.at[part] = before[part][0]
         if before[part][0] == rank:
-            parked.mine[part] = ParkedPart(old.store[part], whole[part])
+            parked.mine[part] = ParkedPart(old.store[part].to("cpu"), whole[part])
     weights = sum(1 for m in moves if m.dst == rank and m.weights)
-    stats = SwitchStats(time.perf_counter() - t0, sent, weights, len(kept), len(left), len(back))
+    stats = SwitchStats(
+        time.perf_counter() - t0,
+        sent,
+        weights,
+        len(kept),
+        len(left),
+        len(back),
+        parked.bytes_here(),
+    )
     return new, stats
 
 

@@ -207,7 +207,7 @@ def _train(
         if scheduled:
             parked = resume_parked(
                 info, set(trainer.schedule.holder_map), phases, rank, world_size,
-                seed=config.seed, dtype=DTYPES[config.dtype], device=device,
+                seed=config.seed, dtype=DTYPES[config.dtype],
             )  # fmt: skip
     lead = rank == 0
     log = open(config.log_json, "a" if start else "w") if lead and config.log_json else None  # noqa: SIM115
