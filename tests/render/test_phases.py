@@ -73,3 +73,6 @@ def test_spindle_report_on_a_scheduled_spec_and_on_a_bundle(tmp_path, capsys):
     for source, out in ((spec, tmp_path / "a.html"), (str(bundle), tmp_path / "b.html")):
         assert main(["report", source, "--scheduler", "paper", "-o", str(out)]) == 0
         assert "Phase 3: mix balanced" in out.read_text()
+    capsys.readouterr()
+    assert main(["render", str(bundle), "--what", "waves"]) == 1  # one picture per plan
+    assert "is a plan bundle of 3 phases" in capsys.readouterr().err
