@@ -93,12 +93,20 @@ class StepRecord:
     step: int  # 1-based: the number of optimizer steps taken when it ends
     losses: tuple[tuple[str, float], ...]  # (task, mean loss of its batch), declaration order
     seconds: float
+    mix: str | None = None  # the mix this step trained (a schedule changes it)
+    # On the first step of a schedule's phase: the seconds the run took to switch to the
+    # phase's plan (before the step, not counted in ``seconds``).
+    switch_s: float | None = None
 
     def loss(self, task: str) -> float:
         return dict(self.losses)[task]
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "loss": dict(self.losses), "seconds": self.seconds}
+        out = {"step": self.step, "mix": self.mix, "loss": dict(self.losses)}
+        out["seconds"] = self.seconds
+        if self.switch_s is not None:
+            out["switch_s"] = self.switch_s
+        return out
 
 
 @dataclass(frozen=True)

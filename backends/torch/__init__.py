@@ -24,6 +24,8 @@ from typing import Any
 
 from spindle_dsl.errors import ExecutionError
 from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.phases import MixSchedule
+from spindle_dsl.plan.bundle import PlanBundle
 from spindle_dsl.plan.model import Plan
 
 from ..base import Backend, RunConfig, RunResult
@@ -51,15 +53,20 @@ class TorchBackend(Backend):
     def train(
         self,
         graph: MetaGraph,
-        plan: Plan | None,
+        plan: Plan | PlanBundle | None,
         config: RunConfig,
         *,
         nproc: int | None = None,
         datasets: Mapping[str, Any] | None = None,
-        planner: Callable[[], Plan] | None = None,
+        planner: Callable[[], Plan | PlanBundle] | None = None,
         compare: tuple[Plan | tuple[Plan, Mapping[str, Any]], ...] = (),
+        schedule: MixSchedule | None = None,
     ) -> RunResult | None:
         """Train; ``plan`` None asks ``planner`` for one (once, on rank 0 or in the parent).
+
+        ``schedule``: the spec's schedule of mixes (``graph`` is its first phase's); ``plan``
+        is then a ``PlanBundle`` with a plan per phase, and the run switches plans in place at
+        each phase's first step (``switch.py``).
 
         ``compare`` adds plans of the same spec that the same processes train side by side,
         each a fresh model, one step of each after every step of ``plan``; their step records
@@ -67,22 +74,27 @@ class TorchBackend(Backend):
         may be ``(plan, changes)`` to also change ``recompute``, ``optimizer_sharding`` or
         ``grad_collective`` for that model (the same plan with and without sharding, say)."""
         from .launch import spawn
+        from .phased import run_phases
         from .worker import Job, compare_item, preflight, run_rank
 
         compare = tuple(compare)
         for item in compare:
             compare_item(item)  # refuse a bad item before anything starts
+        if compare and schedule is not None:
+            raise ExecutionError("plans are compared on runs of one mix, not on a schedule")
 
         if nproc is not None:
             if plan is None:
                 if planner is None:
                     raise ExecutionError("no plan given and no planner to make one")
                 plan = planner()
-            for p in (plan, *(compare_item(c)[0] for c in compare)):
+            for r in run_phases(graph, plan, schedule):
+                preflight(r.graph, r.plan, nproc, datasets)
+            for p in (compare_item(c)[0] for c in compare):
                 preflight(graph, p, nproc, datasets)
-            job = Job(graph, plan, config, dict(datasets or {}), tuple(compare))
+            job = Job(graph, plan, config, dict(datasets or {}), tuple(compare), schedule)
             return spawn(job, nproc, hang_timeout_s=config.hang_timeout_s)
-        job = Job(graph, plan, config, dict(datasets or {}), tuple(compare))
+        job = Job(graph, plan, config, dict(datasets or {}), tuple(compare), schedule)
         env = torchrun_env()
         rank, world, local = env if env is not None else (0, 1, 0)
         return run_rank(job, rank, world, local, planner=planner)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,15 @@ def _serialise(obj: Any) -> bytes:
     return buf.getvalue()
 
 
+def _write_part(folder: Path, part: Part, module: torch.nn.Module, optimizer: Any) -> None:
+    state = {
+        "part": part.key,
+        "params": {n: t.detach().cpu().clone() for n, t in module.named_parameters()},
+        "optimizer": optimizer,
+    }
+    write_atomic(part_file(folder, part), _serialise(state))
+
+
 def save(
     root: str | Path,
     step: int,
@@ -72,9 +82,15 @@ def save(
     store: PartStore,
     opt: RankOptimizer,
     meta: dict[str, Any],
+    *,
+    parked: Mapping[Part, tuple[torch.nn.Module, Any]] | None = None,
+    parked_parts: Sequence[Part] = (),
 ) -> Path:
     """Write the checkpoint of ``step`` (a collective: every rank must call it). Parts go in
-    the schedule's global order, so the gathers of sharded state meet on every holder."""
+    the schedule's global order, so the gathers of sharded state meet on every holder.
+    ``parked``: parts of tasks the current phase of a schedule leaves out that this rank
+    keeps (module, whole optimizer state), written too; ``parked_parts``: all of them, on
+    every rank, for the manifest."""
     folder = step_dir(root, step)
     for part, holders in schedule.holders:
         if rank not in holders:
@@ -82,13 +98,9 @@ def save(
         optimizer = opt.part_state(part)
         if min(holders) != rank:
             continue
-        module = store[part]
-        state = {
-            "part": part.key,
-            "params": {n: t.detach().cpu().clone() for n, t in module.named_parameters()},
-            "optimizer": optimizer,
-        }
-        write_atomic(part_file(folder, part), _serialise(state))
+        _write_part(folder, part, store[part], optimizer)
+    for part, (module, optimizer) in (parked or {}).items():
+        _write_part(folder, part, module, optimizer)
     if dist.is_initialized():
         dist.barrier()
     if rank == 0:
@@ -96,7 +108,7 @@ def save(
             "format": FORMAT,
             "version": 1,
             "step": step,
-            "parts": [p.key for p, _ in schedule.holders],
+            "parts": [p.key for p, _ in schedule.holders] + [p.key for p in parked_parts],
             **meta,
         }
         write_atomic(folder / "manifest.json", json.dumps(manifest, indent=1) + "\n")
@@ -132,26 +144,44 @@ def check_compatible(info: CheckpointInfo, meta: dict[str, Any]) -> None:
             )
 
 
-def load(info: CheckpointInfo, store: PartStore, opt: RankOptimizer) -> None:
-    """Load every part this rank holds, parameters and optimizer state, from ``info``."""
+def read_part(info: CheckpointInfo, part: Part) -> dict[str, Any]:
+    """One part's saved record: ``params`` by name and the whole ``optimizer`` state."""
+    try:
+        return torch.load(part_file(info.path, part), map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ExecutionError(
+            f"checkpoint {info.path} has no {part.key}: it was written for another spec"
+        ) from None
+
+
+def load(
+    info: CheckpointInfo, store: PartStore, opt: RankOptimizer, *, only_listed: bool = False
+) -> None:
+    """Load every part this rank holds, parameters and optimizer state, from ``info``.
+    ``only_listed``: a part the manifest does not list keeps its initial weights (a run
+    following a schedule builds a task's parts when the task first trains)."""
+    listed = set(info.manifest.get("parts", ()))
     for part in store.parts:
-        path = part_file(info.path, part)
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except FileNotFoundError:
-            raise ExecutionError(
-                f"checkpoint {info.path} has no {part.key}: it was written for another spec"
-            ) from None
-        module = store[part]
-        params = dict(module.named_parameters())
-        if set(state["params"]) != set(params):
-            raise ExecutionError(f"{path}: parameters differ from the model's {part.key}")
-        with torch.no_grad():
-            for name, t in params.items():
-                saved = state["params"][name]
-                if saved.shape != t.shape:
-                    raise ExecutionError(
-                        f"{path}: {name} has shape {tuple(saved.shape)}, the model {tuple(t.shape)}"
-                    )
-                t.copy_(saved.to(dtype=t.dtype))
+        if only_listed and part.key not in listed:
+            continue
+        state = read_part(info, part)
+        load_params(info, part, store[part], state)
         opt.load_part_state(part, state["optimizer"])
+
+
+def load_params(
+    info: CheckpointInfo, part: Part, module: torch.nn.Module, state: dict[str, Any]
+) -> None:
+    """Copy a part's saved parameters into ``module`` (names and shapes checked)."""
+    path = part_file(info.path, part)
+    params = dict(module.named_parameters())
+    if set(state["params"]) != set(params):
+        raise ExecutionError(f"{path}: parameters differ from the model's {part.key}")
+    with torch.no_grad():
+        for name, t in params.items():
+            saved = state["params"][name]
+            if saved.shape != t.shape:
+                raise ExecutionError(
+                    f"{path}: {name} has shape {tuple(saved.shape)}, the model {tuple(t.shape)}"
+                )
+            t.copy_(saved.to(dtype=t.dtype))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +114,13 @@ class TaskData:
         datasets: Mapping[str, Any] | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        positions: Callable[[str, int], int] | None = None,
     ):
+        """``positions(task, step)``: the index of the task's first sample at ``step`` (a run
+        that follows a schedule of mixes counts the batches each task took; by default
+        ``step * batch``)."""
         self.graph, self.dtype, self.device = graph, dtype, torch.device(device)
+        self.positions = positions
         self.needs = input_needs(graph)
         self.targets = target_needs(graph)
         self.batches = {t.name: t.batch for t in graph.tasks}
@@ -195,9 +200,11 @@ class TaskData:
         return None
 
     def rows(self, task: str, step: int, lo: int, hi: int) -> dict[str, torch.Tensor]:
-        """Rows ``[lo, hi)`` of ``task``'s batch at ``step`` (0-based) while every step of the
-        run takes the task's batch from this graph: ``rows_at`` from position step x batch."""
-        return self.rows_at(task, step * self.batches[task], lo, hi)
+        """Rows ``[lo, hi)`` of ``task``'s batch at ``step`` (0-based): ``rows_at`` from the
+        task's position at ``step`` (``positions(task, step)`` when the run follows a schedule
+        of mixes, else step x batch)."""
+        base = self.positions(task, step) if self.positions else step * self.batches[task]
+        return self.rows_at(task, base, lo, hi)
 
     def rows_at(self, task: str, first: int, lo: int, hi: int) -> dict[str, torch.Tensor]:
         """Rows ``[lo, hi)`` of a batch of ``task`` whose first row is the task's sample at

@@ -126,6 +126,16 @@ class ReplicatedAdamW:
             if t.requires_grad:
                 load_param_state(self.opt, t, saved.get(name, {}))
 
+    def take_part_state(self, part: Part, other: object) -> bool:
+        """Adopt ``part``'s state from ``other``, the previous plan's optimizer in a run that
+        switches plans, where this rank held the very same parameters (``switch.py``)."""
+        if type(other) is not type(self):
+            return False
+        for _, t in self.store[part].named_parameters():
+            if t.requires_grad and t in other.opt.state:  # type: ignore[attr-defined]
+                self.opt.state[t] = other.opt.state[t]  # type: ignore[attr-defined]
+        return True
+
     def state_elements(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for part, _, t in self.store.trainable():

@@ -11,7 +11,7 @@ its tensors from that file (``weights.py``), cast to the training dtype.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 import torch
@@ -109,12 +109,19 @@ class PartStore(nn.Module):
         seed: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        given: Mapping[Part, nn.Module] | None = None,
     ):
+        """``given``: parts this process already holds (a run moving to the next phase of a
+        schedule keeps them as they are); the others are built."""
         super().__init__()
         self.parts = tuple(parts)
         # ModuleDict keys may not contain '.', so index by position and keep a map.
         self._index = {p: i for i, p in enumerate(self.parts)}
-        self.mods = nn.ModuleList(build_part(graph, p, seed, dtype, device) for p in self.parts)
+        given = given or {}
+        self.mods = nn.ModuleList(
+            given[p] if p in given else build_part(graph, p, seed, dtype, device)
+            for p in self.parts
+        )
         self._tie_heads(graph)
 
     def _tie_heads(self, graph: MetaGraph) -> None:

@@ -33,6 +33,12 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
 
+    def note(self, text: str) -> None:
+        """A line of its own between progress lines (a schedule's switch of plans)."""
+        self.close()
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
     def close(self) -> None:
         if self.open:
             self.stream.write("\n")

@@ -9,18 +9,19 @@ job (part initialisation, the data source, the loss formulas), never how work is
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from spindle_dsl.errors import ExecutionError
 from spindle_dsl.metagraph import MetaGraph, TaskInfo
+from spindle_dsl.phases import MixSchedule
 
 from . import losses as L
 from .data import TaskData
 from .optim import make_optimizer
-from .params import DTYPES, PartStore
+from .params import DTYPES, PartStore, build_part
 from .parts import Part, graph_parts, head_module
 from .weights import check_weights, compare_keys, flat_key, read_header
 
@@ -35,11 +36,16 @@ class ReferenceModel:
         seed: int = 0,
         dtype: str = "float32",
         datasets: Mapping[str, Any] | None = None,
+        store: PartStore | None = None,
+        data: TaskData | None = None,
     ):
+        """``store``/``data``: parts and data shared with other models of the same spec (the
+        phases of a schedule, ``ScheduleReference``)."""
         self.graph = graph
-        check_weights(graph, graph_parts(graph))
-        self.store = PartStore(graph, graph_parts(graph), seed, DTYPES[dtype])
-        self.data = TaskData(graph, seed, datasets, DTYPES[dtype])
+        if store is None:
+            check_weights(graph, graph_parts(graph))
+        self.store = store or PartStore(graph, graph_parts(graph), seed, DTYPES[dtype])
+        self.data = data or TaskData(graph, seed, datasets, DTYPES[dtype])
         self.tasks = [t for t in graph.tasks if t.batch > 0]
         for task in self.tasks:
             L.check_task(graph, task)
@@ -110,19 +116,9 @@ class ReferenceModel:
         eps: float = 1e-8,
     ) -> list[dict[str, float]]:
         """``steps`` AdamW steps from the start; the per-task losses of each step."""
-        params = [t for _, _, t in self.store.trainable()]
-        opt = make_optimizer(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
-        history = []
-        for step in range(steps):
-            opt.zero_grad(set_to_none=True)
-            losses = self.losses(step)
-            total = sum(losses.values())
-            if isinstance(total, torch.Tensor) and total.requires_grad:
-                total.backward()
-            self.store.fill_missing_grads()
-            opt.step()
-            history.append({k: float(v.detach()) for k, v in losses.items()})
-        return history
+        hyper = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+        fill = self.store.fill_missing_grads
+        return adamw_steps(self.store, steps, self.losses, lambda _step: fill(), hyper)
 
     def load_weights(self, path: str) -> None:
         """Load every parameter from a safetensors file with ``MODULE.ROLE.PARAM`` keys (what
@@ -146,3 +142,91 @@ class ReferenceModel:
             p.key: {n: t.detach().clone() for n, t in self.store[p].named_parameters()}
             for p in self.store.parts
         }
+
+
+class ScheduleReference:
+    """The oracle of a run that follows a schedule of mixes: every part of every phase in one
+    process, each step computed by its phase's model on the samples the schedule assigns.
+
+    Parts are built once, from their seeds, and shared by the phases; one AdamW steps them
+    all, and a step gives gradients only to its phase's parts (zeros where a part got none, as
+    the runtime's holders do), so the parts of an absent task keep their weights, moments and
+    step counts until the task returns, which is what the runtime's parking must reproduce."""
+
+    def __init__(
+        self,
+        schedule: MixSchedule,
+        *,
+        seed: int = 0,
+        dtype: str = "float32",
+        datasets: Mapping[str, Any] | None = None,
+    ):
+        self.schedule = schedule
+        built: dict[Part, torch.nn.Module] = {}
+        for phase in schedule.phases:
+            for part in graph_parts(phase.graph):
+                if part not in built:
+                    built[part] = build_part(phase.graph, part, seed, DTYPES[dtype])
+        graph = schedule.phases[0].graph
+        self.store = PartStore(graph, tuple(built), seed, DTYPES[dtype], given=built)
+        at = schedule.first_sample
+        self.models = [
+            ReferenceModel(
+                p.graph,
+                store=self.store,
+                data=TaskData(p.graph, seed, datasets, DTYPES[dtype], positions=at),
+            )
+            for p in schedule.phases
+        ]
+        self.phase_parts = [graph_parts(p.graph) for p in schedule.phases]
+
+    def train(
+        self,
+        steps: int,
+        *,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> list[dict[str, float]]:
+        """``steps`` AdamW steps from the start through the schedule; each step's losses."""
+
+        def losses(step: int) -> dict[str, torch.Tensor]:
+            return self.models[self.schedule.index_at(step)].losses(step)
+
+        def fill(step: int) -> None:  # only the phase's parts: the others must not move
+            for part in self.phase_parts[self.schedule.index_at(step)]:
+                for t in self.store[part].parameters():
+                    if t.requires_grad and t.grad is None:
+                        t.grad = torch.zeros_like(t)
+
+        hyper = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+        return adamw_steps(self.store, steps, losses, fill, hyper)
+
+    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every parameter of every phase, by part key then parameter name."""
+        return ReferenceModel.state(self)  # type: ignore[arg-type]  (reads only .store)
+
+
+def adamw_steps(
+    store: PartStore,
+    steps: int,
+    losses: Callable[[int], dict[str, torch.Tensor]],
+    fill_missing_grads: Callable[[int], None],
+    hyper: dict[str, Any],
+) -> list[dict[str, float]]:
+    """The oracle's loop: per step, one backward of the summed losses, zero gradients where
+    ``fill_missing_grads`` says, one AdamW step over every trainable parameter of ``store``
+    (those left without a gradient are skipped, state and all)."""
+    opt = make_optimizer((t for _, _, t in store.trainable()), **hyper)
+    history = []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        got = losses(step)
+        total = sum(got.values())
+        if isinstance(total, torch.Tensor) and total.requires_grad:
+            total.backward()
+        fill_missing_grads(step)
+        opt.step()
+        history.append({k: float(v.detach()) for k, v in got.items()})
+    return history

@@ -11,7 +11,7 @@ cross device groups, so the measured and the predicted trace open side by side i
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,10 +53,13 @@ class Tracer:
             self.spans.append(Span(self.rank, name, cat, start, time.time(), tuple(args.items())))
 
 
-def _flows(spans: Sequence[chrome.Span], schedule: Schedule) -> list[chrome.Flow]:
+def _flows(
+    spans: Sequence[chrome.Span], schedule: Schedule | Callable[[int], Schedule]
+) -> list[chrome.Flow]:
     """An arrow per step and per activation flow between different device groups: from the end
     of the producing stage's forward on its first device to the start of the consuming stage's
-    forward on its first device."""
+    forward on its first device. ``schedule``: the run's, or its schedule at each 1-based step
+    (a run that switches plans)."""
     forward = {
         (s.args["step"], s.args["metaop"], s.args["stage"], s.device): s
         for s in spans
@@ -65,7 +68,8 @@ def _flows(spans: Sequence[chrome.Span], schedule: Schedule) -> list[chrome.Flow
     out: list[chrome.Flow] = []
     steps = sorted({k[0] for k in forward})
     for step in steps:
-        for flow in schedule.flows:
+        at = schedule(step) if callable(schedule) else schedule
+        for flow in at.flows:
             if flow.src == flow.dst or flow.key.startswith("loss:"):
                 continue
             metaop = flow.key.split("<")[0].split("#")[0]
@@ -89,7 +93,10 @@ def _flows(spans: Sequence[chrome.Span], schedule: Schedule) -> list[chrome.Flow
 
 
 def measured_trace(
-    spans: Sequence[Span], schedule: Schedule, devices_per_node: int, metadata: dict[str, Any]
+    spans: Sequence[Span],
+    schedule: Schedule | Callable[[int], Schedule],
+    devices_per_node: int,
+    metadata: dict[str, Any],
 ) -> dict[str, Any]:
     """The Chrome trace of the gathered spans, times from the first span of the run."""
     t0 = min((s.start for s in spans), default=0.0)
@@ -112,7 +119,7 @@ def measured_trace(
 def write_measured_trace(
     path: str | Path,
     spans: Sequence[Span],
-    schedule: Schedule,
+    schedule: Schedule | Callable[[int], Schedule],
     devices_per_node: int,
     metadata: dict[str, Any],
 ) -> None:

@@ -82,7 +82,13 @@ class Trainer:
         device: torch.device,
         tracer: Tracer,
         beat: Callable[[str], None],
+        *,
+        store: PartStore | None = None,
+        positions: Callable[[str, int], int] | None = None,
     ):
+        """``store``: the rank's parts, already built (a run switching to the next phase of a
+        schedule hands them over, ``switch.py``); ``positions``: where each task's samples
+        start at a step (``TaskData``)."""
         self.graph, self.plan, self.device, self.tracer, self.beat = (
             graph,
             plan,
@@ -93,9 +99,11 @@ class Trainer:
         dtype = DTYPES[config.dtype]
         self.schedule = build_schedule(graph, plan, world_size)
         beat("building parameters")
-        self.store = PartStore(graph, self.schedule.parts_of(rank), config.seed, dtype, device)
+        self.store = store or PartStore(
+            graph, self.schedule.parts_of(rank), config.seed, dtype, device
+        )
         self.opt = make_rank_optimizer(config, self.schedule, rank, self.store, tracer)
-        data = TaskData(graph, config.seed, datasets, dtype, device)
+        data = TaskData(graph, config.seed, datasets, dtype, device, positions)
         self.executor = StepExecutor(
             graph,
             self.schedule,
@@ -123,4 +131,4 @@ class Trainer:
             )
             dist.all_reduce(totals)  # also lines the ranks up, so step times compare
         losses = tuple(zip(self.tasks, totals.tolist(), strict=True))
-        return StepRecord(step + 1, losses, time.perf_counter() - t0)
+        return StepRecord(step + 1, losses, time.perf_counter() - t0, self.graph.mix)

@@ -4,7 +4,8 @@
 spindle_dsl.backends.torch.worker RUN_DIR``), ``torchrun`` started it, or it is the only rank.
 It builds the rank's parts, resumes from a checkpoint if there is one, runs the steps, reduces
 gradients inside each part's device group and steps AdamW, and on rank 0 logs, shows progress
-and writes the measured trace.
+and writes the measured trace. A spec with a schedule of mixes runs as phases, each with its
+own plan: at a phase's first step the rank switches plans in place (``switch.py``).
 """
 
 from __future__ import annotations
@@ -21,15 +22,20 @@ import torch.distributed as dist
 
 from spindle_dsl.errors import ExecutionError, SpindleError
 from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.phases import MixSchedule
+from spindle_dsl.plan.bundle import PlanBundle
 from spindle_dsl.plan.model import Plan
 
 from ..base import RunConfig, RunResult, StepRecord
 from . import checkpoint
 from .data import TaskData
 from .losses import check_task
+from .params import DTYPES
 from .parts import graph_parts
+from .phased import Parked, RunPhase, phase_index, resume_parked, run_phases
 from .progress import Progress
 from .schedule import Schedule, build_schedule
+from .switch import switch
 from .trace import Tracer, write_measured_trace
 from .trainer import Trainer
 from .weights import check_weights
@@ -40,12 +46,15 @@ class Job:
     """Everything a rank needs; pickled to ``--nproc`` workers."""
 
     graph: MetaGraph
-    plan: Plan | None  # None: rank 0 makes one (``planner``) and broadcasts it
+    # None: rank 0 makes one (``planner``) and broadcasts it; a bundle with ``schedule``
+    plan: Plan | PlanBundle | None
     config: RunConfig
     datasets: Mapping[str, Any] = field(default_factory=dict)
     # more plans to step in turn on the same processes (bench): a plan, or (plan, RunConfig
     # fields it changes, e.g. {"optimizer_sharding": False})
     compare: tuple[Plan | tuple[Plan, Mapping[str, Any]], ...] = ()
+    # the spec's schedule of mixes (its first phase's graph is ``graph``), None without one
+    schedule: MixSchedule | None = None
 
 
 def compare_item(item: Plan | tuple[Plan, Mapping[str, Any]]) -> tuple[Plan, dict[str, Any]]:
@@ -115,9 +124,12 @@ def init_distributed(
     return backend, device, True
 
 
-def _broadcast_plan(planner: Callable[[], Plan] | None, rank: int) -> Plan:
-    """Rank 0's plan on every rank (a solver with a time limit need not be deterministic);
-    a planning error reaches every rank, so none waits for a plan that will not come."""
+def _broadcast_plan(
+    planner: Callable[[], Plan | PlanBundle] | None, rank: int
+) -> Plan | PlanBundle:
+    """Rank 0's plan (or plan bundle) on every rank (a solver with a time limit need not be
+    deterministic); a planning error reaches every rank, so none waits for a plan that will
+    not come."""
     box: list[Any] = [None]
     if rank == 0:
         try:
@@ -130,7 +142,7 @@ def _broadcast_plan(planner: Callable[[], Plan] | None, rank: int) -> Plan:
     what, payload = box[0]
     if what == "error":
         raise ExecutionError(payload if rank == 0 else f"rank 0 could not plan:\n{payload}")
-    return Plan.from_dict(payload)
+    return PlanBundle.from_dict(payload) if "phases" in payload else Plan.from_dict(payload)
 
 
 def run_rank(
@@ -140,7 +152,7 @@ def run_rank(
     local_rank: int = 0,
     *,
     store: Any = None,
-    planner: Callable[[], Plan] | None = None,
+    planner: Callable[[], Plan | PlanBundle] | None = None,
     heartbeat: Callable[[str], None] | None = None,
 ) -> RunResult | None:
     """Train on this rank; rank 0 returns the result, the others None."""
@@ -158,7 +170,7 @@ def run_rank(
 
 def _train(
     job: Job,
-    plan: Plan,
+    plan: Plan | PlanBundle,
     rank: int,
     world_size: int,
     backend: str,
@@ -166,8 +178,23 @@ def _train(
     beat: Callable[[str], None],
 ) -> RunResult | None:
     config, graph = job.config, job.graph
+    phases = run_phases(graph, plan, job.schedule)
     tracer = Tracer(rank, enabled=bool(config.trace))
-    trainer = Trainer(graph, plan, config, job.datasets, rank, world_size, device, tracer, beat)
+    positions = job.schedule.first_sample if job.schedule is not None else None
+
+    def make(g: MetaGraph, p: Plan, store: Any = None) -> Trainer:
+        return Trainer(g, p, config, job.datasets, rank, world_size, device, tracer, beat,
+                       store=store, positions=positions)  # fmt: skip
+
+    meta = {"spec_sha256": graph.spec_sha256, "dtype": config.dtype, "seed": config.seed}
+    info = None
+    if config.checkpoint_dir and config.resume:
+        info = checkpoint.latest(config.checkpoint_dir)
+        if info is not None:
+            checkpoint.check_compatible(info, meta)
+    start = min(info.step, config.steps) if info is not None else 0
+    current = phase_index(phases, min(start, max(config.steps - 1, 0)))
+    trainer = make(phases[current].graph, phases[current].plan)
     # Plans to compare on these same processes: fresh models stepped in turn with the main
     # one, never traced, logged or checkpointed.
     others = [
@@ -177,28 +204,49 @@ def _train(
         )
         for p, changes in map(compare_item, job.compare)
     ]  # fmt: skip
-    schedule, store, opt = trainer.schedule, trainer.store, trainer.opt
-    meta = {"spec_sha256": graph.spec_sha256, "dtype": config.dtype, "seed": config.seed}
-    start = 0
-    if config.checkpoint_dir and config.resume:
-        info = checkpoint.latest(config.checkpoint_dir)
-        if info is not None:
-            checkpoint.check_compatible(info, meta)
-            checkpoint.load(info, store, opt)
-            start = min(info.step, config.steps)
+    parked = Parked()
+    if info is not None:
+        scheduled = job.schedule is not None
+        checkpoint.load(info, trainer.store, trainer.opt, only_listed=scheduled)
+        if scheduled:
+            parked = resume_parked(
+                info, set(trainer.schedule.holder_map), phases, rank, world_size,
+                seed=config.seed, dtype=DTYPES[config.dtype],
+            )  # fmt: skip
     lead = rank == 0
     log = open(config.log_json, "a" if start else "w") if lead and config.log_json else None  # noqa: SIM115
     progress = (
-        Progress(config.steps, sum(t.batch for t in graph.tasks))
+        Progress(config.steps, sum(t.batch for t in trainer.graph.tasks))
         if lead and config.progress
         else None
     )
     records: list[StepRecord] = []
     compared: list[list[StepRecord]] = [[] for _ in others]
+    switches: list[dict[str, Any]] = []
     last_ckpt = None
     try:
         for step in range(start, config.steps):
+            switch_s = None
+            if phase_index(phases, step) != current:
+                current = phase_index(phases, step)
+                phase = phases[current]
+                beat(f"step {step + 1} switching to mix {phase.mix}")
+                with tracer.span(f"switch to {phase.mix}", "switch", step=step + 1):
+                    trainer, stats = switch(
+                        trainer, phase.graph, phase.plan, parked, make, rank=rank,
+                        world_size=world_size, seed=config.seed, dtype=DTYPES[config.dtype],
+                    )  # fmt: skip
+                switch_s = stats.seconds
+                switches.append({"step": step, "mix": phase.mix, **stats.__dict__})
+                if progress is not None:
+                    progress.samples = sum(t.batch for t in phase.graph.tasks)
+                    progress.note(
+                        f"switched to mix {phase.mix} (phase {current + 1} of {len(phases)}) "
+                        f"before step {step + 1} in {stats.seconds:.3f} s"
+                    )
             record = trainer.step(step)
+            if switch_s is not None:
+                record = replace(record, switch_s=switch_s)
             for i, other in enumerate(others):
                 compared[i].append(other.step(step))
             records.append(record)
@@ -215,16 +263,12 @@ def _train(
                 and step + 1 < config.steps
             ):
                 beat(f"step {step + 1} checkpoint")
-                last_ckpt = checkpoint.save(
-                    config.checkpoint_dir, step + 1, schedule, rank, store, opt, meta
-                )
+                last_ckpt = _save(config.checkpoint_dir, step + 1, trainer, parked, rank, meta)
             if config.step_delay_s:
                 time.sleep(config.step_delay_s)
         if config.checkpoint_dir and (records or checkpoint.latest(config.checkpoint_dir) is None):
             beat("final checkpoint")
-            last_ckpt = checkpoint.save(
-                config.checkpoint_dir, config.steps, schedule, rank, store, opt, meta
-            )
+            last_ckpt = _save(config.checkpoint_dir, config.steps, trainer, parked, rank, meta)
     finally:
         if progress is not None:
             progress.close()
@@ -240,11 +284,22 @@ def _train(
                 "spec": graph.spec_path,
                 "ranks": world_size,
                 "backend": backend,
-                "scheduler": plan.solver.name,
-                "predicted_iteration_s": plan.iteration_s,
+                "scheduler": trainer.plan.solver.name,
+                "predicted_iteration_s": trainer.plan.iteration_s,
+                **({"phases": _phase_meta(phases)} if job.schedule is not None else {}),
             }
-            write_measured_trace(config.trace, spans, schedule, plan.cluster.devices_per_node, meta)
+            compiled = [build_schedule(p.graph, p.plan, world_size) for p in phases]
+
+            def schedule_at(step: int) -> Schedule:  # 1-based, as the spans record it
+                return compiled[phase_index(phases, step - 1)]
+
+            dpn = trainer.plan.cluster.devices_per_node
+            write_measured_trace(config.trace, spans, schedule_at, dpn, meta)
             trace_path = config.trace
+    if job.schedule is not None:  # every rank's view of the switches, for the result
+        views: list[Any] = [None] * world_size if lead else []
+        dist.gather_object(switches, views if lead else None, dst=0)
+        switches = [{**s, "per_rank": [v[i] for v in views]} for i, s in enumerate(switches)]
     # What each rank holds of the optimizer state, for the result (memory accounting, tests).
     held = [(t.opt.state_elements(), t.opt.state_bytes()) for t in (trainer, *others)]
     every: list[Any] = [None] * world_size if lead else []
@@ -253,17 +308,23 @@ def _train(
     dist.barrier()
     if not lead:
         return None
+    predicted = _predicted(phases, records) if records else trainer.plan.iteration_s
     return RunResult(
         steps=tuple(records),
         world_size=world_size,
         backend=backend,
         resumed_from=start,
-        predicted_step_s=plan.iteration_s,
+        predicted_step_s=predicted,
         checkpoint=str(last_ckpt) if last_ckpt else None,
         trace=trace_path,
         extra={
-            "baselines": dict(plan.baselines),
-            "scheduler": plan.solver.name,
+            "baselines": dict(trainer.plan.baselines),
+            "scheduler": trainer.plan.solver.name,
+            **(
+                {"phases": _phase_meta(phases), "switches": switches}
+                if job.schedule is not None
+                else {}
+            ),
             "compared": [tuple(c) for c in compared],
             # per rank: optimizer-state elements by part key, and bytes; then per compared plan
             "optimizer_state": [r[0][0] for r in every],
@@ -271,3 +332,26 @@ def _train(
             "compared_optimizer_state": [[r[i][0] for r in every] for i in range(1, len(held))],
         },
     )
+
+
+def _save(root: str, step: int, trainer: Trainer, parked: Parked, rank: int, meta: dict) -> Any:
+    """A checkpoint of the current phase's parts and of the parked ones."""
+    return checkpoint.save(
+        root, step, trainer.schedule, rank, trainer.store, trainer.opt,
+        {**meta, "mix": trainer.graph.mix},
+        parked=parked.for_checkpoint(), parked_parts=parked.parts(),
+    )  # fmt: skip
+
+
+def _phase_meta(phases: tuple[RunPhase, ...]) -> list[dict[str, Any]]:
+    return [
+        {"first_step": p.first_step, "mix": p.mix, "predicted_step_s": p.plan.iteration_s,
+         "scheduler": p.plan.solver.name}
+        for p in phases
+    ]  # fmt: skip
+
+
+def _predicted(phases: tuple[RunPhase, ...], records: list[StepRecord]) -> float:
+    """The plans' predicted step time, averaged over the steps this run took."""
+    times = [phases[phase_index(phases, r.step - 1)].plan.iteration_s for r in records]
+    return sum(times) / len(times)

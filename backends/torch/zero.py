@@ -303,6 +303,24 @@ class ShardedAdamW:
         for key in STATE_KEYS:
             getattr(shard, key).copy_(flat[key][lo:hi])
 
+    def take_part_state(self, part: Part, other: object) -> bool:
+        """Adopt what this rank keeps of ``part``'s state from ``other``, the optimizer of the
+        previous plan of a run switching plans (``switch.py``), where the part had the same
+        holders, so this rank's shard is the same slice: nothing moves. False if ``other``
+        cannot hand it over so (then the switch moves it through ``part_state``)."""
+        mine, theirs = self.shard_of.get(part), getattr(other, "shard_of", {}).get(part)
+        if type(other) is not type(self) or mine is None or theirs is None:
+            return False
+        if (mine.numel, mine.holders) != (theirs.numel, theirs.holders):
+            return False
+        self.steps[part] = other.steps[part]  # type: ignore[attr-defined]
+        kept = other.state.get(part)  # type: ignore[attr-defined]
+        if kept is None:
+            self.state.pop(part, None)
+        else:
+            self.state[part] = kept
+        return True
+
     def _first(self, part: Part) -> bool:
         return self.holders[part][0] == self.rank
 

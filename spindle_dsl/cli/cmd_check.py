@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
     compiled = compile_file(args.spec, mix=args.mix, cluster_overrides=cluster_overrides(args))
     if compiled.warnings:
         print(compiled.render_warnings(), file=sys.stderr)
-    data = summarize(compiled.graph, [w.render(compiled.spec.source) for w in compiled.warnings])
+    warnings = [w.render(compiled.spec.source) for w in compiled.warnings]
+    data = summarize(compiled.graph, warnings, compiled.schedule)
     text = None if args.json else render_summary(data)
     text = _add_curves(args, compiled.graph, data, text)
     print(json.dumps(data, indent=2) if args.json else text)

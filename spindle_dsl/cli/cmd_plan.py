@@ -5,7 +5,8 @@ predicted iteration time and its parts, the speed-up over each baseline, the rat
 proven lower bound, the peak memory and the planning time. ``--json`` prints the summary
 as JSON instead (for scripts), ``--out`` writes the plan file atomically. ``--solver``
 picks the MILP solver (HiGHS by default, CBC on request); a solver crash is printed as a
-warning and planning goes on with the best plan found before it.
+warning and planning goes on with the best plan found before it. A spec with a ``schedule``
+gets a plan per phase, written as one plan bundle (``cli/plan_phases.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import sys
 import warnings
 from typing import Any
 
-from spindle_dsl.cli.common import add_spec_arguments, load_cost_model, load_graph
+from spindle_dsl.cli.common import add_spec_arguments, load_compiled, load_cost_model
+from spindle_dsl.cli.plan_phases import add_jobs_argument, run_scheduled
 from spindle_dsl.plan.model import Plan
 
 GiB = 2**30
@@ -54,7 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="plan even if the plan does not fit in device memory (it is noted in the plan, "
         "and `spindle validate` reports it)",
     )
-    parser.add_argument("--out", metavar="PLAN.json", help="write the plan here")
+    add_jobs_argument(parser)
+    parser.add_argument(
+        "--out", metavar="PLAN.json", help="write the plan (a spec with a schedule: the bundle)"
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="print the summary only")
     try:
@@ -186,7 +191,10 @@ def run(args: argparse.Namespace) -> int:
     solver = choose_solver(args.solver)  # a bad name or setting fails before any work
     if solver.isolated and args.scheduler in ("default", "milp"):
         warm_up()  # the solver process starts while the spec compiles
-    graph = load_graph(args)
+    compiled = load_compiled(args)
+    if compiled.schedule is not None:
+        return run_scheduled(args, compiled.schedule)
+    graph = compiled.graph
     cost = load_cost_model(args, graph)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SolverCrashWarning)

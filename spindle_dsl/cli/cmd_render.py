@@ -54,7 +54,16 @@ def is_plan_file(path: str) -> bool:
 def load_plan(args: argparse.Namespace) -> tuple[Plan, MetaGraph | None]:
     """The plan to draw: read from a plan file, or made from the spec (graph returned too)."""
     if is_plan_file(args.spec):
-        return Plan.read(args.spec), None
+        from spindle_dsl.plan.bundle import PlanBundle, read_plan_file
+
+        plan = read_plan_file(args.spec)
+        if isinstance(plan, PlanBundle):
+            raise SpindleError(
+                f"{args.spec} is a plan bundle of {len(plan.phases)} phases: `spindle report "
+                f"{args.spec}` shows them all; to draw one, take its plan out with "
+                f"jq '.phases[K].plan' {args.spec} > phase.json (K from 0)"
+            )
+        return plan, None
     from spindle_dsl.planner import make_plan
 
     graph = load_graph(args)

@@ -4,7 +4,9 @@ Three ways to start it: ``--nproc N`` spawns N local worker processes (gloo on C
 GPUs); under ``torchrun`` (one or many nodes) every process runs this command and takes its
 rank from RANK, LOCAL_RANK and WORLD_SIZE; with neither, a spec whose cluster is ``cpu``
 devices spawns one worker per device. Without ``--plan`` it plans first (``--scheduler``,
-default: the default scheduler) for exactly as many devices as there are ranks.
+default: the default scheduler) for exactly as many devices as there are ranks. A spec with a
+``schedule`` trains each phase's mix with its own plan (``--plan`` then takes the plan bundle
+`spindle plan` writes), switching plans inside the running job.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from spindle_dsl.atomic import write_atomic
 from spindle_dsl.cli.cmd_data import DATA_HELP, bind_data, describe_data
-from spindle_dsl.cli.common import add_spec_arguments, load_cost_model, load_graph
+from spindle_dsl.cli.common import add_spec_arguments, load_compiled, load_cost_model
 from spindle_dsl.errors import ExecutionError
 
 
@@ -93,13 +95,15 @@ def run(args: argparse.Namespace) -> int:
     from spindle_dsl.backends.base import RunConfig
     from spindle_dsl.backends.torch import TorchBackend, torchrun_env
     from spindle_dsl.backends.torch.progress import summary
+    from spindle_dsl.plan.bundle import PlanBundle, read_plan_file
     from spindle_dsl.plan.model import Plan
 
     env = None if args.nproc is not None else torchrun_env()
     world = args.nproc if args.nproc is not None else env[1] if env else None
     if world is not None and args.devices is None and args.plan is None:
         args.devices = world  # plan for as many devices as there are ranks
-    graph = load_graph(args, show_warnings=env is None or env[0] == 0)
+    compiled = load_compiled(args, show_warnings=env is None or env[0] == 0)
+    graph, schedule = compiled.graph, compiled.schedule
     if world is None:
         if graph.cluster.device.name != "cpu":
             raise ExecutionError(
@@ -109,9 +113,13 @@ def run(args: argparse.Namespace) -> int:
         world = graph.cluster.devices
         args.nproc = world
 
-    def planner() -> Plan:
+    def planner() -> Plan | PlanBundle:
         from spindle_dsl.planner import make_plan
 
+        if schedule is not None:
+            from spindle_dsl.cli.plan_phases import plan_bundle
+
+            return plan_bundle(args, schedule)
         return make_plan(
             graph,
             load_cost_model(args, graph),
@@ -119,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             time_limit_s=args.time_limit,
         )
 
-    plan = Plan.read(args.plan) if args.plan else None
+    plan = read_plan_file(args.plan) if args.plan else None
     config = RunConfig(
         steps=args.steps,
         seed=args.seed,
@@ -141,13 +149,23 @@ def run(args: argparse.Namespace) -> int:
     if env is None or env[0] == 0:
         describe_data(graph, datasets, args.seed)
     result = TorchBackend().train(
-        graph, plan, config, nproc=args.nproc, planner=planner, datasets=datasets
+        graph,
+        plan,
+        config,
+        nproc=args.nproc,
+        planner=planner,
+        datasets=datasets,
+        schedule=schedule,
     )
     if result is not None:  # rank 0 (or the parent of --nproc workers)
         sequential = result.extra.get("baselines", {}).get("sequential_s")
         scheduler = result.extra.get("scheduler", "?")
         print(f"plan: {scheduler}")
         print(summary(result, sequential))
+        if "phases" in result.extra:
+            from spindle_dsl.backends.torch.phased import phases_summary
+
+            print(phases_summary(result))
         if args.summary_json:
             write_atomic(args.summary_json, json.dumps(summary_json(result), indent=1) + "\n")
     sys.stdout.flush()
@@ -167,4 +185,6 @@ def summary_json(result: Any) -> dict[str, Any]:
         "baselines": result.extra.get("baselines", {}),
         "final_loss": dict(result.steps[-1].losses) if result.steps else {},
         "optimizer_state_bytes": result.extra.get("optimizer_state_bytes", []),  # per rank
+        # a schedule's phases (first step, mix, predicted step time) and the switches made
+        **{k: result.extra[k] for k in ("phases", "switches") if k in result.extra},
     }

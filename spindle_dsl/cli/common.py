@@ -58,12 +58,18 @@ def cluster_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_graph(args: argparse.Namespace, *, show_warnings: bool = True) -> MetaGraph:
     """Compile SPEC with the command line's mix and overrides; warnings go to stderr."""
+    return load_compiled(args, show_warnings=show_warnings).graph
+
+
+def load_compiled(args: argparse.Namespace, *, show_warnings: bool = True):  # -> Compiled
+    """``load_graph``'s compile, whole: with the phases of the spec's schedule, if it has one
+    (and no ``--mix`` set it aside)."""
     from spindle_dsl.language import compile_file
 
     compiled = compile_file(args.spec, mix=args.mix, cluster_overrides=cluster_overrides(args))
     if show_warnings and compiled.warnings:
         print(compiled.render_warnings(), file=sys.stderr)
-    return compiled.graph
+    return compiled
 
 
 def load_cost_model(args: argparse.Namespace, graph: MetaGraph):  # -> CostModel

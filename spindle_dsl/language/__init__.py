@@ -1,15 +1,16 @@
 """The ``.spindle`` language front end: parse, check, lower, format.
 
 ``compile_file``/``compile_text`` run the whole front end and return a ``Compiled`` (the AST,
-the MetaGraph and the warnings). The stages are public too, each a function from one frozen
-value to the next: ``parse`` (text to ``Spec``), ``check`` (``Spec`` to ``Checked``), ``lower``
-(``Checked`` to ``MetaGraph``) and ``format_spec`` (``Spec`` back to canonical text). Every
-problem a spec can have is raised as ``SpecError`` carrying all the diagnostics found.
+the MetaGraph, the warnings, and for a spec with a ``schedule`` a MetaGraph per phase). The
+stages are public too, each a function from one frozen value to the next: ``parse`` (text to
+``Spec``), ``check`` (``Spec`` to ``Checked``), ``lower`` (``Checked`` to ``MetaGraph``) and
+``format_spec`` (``Spec`` back to canonical text). Every problem a spec can have is raised as
+``SpecError`` carrying all the diagnostics found.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from spindle_dsl.language.lower import lower
 from spindle_dsl.language.parser import parse
 from spindle_dsl.language.resolved import Checked
 from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.phases import MixSchedule, Phase
 
 __all__ = [
     "Checked",
@@ -39,11 +41,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Compiled:
-    """A spec that compiled: its AST, its MetaGraph and the warnings it drew."""
+    """A spec that compiled: its AST, its MetaGraph and the warnings it drew. ``schedule``:
+    the phases the run follows when the spec has a schedule (and no mix was named); its first
+    phase's graph is ``graph``."""
 
     spec: Spec
     graph: MetaGraph
     warnings: tuple[Diagnostic, ...]
+    schedule: MixSchedule | None = None
 
     def render_warnings(self) -> str:
         """The warnings in compiler form, each with its source line and caret."""
@@ -62,9 +67,22 @@ def compile_text(
     checked = check(spec, mix=mix, cluster_overrides=cluster_overrides)
     try:
         graph = lower(checked)
+        schedule = _lower_phases(checked, graph)
     except SpecError as exc:  # a kind that fails while lowering: show the warnings too
         raise SpecError(list(exc.diagnostics) + list(checked.warnings), source=text) from None
-    return Compiled(spec, graph, checked.warnings)
+    return Compiled(spec, graph, checked.warnings, schedule)
+
+
+def _lower_phases(checked: Checked, graph: MetaGraph) -> MixSchedule | None:
+    """A MetaGraph per phase of the schedule, each mix lowered once (``graph`` is the
+    selected mix's, which is the first phase's)."""
+    if not checked.phases:
+        return None
+    graphs = {checked.mix: graph}
+    for p in checked.phases:
+        if p.mix not in graphs:
+            graphs[p.mix] = lower(replace(checked, tasks=p.tasks, mix=p.mix))
+    return MixSchedule(tuple(Phase(p.first_step, p.mix, graphs[p.mix]) for p in checked.phases))
 
 
 def compile_file(

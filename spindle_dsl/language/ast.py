@@ -147,7 +147,24 @@ class MixDecl:
     loc: Loc = field(default=NOWHERE, compare=False, repr=False)
 
 
-Decl = ClusterDecl | ModalityDecl | ModuleDecl | TaskDecl | MixDecl
+@dataclass(frozen=True)
+class ScheduleEntry:
+    """``STEP: MIX``: ``mix`` applies once ``step`` optimizer steps have completed."""
+
+    step: Value
+    mix: Ident
+    loc: Loc = field(default=NOWHERE, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class ScheduleDecl:
+    """``schedule { 0: warmup; 3: main }``: the mixes a run follows, in source order."""
+
+    entries: tuple[ScheduleEntry, ...]
+    loc: Loc = field(default=NOWHERE, compare=False, repr=False)
+
+
+Decl = ClusterDecl | ModalityDecl | ModuleDecl | TaskDecl | MixDecl | ScheduleDecl
 
 
 @dataclass(frozen=True)
@@ -190,3 +207,7 @@ class Spec:
     @property
     def mixes(self) -> list[MixDecl]:
         return self.of_type(MixDecl)
+
+    @property
+    def schedules(self) -> list[ScheduleDecl]:
+        return self.of_type(ScheduleDecl)

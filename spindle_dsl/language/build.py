@@ -21,6 +21,8 @@ from spindle_dsl.language.ast import (
     ModalityDecl,
     ModuleDecl,
     Path,
+    ScheduleDecl,
+    ScheduleEntry,
     Setting,
     TaskDecl,
     Value,
@@ -64,6 +66,7 @@ def build_decls(tree: Tree) -> list[Decl]:
         "module": _module,
         "task": _task,
         "mix": _mix,
+        "schedule": _schedule,
     }
     return [builders[child.data](child) for child in tree.children if isinstance(child, Tree)]
 
@@ -126,6 +129,15 @@ def _path(tree: Tree) -> Path:
 
 def _mix(tree: Tree) -> MixDecl:
     return MixDecl(_ident(tree.children[1]), _settings(tree.children), _tree_loc(tree))
+
+
+def _schedule(tree: Tree) -> ScheduleDecl:
+    entries = tuple(
+        ScheduleEntry(_number(c.children[0]), _ident(c.children[1]), _tree_loc(c))
+        for c in tree.children
+        if isinstance(c, Tree) and c.data == "schedule_entry"
+    )
+    return ScheduleDecl(entries, _tree_loc(tree))
 
 
 def _setting(tree: Tree) -> Setting:

@@ -1,6 +1,7 @@
 """Check a parsed spec and resolve it: names, values, kinds, graphs, batches and mixes.
 
-Checks run in dependency order (names, cluster, modalities, modules, tasks, mixes, batches),
+Checks run in dependency order (names, cluster, modalities, modules, tasks, mixes, schedule,
+batches),
 each reporting into one ``Reporter`` and passing on only what resolved, so the user sees every
 independent error of the file in one run, in source order, followed by the warnings. The
 result, a ``Checked``, exists only for a spec with no errors.
@@ -26,16 +27,21 @@ from spindle_dsl.language.check_modules import (
     resolve_modalities,
     resolve_modules,
 )
+from spindle_dsl.language.check_schedule import SchedulePhase, resolve_schedule
 from spindle_dsl.language.check_tasks import Names, TaskChecker, TaskDraft
 from spindle_dsl.language.reporter import Reporter
-from spindle_dsl.language.resolved import Checked, ResolvedTask
+from spindle_dsl.language.resolved import Checked, ResolvedPhase, ResolvedTask
 from spindle_dsl.language.suggest import did_you_mean
 
 
 def check(
     spec: Spec, *, mix: str | None = None, cluster_overrides: dict[str, Any] | None = None
 ) -> Checked:
-    """Resolve ``spec``; raises ``SpecError`` with every error (and the warnings) found."""
+    """Resolve ``spec``; raises ``SpecError`` with every error (and the warnings) found.
+
+    With a ``schedule`` the run follows it and the selected mix is its first phase's; naming a
+    ``mix`` picks that one mix instead and leaves the schedule aside (the input stages are
+    still sized for every phase, so the parameters are the same either way)."""
     r = Reporter(spec.path, spec.source)
     nodes = _unique(spec.modalities + spec.modules, r)
     tasks: list[TaskDecl] = _unique(spec.tasks, r)  # type: ignore[assignment]
@@ -63,8 +69,11 @@ def check(
                 reads.setdefault(e.target, set()).add(e.source)
     check_tied_embeddings(modules, reads, modalities, r)
     mixes = resolve_mixes(mix_decls, r, [t.name.name for t in tasks])
-    selected = _select_mix(mix, mixes, r)
-    batches = _batches(drafts, selected, mixes, r)
+    schedule = resolve_schedule(spec.schedules, r, mixes)
+    follow = schedule if mix is None else ()
+    selected = _select_mix(mix if not follow else follow[0].mix, mixes, r)
+    batches = _batches(drafts, selected, mixes, r, scheduled=bool(follow))
+    phase_batches = _phase_batches(drafts, schedule, mixes, r)
     if not checker.unknown_names:
         _warn_unused(spec, drafts, r)
     if not tasks:
@@ -73,8 +82,33 @@ def check(
         r.error(f"no task gets any samples under mix '{selected}'")
     r.raise_if_errors()
     assert cluster is not None, "a cluster that failed to resolve reports an error"
-    weights = dict(mixes[selected].weights) if selected and mixes.get(selected) else {}
-    resolved = tuple(
+    phases = tuple(
+        ResolvedPhase(p.first_step, p.mix, _resolved(drafts, phase_batches[p.mix], mixes[p.mix]))
+        for p in follow
+    )
+    most: dict[str, int] = {}
+    for per_task in phase_batches.values():
+        for task, batch in per_task.items():
+            most[task] = max(most.get(task, 0), batch)
+    return Checked(
+        spec=spec,
+        cluster=cluster,
+        modalities=tuple(modalities[d.name.name] for d in modality_decls),
+        modules=tuple(modules[d.name.name] for d in module_decls),
+        tasks=_resolved(drafts, batches, mixes.get(selected) if selected else None),
+        mix=selected,
+        warnings=tuple(r.sorted("warning")),
+        phases=phases,
+        sizing_tasks=_resolved(drafts, most, None),
+    )
+
+
+def _resolved(
+    drafts: list[TaskDraft], batches: dict[str, int], mix: Mix | None
+) -> tuple[ResolvedTask, ...]:
+    """The tasks that get samples under ``batches``, resolved (declaration order)."""
+    weights = dict(mix.weights) if mix is not None else {}
+    return tuple(
         ResolvedTask(
             name=t.name,
             modules=tuple(t.modules),
@@ -88,15 +122,6 @@ def check(
         )
         for t in drafts
         if batches.get(t.name, 0) > 0
-    )
-    return Checked(
-        spec=spec,
-        cluster=cluster,
-        modalities=tuple(modalities[d.name.name] for d in modality_decls),
-        modules=tuple(modules[d.name.name] for d in module_decls),
-        tasks=resolved,
-        mix=selected,
-        warnings=tuple(r.sorted("warning")),
     )
 
 
@@ -144,9 +169,16 @@ def _select_mix(wanted: str | None, mixes: dict[str, Mix | None], r: Reporter) -
 
 
 def _batches(
-    drafts: list[TaskDraft], selected: str | None, mixes: dict[str, Mix | None], r: Reporter
+    drafts: list[TaskDraft],
+    selected: str | None,
+    mixes: dict[str, Mix | None],
+    r: Reporter,
+    *,
+    scheduled: bool = False,
 ) -> dict[str, int]:
-    """Each task's batch: from the selected mix, or from its own ``batch`` without mixes."""
+    """Each task's batch: from the selected mix, or from its own ``batch`` without mixes.
+    ``scheduled``: the mix is a schedule's first phase, where leaving a task out is a plan
+    (``_phase_batches`` warns about tasks that no phase trains instead)."""
     if not mixes:
         out: dict[str, int] = {}
         for t in drafts:
@@ -170,6 +202,8 @@ def _batches(
                 t.batch_setting.loc,
             )
         if t.name not in batches:
+            if scheduled:
+                continue
             r.warning(
                 f"task '{t.name}' is not in mix '{chosen.name}': it gets no samples",
                 t.decl.name.loc,
@@ -182,6 +216,36 @@ def _batches(
                 hint="raise its weight or the global batch",
             )
     return batches
+
+
+def _phase_batches(
+    drafts: list[TaskDraft],
+    schedule: tuple[SchedulePhase, ...],
+    mixes: dict[str, Mix | None],
+    r: Reporter,
+) -> dict[str, dict[str, int]]:
+    """Each scheduled mix's batches; warns about a task that no phase gives samples to, and
+    reports a phase in which no task gets any."""
+    out: dict[str, dict[str, int]] = {}
+    for p in schedule:
+        chosen = mixes.get(p.mix)
+        if chosen is None or p.mix in out:
+            continue
+        out[p.mix] = chosen.batches()
+        if not any(out[p.mix].values()):
+            r.error(
+                f"no task gets any samples under mix '{p.mix}' (schedule step {p.first_step})",
+                p.loc,
+            )
+    if schedule and len(out) == len({p.mix for p in schedule}):
+        for t in drafts:
+            if not any(b.get(t.name, 0) > 0 for b in out.values()):
+                r.warning(
+                    f"task '{t.name}' is in no phase of the schedule: it never trains",
+                    t.decl.name.loc,
+                    hint="give it a weight in a mix the schedule uses, or remove it",
+                )
+    return out
 
 
 def _warn_unused(spec: Spec, drafts: list[TaskDraft], r: Reporter) -> None:

@@ -26,6 +26,8 @@ from spindle_dsl.language.ast import (
     ModalityDecl,
     ModuleDecl,
     Path,
+    ScheduleDecl,
+    ScheduleEntry,
     Setting,
     Spec,
     TaskDecl,
@@ -81,7 +83,9 @@ def _path(p: Path) -> str:
     return " -> ".join([head, *(s.name for s in p.steps[1:])])
 
 
-def _statement(node: Path | Setting, key_width: int = 0) -> str:
+def _statement(node: Path | Setting | ScheduleEntry, key_width: int = 0) -> str:
+    if isinstance(node, ScheduleEntry):
+        return f"{value_text(node.step)}: {node.mix.name}"
     return _path(node) if isinstance(node, Path) else _setting(node, key_width)
 
 
@@ -165,15 +169,15 @@ def _align(items: list, rendered: list[list[Line]], att: Attached, top: bool) ->
         sort = sort_of(i)
         if sort is None or (run and sort_of(run[-1]) != sort):
             flush()
-        if sort is not None and not isinstance(node, ClusterDecl):
+        if sort is not None and not isinstance(node, ClusterDecl | ScheduleDecl):
             run.append(i)
     flush()
 
 
 # --- declarations -------------------------------------------------------------------------------
 def _head(decl: Decl, name_width: int) -> str:
-    if isinstance(decl, ClusterDecl):
-        return "cluster"
+    if isinstance(decl, ClusterDecl | ScheduleDecl):
+        return "cluster" if isinstance(decl, ClusterDecl) else "schedule"
     keyword = {ModalityDecl: "modality", TaskDecl: "task", MixDecl: "mix"}[type(decl)]
     return f"{keyword} {decl.name.name.ljust(name_width)}"
 

@@ -22,12 +22,14 @@ from spindle_dsl.language.ast import (
     ModalityDecl,
     ModuleDecl,
     Path,
+    ScheduleDecl,
+    ScheduleEntry,
     Setting,
     Spec,
     TaskDecl,
 )
 
-Child = Path | Setting
+Child = Path | Setting | ScheduleEntry
 
 
 @dataclass
@@ -53,6 +55,8 @@ def children(decl: object) -> tuple[Child, ...]:
         return decl.settings
     if isinstance(decl, TaskDecl):
         return decl.body
+    if isinstance(decl, ScheduleDecl):
+        return decl.entries
     if isinstance(decl, ModuleDecl):
         return decl.args
     return ()

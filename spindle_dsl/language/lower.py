@@ -252,6 +252,10 @@ def _module_infos(checked: Checked, runs: dict[str, list[str]]) -> tuple[ModuleI
             for e in t.edges:
                 if e.from_modality and e.target == m.name:
                     raw[e.source] = max(raw.get(e.source, 0), int(e.tokens or 0))
+        for t in checked.sizing_tasks:  # a schedule's other phases: the same parameters
+            for e in t.edges:
+                if e.from_modality and e.target == m.name and e.source in raw:
+                    raw[e.source] = max(raw[e.source], int(e.tokens or 0))
         stages = sum(
             int(
                 _kind_call(

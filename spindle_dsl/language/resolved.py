@@ -64,6 +64,16 @@ class ResolvedTask:
 
 
 @dataclass(frozen=True)
+class ResolvedPhase:
+    """A phase of the spec's schedule: from ``first_step`` completed optimizer steps on, the
+    tasks get the batches of ``mix`` (``tasks``: those with samples in it)."""
+
+    first_step: int
+    mix: str
+    tasks: tuple[ResolvedTask, ...]
+
+
+@dataclass(frozen=True)
 class Checked:
     """A spec that passed every check: the input of ``lower``."""
 
@@ -74,6 +84,11 @@ class Checked:
     tasks: tuple[ResolvedTask, ...]  # tasks that get samples, declaration order
     mix: str | None
     warnings: tuple[Diagnostic, ...] = ()
+    # The schedule the run follows (empty without one, or when a mix was chosen by name).
+    phases: tuple[ResolvedPhase, ...] = ()
+    # Tasks whose inputs size the modules' input stages, when that is not ``tasks``: with a
+    # schedule, every task of every phase, so each phase's model has the same parameters.
+    sizing_tasks: tuple[ResolvedTask, ...] = ()
 
     def module(self, name: str) -> ResolvedModule:
         return next(m for m in self.modules if m.name == name)

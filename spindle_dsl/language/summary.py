@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from spindle_dsl.metagraph import MetaGraph, MetaOp
+from spindle_dsl.phases import MixSchedule
 
 Row = dict[str, Any]
 Column = tuple[str, str, Callable[[Any], str]]  # (key, header, format)
@@ -122,8 +123,32 @@ def metaop_rows(graph: MetaGraph) -> list[Row]:
     return rows
 
 
-def summarize(graph: MetaGraph, warnings: list[str] | None = None) -> dict[str, Any]:
-    """Everything ``spindle check`` shows, as JSON-ready data."""
+def phase_rows(schedule: MixSchedule) -> list[Row]:
+    """A row per phase of a schedule: its steps (0-based, ``last`` None for open-ended), mix,
+    global batch and each task's batch."""
+    rows = []
+    for i, p in enumerate(schedule.phases):
+        last = schedule.phases[i + 1].first_step - 1 if i + 1 < len(schedule) else None
+        batches = {t: p.batch(t) for t in schedule.task_names}
+        rows.append(
+            {
+                "phase": i + 1,
+                "first_step": p.first_step,
+                "last_step": last,
+                "steps": f"{p.first_step}-{'' if last is None else last}",
+                "mix": p.mix,
+                "global_batch": sum(batches.values()),
+                "batches": batches,
+            }
+        )
+    return rows
+
+
+def summarize(
+    graph: MetaGraph, warnings: list[str] | None = None, schedule: MixSchedule | None = None
+) -> dict[str, Any]:
+    """Everything ``spindle check`` shows, as JSON-ready data (``schedule``: the phases, when
+    the spec has a schedule; ``graph`` is then its first phase's)."""
     c = graph.cluster
     ops = metaop_rows(graph)
     return {
@@ -148,6 +173,7 @@ def summarize(graph: MetaGraph, warnings: list[str] | None = None) -> dict[str, 
             "train_gflop": sum(r["train_gflop"] for r in ops),
         },
         "warnings": warnings or [],
+        **({"schedule": phase_rows(schedule)} if schedule is not None else {}),
     }
 
 
@@ -186,9 +212,26 @@ def render_summary(data: dict[str, Any]) -> str:
         f"{data['levels']} levels; {_gflop(t['train_gflop'])} GFLOP per iteration "
         f"({_gflop(t['fwd_gflop'])} forward)",
     ]
+    phases = []
+    if data.get("schedule"):
+        names = list(data["schedule"][0]["batches"])
+        head.append(
+            f"  schedule: {len(data['schedule'])} phases (steps counted from 0, as in the "
+            f"schedule block); the tables below are the first phase's"
+        )
+        rows = [{**r, **{f"batch:{t}": r["batches"][t] for t in names}} for r in data["schedule"]]
+        columns: list[Column] = [
+            ("phase", "phase", _plain),
+            ("steps", "steps", _plain),
+            ("mix", "mix", _plain),
+            ("global_batch", "batch", _plain),
+            *((f"batch:{t}", t, _plain) for t in names),
+        ]
+        phases.append(render_table(rows, columns))
     return "\n\n".join(
         [
             "\n".join(head),
+            *phases,
             render_table(data["tasks"], TASK_COLUMNS),
             render_table(data["modules"], MODULE_COLUMNS),
             render_table(data["metaops"], METAOP_COLUMNS),

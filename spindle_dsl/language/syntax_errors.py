@@ -44,7 +44,7 @@ _CLASSES = {
 # Parses a snippet and returns its first error with the bracket open there, None if it parses.
 Probe = Callable[[str], "tuple[UnexpectedToken, str] | None"]
 
-_DECL_WORDS = "cluster, modality, encoder, module, shared, task or mix"
+_DECL_WORDS = "cluster, modality, encoder, module, shared, task, mix or schedule"
 
 # Labels for parser states, each shown by a few malformed snippets that stop in that state.
 EXAMPLES: dict[str, list[str]] = {
@@ -100,6 +100,15 @@ EXAMPLES: dict[str, list[str]] = {
         "module m : mlp(in = )",
     ],
     "a setting holds a single value": ["modality m { tokens = 3 4 }", "cluster { devices = 8 2 }"],
+    "a schedule entry is 'STEP: MIX', as in 3: main": [
+        "schedule { warmup }",
+        "schedule { 0 warmup }",
+        "schedule { 0: }",
+        "schedule { 0: 3 }",
+        "schedule { 0: a b }",
+        "schedule { 0 = a }",
+    ],
+    "a schedule has no name: schedule { 0: MIX ... }": ["schedule s { 0: a }"],
 }
 
 

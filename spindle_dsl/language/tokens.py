@@ -21,7 +21,9 @@ from lark.exceptions import UnexpectedCharacters
 from spindle_dsl.errors import Diagnostic, SourceSpan
 from spindle_dsl.language.ast import Comment
 
-DECL_KEYWORDS = frozenset({"CLUSTER", "MODALITY", "ENCODER", "MODULE", "SHARED", "TASK", "MIX"})
+DECL_KEYWORDS = frozenset(
+    {"CLUSTER", "MODALITY", "ENCODER", "MODULE", "SHARED", "TASK", "MIX", "SCHEDULE"}
+)
 KEYWORDS = DECL_KEYWORDS | {"FROZEN", "FROM"}
 # A newline right after one of these continues the statement on the next line.
 _CONTINUES = frozenset({"ARROW", "LARROW", "EQUAL", "COLON", "COMMA", "LPAR", "LSQB", "FROM"})

@@ -10,7 +10,8 @@ pulls in matplotlib until a timeline is drawn):
 - ``plan_trace(plan)``, ``chrome_trace(spans, flows)``, ``write_trace``, ``check_trace``, and the
   ``Span``/``Flow``/``FlowEnd`` values: Chrome trace JSON for predicted and measured runs.
 - ``build_report(plan, graph=None)`` / ``write_report(path, plan, graph=None)``: one
-  self-contained HTML page.
+  self-contained HTML page; ``build_bundle_report(bundle, graphs=None)`` for a schedule's
+  plans, with ``phases_svg(bundle)``, the phases on a timeline of training steps.
 - ``metagraph_text``, ``waves_text``, ``timeline_text``: the same pictures as plain text.
 - ``palette(tasks)`` / ``plan_palette(plan)``: the per-task colours every picture shares.
 """
@@ -40,6 +41,8 @@ _WHERE = {
     "FlowEnd": "trace",
     "build_report": "report",
     "write_report": "report",
+    "build_bundle_report": "report",
+    "phases_svg": "phases",
     "metagraph_text": "text",
     "waves_text": "text",
     "timeline_text": "text",

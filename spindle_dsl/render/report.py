@@ -1,5 +1,8 @@
 """One self-contained HTML page about a plan: summary, pictures, wave table, baselines, memory.
 
+For a schedule of mixes (a plan bundle) the page starts with the phases on one timeline of
+training steps and a table of them, then shows each phase's plan as it would show one plan.
+
 Self-contained means it opens from an e-mail attachment on a machine without network: pictures
 are embedded as ``data:`` URIs (each SVG stays its own document, so the ids matplotlib and
 Graphviz write cannot collide), the CSS is inline, and there is no script and no external URL.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from html import escape
@@ -19,6 +23,7 @@ from pathlib import Path
 from spindle_dsl import __version__
 from spindle_dsl.atomic import write_atomic
 from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.plan.bundle import PlanBundle
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.render.colors import Palette
 from spindle_dsl.render.dot_metagraph import metagraph_dot
@@ -26,6 +31,7 @@ from spindle_dsl.render.dot_waves import waves_dot
 from spindle_dsl.render.fmt import device_ranges, fmt_bytes, fmt_seconds
 from spindle_dsl.render.graphviz_tools import INSTALL_HINT, dot_available, render_dot
 from spindle_dsl.render.memory import memory_summary, memory_svg
+from spindle_dsl.render.phases import bundle_palette, phase_bars, phases_svg
 from spindle_dsl.render.schedule import plan_palette, utilisation
 from spindle_dsl.render.timeline import timeline_bytes
 
@@ -186,14 +192,14 @@ def _memory(plan: Plan, warnings: list[str]) -> str:
     return notice + _figure("Memory", _img(svg, "image/svg+xml", "memory per device"), "") + table
 
 
-def build_report(plan: Plan, graph: MetaGraph | None = None) -> Report:
-    """The page for ``plan``; ``graph`` (when known) gives the MetaGraph picture its modalities
-    and frozen marks, otherwise it is drawn from the MetaOps the plan records."""
-    colours = plan_palette(plan)
-    warnings: list[str] = []
+def _plan_body(
+    plan: Plan, graph: MetaGraph | None, colours: Palette, warnings: list[str], level: int = 2
+) -> str:
+    """Everything the page says about one plan, its headings at ``level``."""
     legend = "".join(
         f"<span><span class='sw' style='background:{c.base}'></span>{escape(c.task)}</span>"
         for c in colours.colours
+        if any(m.task == c.task for m in plan.metaops)
     )
     mg = _dot_picture(
         metagraph_dot(graph if graph is not None else plan, colours),
@@ -214,37 +220,121 @@ def build_report(plan: Plan, graph: MetaGraph | None = None) -> Report:
         "Devices down, time across; hatched areas are idle devices.",
     )
     notes = "".join(f"<li>{escape(n)}</li>" for n in plan.notes)
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    mix = plan.spec.mix or "-"
-    html = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>Spindle plan: {escape(plan.spec.path)}</title>
-<style>{CSS}</style></head><body>
-<h1>Spindle plan: {escape(Path(plan.spec.path).name)}</h1>
-<p class="sub">{escape(plan.spec.path)} · mix {escape(mix)} · {plan.cluster.devices} ×
-{escape(plan.cluster.device)} ({plan.cluster.devices_per_node} per node,
-{escape(fmt_bytes(plan.cluster.memory_bytes))} each)</p>
-{_cards(plan)}
+    h = f"h{level}"
+    return f"""{_cards(plan)}
 <p class="legend">{legend}</p>
 {"<ul>" + notes + "</ul>" if notes else ""}
-<h2>MetaGraph</h2>{mg}
-<h2>Timeline</h2>{tl}
-<h2>Wave plan</h2>{wv}
-<h2>Waves</h2>{_wave_table(plan, colours)}
-<h2>Baselines</h2>{_baselines(plan)}
-<h2>Memory per device</h2>{_memory(plan, warnings)}
-<footer>spindle-dsl {escape(__version__)} · spec sha256 {escape(plan.spec.sha256[:16])} ·
+<{h}>MetaGraph</{h}>{mg}
+<{h}>Timeline</{h}>{tl}
+<{h}>Wave plan</{h}>{wv}
+<{h}>Waves</{h}>{_wave_table(plan, colours)}
+<{h}>Baselines</{h}>{_baselines(plan)}
+<{h}>Memory per device</{h}>{_memory(plan, warnings)}"""
+
+
+def _page(title: str, sub: str, body: str, sha256: str) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{escape(title)}</title>
+<style>{CSS}</style></head><body>
+<h1>{escape(title)}</h1>
+<p class="sub">{sub}</p>
+{body}
+<footer>spindle-dsl {escape(__version__)} · spec sha256 {escape(sha256[:16])} ·
 generated {stamp}</footer>
 </body></html>
 """
-    return Report(html, tuple(warnings))
+
+
+def _cluster_line(plan: Plan) -> str:
+    return (
+        f"{plan.cluster.devices} × {escape(plan.cluster.device)} "
+        f"({plan.cluster.devices_per_node} per node, "
+        f"{escape(fmt_bytes(plan.cluster.memory_bytes))} each)"
+    )
+
+
+def build_report(plan: Plan, graph: MetaGraph | None = None) -> Report:
+    """The page for ``plan``; ``graph`` (when known) gives the MetaGraph picture its modalities
+    and frozen marks, otherwise it is drawn from the MetaOps the plan records."""
+    warnings: list[str] = []
+    body = _plan_body(plan, graph, plan_palette(plan), warnings)
+    sub = f"{escape(plan.spec.path)} · mix {escape(plan.spec.mix or '-')} · {_cluster_line(plan)}"
+    title = f"Spindle plan: {Path(plan.spec.path).name}"
+    return Report(_page(title, sub, body, plan.spec.sha256), tuple(warnings))
+
+
+def _phase_table(bundle: PlanBundle, colours: Palette) -> str:
+    rows = []
+    for i, bar in enumerate(phase_bars(bundle)):
+        nxt = bundle.phases[i + 1].first_step - 1 if i + 1 < len(bundle.phases) else None
+        plan = bundle.phases[i].plan
+        batches = dict(bar.batches)
+        cells = "".join(f"<td class='num'>{batches.get(t, 0) or '-'}</td>" for t in colours.tasks)
+        rows.append(
+            f"<tr><td><a href='#phase-{i + 1}'>{i + 1}</a></td>"
+            f"<td>{bar.first_step}-{'' if nxt is None else nxt}</td><td>{escape(bar.mix)}</td>"
+            f"{cells}<td class='num'>{escape(fmt_seconds(bar.iteration_s))}</td>"
+            f"<td class='num'>{f'{bar.speedup:.2f}×' if bar.speedup else '-'}</td>"
+            f"<td class='num'>{escape(fmt_bytes(max(plan.memory_bytes, default=0)))}</td>"
+            f"<td class='num'>{len(plan.waves)}</td></tr>"
+        )
+    heads = "".join(
+        f"<th class='num'><span class='sw' style='background:{colours[t].base}'></span>"
+        f"{escape(t)}</th>"
+        for t in colours.tasks
+    )
+    return (
+        "<table><tr><th>phase</th><th>steps</th><th>mix</th>" + heads + "<th class='num'>"
+        "iteration</th><th class='num'>vs sequential</th><th class='num'>peak memory</th>"
+        "<th class='num'>waves</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def build_bundle_report(
+    bundle: PlanBundle, graphs: Mapping[str, MetaGraph] | None = None
+) -> Report:
+    """The page for a schedule's plans: the phases on a timeline of training steps, a table
+    of them, then each phase's plan as the single-plan page shows it (``graphs``: each mix's
+    MetaGraph, when known)."""
+    warnings: list[str] = []
+    colours = bundle_palette(bundle)
+    first = bundle.phases[0].plan
+    sections = []
+    for i, p in enumerate(bundle.phases, start=1):
+        nxt = bundle.phases[i].first_step - 1 if i < len(bundle.phases) else None
+        steps = f"steps {p.first_step}-{'' if nxt is None else nxt}"
+        body = _plan_body(p.plan, (graphs or {}).get(p.mix), colours, warnings, level=3)
+        sections.append(
+            f"<section id='phase-{i}'><h2>Phase {i}: mix {escape(p.mix)} ({steps})</h2>"
+            f"{body}</section>"
+        )
+    picture = _figure(
+        "Phases",
+        _img(phases_svg(bundle, colours).encode(), "image/svg+xml", "phases"),
+        "Training steps across; each phase's mix, predicted step time and speed-up on top, "
+        "each task's batch below.",
+    )
+    sub = (
+        f"{escape(bundle.spec.path)} · schedule of {len(bundle.phases)} phases · "
+        f"{_cluster_line(first)}"
+    )
+    body = f"<h2>Phases</h2>{picture}{_phase_table(bundle, colours)}" + "".join(sections)
+    title = f"Spindle plans: {Path(bundle.spec.path).name}"
+    return Report(_page(title, sub, body, bundle.spec.sha256), tuple(warnings))
 
 
 def write_report(
-    path: str | os.PathLike[str], plan: Plan, graph: MetaGraph | None = None
+    path: str | os.PathLike[str],
+    plan: Plan | PlanBundle,
+    graph: MetaGraph | Mapping[str, MetaGraph] | None = None,
 ) -> Report:
-    """Build the page and write it atomically."""
-    report = build_report(plan, graph)
+    """Build the page (of a plan, or of a schedule's bundle) and write it atomically."""
+    if isinstance(plan, PlanBundle):
+        report = build_bundle_report(plan, graph if isinstance(graph, Mapping) else None)
+    else:
+        report = build_report(plan, graph if isinstance(graph, MetaGraph) else None)
     write_atomic(Path(path), report.html)
     return report

@@ -1,7 +1,9 @@
 """One-click export of what the widget shows: plan JSON, Chrome trace, HTML report, spec text.
 
 A plan found by playing with sliders is only useful if it can leave the notebook: ``plan.json``
-feeds ``spindle train --plan``, the trace opens in Perfetto, the report goes to colleagues. The
+feeds ``spindle train --plan``, the trace opens in Perfetto, the report goes to colleagues. A
+spec whose schedule the widget followed also gets its plan bundle (every phase's plan), and
+the report shows every phase. The
 spec text actually compiled is saved beside them (with the generated mix when weights were
 changed), so ``spindle plan`` on that file with the same flags reproduces the plan.
 
@@ -31,10 +33,12 @@ class Exported:
     spec: Path
     command: str  # the `spindle plan` command that reproduces the plan from ``spec``
     warnings: tuple[str, ...] = ()
+    bundle: Path | None = None  # every phase's plan, when the spec's schedule was followed
 
     @property
     def paths(self) -> tuple[Path, ...]:
-        return (self.plan, self.trace, self.report, self.spec)
+        extra = (self.bundle,) if self.bundle is not None else ()
+        return (self.plan, self.trace, self.report, self.spec, *extra)
 
 
 def export_stem(result: Result) -> str:
@@ -50,10 +54,11 @@ def export_stem(result: Result) -> str:
 
 
 def reproduce_command(result: Result, spec_file: Path, plan_file: Path) -> str:
-    """The CLI line that makes the same plan from the exported spec."""
+    """The CLI line that makes the same plan (a schedule's: the same bundle) from the
+    exported spec."""
     s = result.settings
     parts = ["spindle", "plan", str(spec_file)]
-    if result.effective_mix:
+    if result.effective_mix and result.bundle is None:
         parts += ["--mix", result.effective_mix]
     if s.devices is not None:
         parts += ["--devices", str(s.devices)]
@@ -79,13 +84,18 @@ def export_result(result: Result, folder: str | os.PathLike[str]) -> Exported:
     trace_p = out / f"{stem}.trace.json"
     report_p = out / f"{stem}.report.html"
     spec_p = out / f"{stem}.spindle"
+    bundle_p = out / f"{stem}.bundle.json" if result.bundle is not None else None
     try:
         if out.exists() and not out.is_dir():
             raise SpindleError(f"cannot export to {out}: it is a file, not a folder")
         write_atomic(spec_p, result.effective_text)
         result.plan.write(plan_p)
         write_trace(trace_p, plan_trace(result.plan))
-        report = write_report(report_p, result.plan, result.graph)
+        if result.bundle is not None and bundle_p is not None:
+            result.bundle.write(bundle_p)  # the report then shows every phase
+            report = write_report(report_p, result.bundle, {result.graph.mix or "": result.graph})
+        else:
+            report = write_report(report_p, result.plan, result.graph)
     except OSError as exc:
         where = exc.filename or out
         raise SpindleError(f"cannot export to {where}: {exc.strerror}") from None
@@ -94,6 +104,7 @@ def export_result(result: Result, folder: str | os.PathLike[str]) -> Exported:
         trace=trace_p,
         report=report_p,
         spec=spec_p,
-        command=reproduce_command(result, spec_p, plan_p),
+        command=reproduce_command(result, spec_p, bundle_p or plan_p),
         warnings=tuple(report.warnings),
+        bundle=bundle_p,
     )

@@ -68,6 +68,13 @@ def draw(plan: Plan, graph: MetaGraph) -> Pictures:
     return Pictures(waves=waves, timeline=timeline, memory=memory_svg(plan))
 
 
+def draw_phases(bundle) -> str:  # PlanBundle -> markup
+    """A schedule's phases on a timeline of training steps (``render.phases``)."""
+    from spindle_dsl.render.phases import phases_svg
+
+    return img(phases_svg(bundle), "phases")
+
+
 def real_pipeline(*, profile: str | None = None) -> Pipeline:
     """The library's own stages; ``profile`` is a `spindle profile` file to fit curves from."""
     from spindle_dsl.cost import make_cost_model
@@ -77,7 +84,8 @@ def real_pipeline(*, profile: str | None = None) -> Pipeline:
     def compile_(text: str, path: str, mix: str | None, overrides: dict[str, Any]) -> Compiled:
         c = compile_text(text, path, mix=mix, cluster_overrides=overrides)
         warnings = tuple(d.render(text) for d in c.warnings)
-        return Compiled(c.graph, warnings, mixes_of(c.spec))
+        phases = tuple((p.first_step, p.mix) for p in c.schedule.phases) if c.schedule else ()
+        return Compiled(c.graph, warnings, mixes_of(c.spec), phases)
 
     def plan_(graph: MetaGraph, options: PlanOptions) -> Plan:
         cost = make_cost_model(graph.cluster, profile=profile)
@@ -91,4 +99,4 @@ def real_pipeline(*, profile: str | None = None) -> Pipeline:
 
     names = tuple(SCHEDULERS)
     ordered = ("default", *(n for n in names if n != "default")) if "default" in names else names
-    return Pipeline(compile_, plan_, draw, ordered)
+    return Pipeline(compile_, plan_, draw, ordered, draw_phases)

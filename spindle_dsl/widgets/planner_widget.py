@@ -140,6 +140,8 @@ class PlannerWidget(w.VBox):
         # --- outputs ---
         self.summary = w.HTML()
         self.summary.add_class("spindle-summary")
+        self.phases = w.HTML()
+        self.phases.add_class("spindle-phases")
         self.waves = w.HTML()
         self.waves.add_class("spindle-waves")
         self.timeline = w.HTML()
@@ -187,6 +189,7 @@ class PlannerWidget(w.VBox):
         outputs = w.VBox(
             [
                 self.summary,
+                self.phases,
                 w.HTML("<b>waves</b>"),
                 self.waves,
                 w.HTML("<b>timeline</b>"),
@@ -274,10 +277,16 @@ class PlannerWidget(w.VBox):
         if result is None:
             self.summary.value = "<i>no plan yet: fix the errors in the spec</i>"
             self.waves.value = self.timeline.value = self.memory.value = ""
-            self.status.value = ""
+            self.phases.value = self.status.value = ""
             return
         self.summary.value = summary_html(summarize(result.plan), stale=view.stale) + (
             _warnings_html(result.warnings) if not view.stale else ""
+        )
+        self.phases.value = (
+            "<b>phases</b> (the schedule; the plan below is the first phase's, pick another "
+            f"mix to see its plan)<br>{result.pictures.phases}"
+            if result.pictures.phases
+            else ""
         )
         self.waves.value = result.pictures.waves
         self.timeline.value = result.pictures.timeline

@@ -25,7 +25,8 @@ from typing import Any, Generic, TypeVar
 
 from spindle_dsl.errors import SpindleError
 from spindle_dsl.metagraph import MetaGraph
-from spindle_dsl.plan.model import Plan
+from spindle_dsl.plan.bundle import BundlePhase, PlanBundle
+from spindle_dsl.plan.model import Plan, SpecRef
 from spindle_dsl.widgets.mixes import MixInfo, custom_mix_text
 
 # --- values ----------------------------------------------------------------------------------
@@ -77,6 +78,8 @@ class Compiled:
     graph: MetaGraph
     warnings: tuple[str, ...]  # rendered warning diagnostics
     mixes: tuple[MixInfo, ...]  # every mix the spec declares, in order
+    # (first step, mix) of each phase when the spec's schedule is followed (no mix named)
+    phases: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ class Pictures:
     waves: str  # SVG: the waves on the devices
     timeline: str  # SVG: entries over time, a row per device
     memory: str  # SVG: predicted peak memory per device against capacity
+    phases: str = ""  # SVG: a schedule's phases on a timeline of training steps ("" without)
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ class Pipeline:
     plan: Callable[[MetaGraph, PlanOptions], Plan]
     draw: Callable[[Plan, MetaGraph], Pictures]
     schedulers: tuple[str, ...] = ("default",)
+    draw_phases: Callable[[PlanBundle], str] | None = None  # the phases picture
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,7 @@ class Result:
     mixes: tuple[MixInfo, ...]
     effective_text: str  # the spec text actually compiled (with a generated mix if weighted)
     effective_mix: str | None
+    bundle: PlanBundle | None = None  # a plan per phase, when the spec's schedule is followed
 
 
 @dataclass(frozen=True)
@@ -235,16 +241,24 @@ class PlanningSession:
         return hit
 
     def _plan(
-        self, key: tuple[Any, ...], graph: MetaGraph, s: Settings, t: list[float]
-    ) -> tuple[Plan, Pictures]:
+        self,
+        key: tuple[Any, ...],
+        graph: MetaGraph,
+        s: Settings,
+        t: list[float],
+        *,
+        draw: bool = True,
+    ) -> tuple[Plan, Pictures | None]:
+        """The plan for ``key`` and, when ``draw``, its pictures (a schedule's other phases
+        need only their plans; their pictures are drawn if the user picks their mix)."""
         hit = self._planned.get(key)
-        if hit is None:
+        if hit is None or (draw and not isinstance(hit, SpindleError) and hit[1] is None):
             try:
                 start = time.perf_counter()
-                plan = self.pipeline.plan(graph, s.plan_options())
+                plan = hit[0] if hit is not None else self.pipeline.plan(graph, s.plan_options())
                 mid = time.perf_counter()
                 t[1] += mid - start
-                pictures = self.pipeline.draw(plan, graph)
+                pictures = self.pipeline.draw(plan, graph) if draw else None
                 t[2] += time.perf_counter() - mid
                 hit = (plan, pictures)
             except SpindleError as exc:
@@ -294,6 +308,13 @@ class PlanningSession:
                 compiled = self._compile(text, s.path, mix, overrides, t)
         key = (text, s.path, mix, tuple(sorted(overrides.items())), s.plan_options())
         plan, pictures = self._plan(key, compiled.graph, s, t)
+        assert pictures is not None, "a drawn plan has its pictures"
+        bundle = None
+        if compiled.phases and self.pipeline.draw_phases is not None:
+            bundle = self._phases(compiled, plan, s, overrides, t)
+            start = time.perf_counter()
+            pictures = replace(pictures, phases=self.pipeline.draw_phases(bundle))
+            t[2] += time.perf_counter() - start
         return Result(
             settings=s,
             graph=compiled.graph,
@@ -303,7 +324,23 @@ class PlanningSession:
             mixes=base.mixes,
             effective_text=text,
             effective_mix=compiled.graph.mix,
+            bundle=bundle,
         )
+
+    def _phases(
+        self, compiled: Compiled, plan: Plan, s: Settings, overrides: dict, t: list[float]
+    ) -> PlanBundle:
+        """A plan for every phase of the schedule (the first is ``plan``), each compile and
+        plan behind the session's caches, so a slider move re-plans each phase once."""
+        plans: dict[str, Plan] = {compiled.graph.mix or "": plan}
+        for _, mix in compiled.phases:
+            if mix not in plans:
+                graph = self._compile(s.text, s.path, mix, overrides, t).graph
+                key = (s.text, s.path, mix, tuple(sorted(overrides.items())), s.plan_options())
+                plans[mix] = self._plan(key, graph, s, t, draw=False)[0]
+        g = compiled.graph
+        phases = tuple(BundlePhase(step, mix, plans[mix]) for step, mix in compiled.phases)
+        return PlanBundle(SpecRef(g.spec_path, g.spec_sha256, None), phases)
 
 
 def _selected_mix(compiled: Compiled, name: str | None) -> MixInfo:

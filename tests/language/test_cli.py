@@ -91,3 +91,20 @@ def test_fmt_stdin_to_stdout(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO(MESSY))
     assert main(["fmt", "-"]) == 0
     assert capsys.readouterr().out.endswith("\ntask t { text -> lm; batch = 2 }\n")
+
+
+def test_check_on_a_scheduled_spec_is_clean_and_lists_its_phases(shared_dir, capsys):
+    spec = shared_dir / "spec" / "next" / "tiny_schedule.spindle"
+    assert main(["check", str(spec)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""  # no warning: caption_only leaving transcribe out is the schedule's plan
+    rows = [line.split() for line in out.splitlines() if line[:5].strip().isdigit()]
+    assert rows == [
+        ["1", "0-2", "warmup", "32", "24", "8"],
+        ["2", "3-5", "caption_only", "32", "32", "0"],
+        ["3", "6-", "balanced", "48", "24", "24"],
+    ]
+    assert main(["check", str(spec), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [p["mix"] for p in data["schedule"]] == ["warmup", "caption_only", "balanced"]
+    assert main(["fmt", "--check", str(EXAMPLES / "tiny_schedule.spindle")]) == 0

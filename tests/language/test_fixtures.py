@@ -17,9 +17,15 @@ _spec = importlib.util.spec_from_file_location(
 helpers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(helpers)
 
-GOOD = ["tiny_mm", "multitask_clip", "qwen_val"]
+GOOD = ["tiny_mm", "multitask_clip", "qwen_val", "tiny_schedule"]
 # Fixtures of spec/next/ that the language accepts now (the others await their issues).
-NEXT = ["llama2_7b"]
+NEXT = ["llama2_7b", "tiny_schedule"]
+
+
+def fixture(shared_dir: Path, name: str) -> Path:
+    return shared_dir / "spec" / ("next" if name in NEXT else "") / f"{name}.spindle"
+
+
 BROKEN = [
     "bad_mix",
     "cycle",
@@ -34,7 +40,7 @@ BROKEN = [
 
 @pytest.mark.parametrize("name", GOOD)
 def test_shared_fixture_checks_clean(shared_dir, name):
-    compiled = compile_file(shared_dir / "spec" / f"{name}.spindle")
+    compiled = compile_file(fixture(shared_dir, name))
     assert compiled.warnings == ()
     assert len(compiled.graph) > 0
 
@@ -76,7 +82,7 @@ def test_broken_fixture_first_error(shared_dir, name):
 
 @pytest.mark.parametrize("name", GOOD)
 def test_fmt_round_trips_and_is_idempotent_on_fixtures(shared_dir, name):
-    text = (shared_dir / "spec" / f"{name}.spindle").read_text()
+    text = fixture(shared_dir, name).read_text()
     spec = parse(text)
     once = format_spec(spec)
     assert parse(once) == spec
@@ -98,13 +104,16 @@ def test_fmt_round_trips_broken_fixtures_that_parse(shared_dir):
 @pytest.mark.parametrize("name", GOOD)
 def test_examples_lower_to_the_fixtures_graphs(shared_dir, name):
     ours = compile_file(helpers.EXAMPLES / f"{name}.spindle")
-    theirs = compile_file(shared_dir / "spec" / f"{name}.spindle")
+    theirs = compile_file(fixture(shared_dir, name))
     assert ours.warnings == ()
 
     def bare(graph):
         return dataclasses.replace(graph, spec_path="", spec_sha256="")
 
     assert bare(ours.graph) == bare(theirs.graph)
+    if theirs.schedule is not None:
+        pairs = zip(ours.schedule.phases, theirs.schedule.phases, strict=True)
+        assert all(bare(a.graph) == bare(b.graph) for a, b in pairs)
 
 
 @pytest.mark.parametrize("name", GOOD)
