@@ -1,0 +1,485 @@
+"""One model of a training step: the waves, and everything the runtime does around them.
+
+The curves T_m(n) price one layer's forward and backward. A step of the runtime
+(``backends/torch``) does more, and this module prices each of it once, for the planner
+(``planner.timing`` via ``planner.build``) and for the run summary and ``spindle compare``
+alike, so that what a plan predicts and what a run is compared against are the same sums.
+Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``iteration_s``:
+
+- ``compute_s``: the waves, once per micro-batch pass. A wave lasts as long as its slowest
+  device; on a CPU node whose computing devices outnumber its cores, they share the cores
+  (processor sharing: every running worker progresses at ``cores / running`` of a core, the
+  way the OS time-slices single-threaded processes; a rank blocked in a gloo receive sleeps
+  and costs nothing, measured), so a wave lasts the makespan of its devices' work on
+  ``cores`` cores (``shared_makespan``).
+- ``wave_overhead_s``: per wave, what a rank does beyond its layers, priced the same way:
+  its MetaOp's input stages on the MetaOp's first entry (reading the raw batch, the
+  embedding, patch or feature projection, forward and backward) and a fixed cost per stage
+  (``wave_s``: the step loop's bookkeeping, the autograd call, the exchange handshake).
+- ``transfer_s``: activations crossing device groups at wave boundaries (``planner.timing``,
+  with the cost model's point-to-point price).
+- ``loss_s``: the loss phase after the last forward wave: each device computes the loss heads
+  of the sinks whose last entry it runs (lm: vocab head and cross-entropy; mse; contrastive:
+  pooled readouts, InfoNCE of the whole batch on one device), forward and backward.
+- ``grad_sync_s``: gradient reduction as the runtime issues it. A parameter part (a layer, an
+  input stage, an LM head) is summed over the ranks holding it; parts with the same holders
+  form one bucket and one collective: a reduce-scatter then, after the update, an all-gather
+  of the weights (ZeRO-1, ``zero_stage`` 1), an all-reduce (``zero_stage`` 0), or with ZeRO-2 a
+  reduce-scatter in every micro-batch pass. A rank issues its buckets one after another, so
+  the slowest rank's sum counts. ``StepOverheads.reduction_overlap`` says whether a bucket's
+  reduction starts as soon as its parts' last backward is done on the rank and runs under the
+  backward still to come (then only what sticks out past the backward counts), or only after
+  the whole backward (the runtime before bucketed asynchronous reduction).
+- ``optimizer_s``: AdamW over what each rank owns (its ZeRO shard of every part it holds) plus
+  the flat-buffer copies of every held byte (gradients in, weights out), slowest rank.
+
+With ``micro_batches`` k the waves, their overheads, the transfers and the losses run k times;
+the reduction (unless ZeRO-2) and the optimizer once. ``StepOverheads`` holds the machine's
+figures: measured by ``spindle profile --nproc N`` on the backend's own processes, or the
+analytic defaults below (assumptions, documented at each figure). A cost model whose curves
+already include the gradient all-reduce of every layer (the analytic model, after Spindle's
+``T(n) = alpha + beta c + beta' w / n``) says so with ``grad_in_curves``; the planner then
+adds only what summing shared modules costs beyond it, as before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from spindle_dsl.cost import comm
+from spindle_dsl.cost.analytic import backward_multiplier
+from spindle_dsl.cost.overheads import StepOverheads
+from spindle_dsl.kinds import get_kind
+from spindle_dsl.metagraph import MetaGraph, MetaOp
+
+# --- what a graph's step consists of --------------------------------------------------------
+
+
+def input_key(module: str, modality: str, tokens: int, mode: str) -> str:
+    """Names an input stage's cost: the part, the tokens it reads, and its passes."""
+    return f"{module}/input.{modality}@{tokens}:{mode}"
+
+
+def loss_key(task_loss: str, sink: MetaOp, text_tokens: int) -> str:
+    """Names a loss head's cost: the loss, the sink's shape and, for lm, its text tokens."""
+    shape = f"{sink.kind}:{sink.out_tokens}x{sink.out_width}"
+    if task_loss == "lm":
+        vocab = dict(sink.args).get("vocab")
+        return f"lm:{shape}:vocab{vocab}:text{text_tokens}:{_mode(sink)}"
+    return f"{task_loss}:{shape}:{_mode(sink)}"
+
+
+def _mode(op: MetaOp) -> str:
+    return "forward" if not op.needs_backward else ("input_grad" if op.frozen else "train")
+
+
+@dataclass(frozen=True)
+class InputStage:
+    """One input stage a MetaOp's first layer reads from (runs on its first entry)."""
+
+    key: str
+    part: str  # the runtime's part key, "module/input.MODALITY"
+    grad_bytes: float  # bytes of its gradient (0 when frozen)
+    flops_per_sample: float  # forward+backward, for the analytic fallback
+
+
+@dataclass(frozen=True)
+class SinkLoss:
+    """One sink's loss head: where it runs and what it costs."""
+
+    task: str
+    sink: str  # MetaOp id
+    loss: str  # "lm", "mse" or "contrastive"
+    key: str
+    flops_per_sample: float  # forward+backward, for the analytic fallback
+    head_part: str | None  # "module/head" for lm
+    head_bytes: float  # its gradient bytes (0 when frozen or no head)
+
+
+@dataclass(frozen=True)
+class OpStep:
+    """What the step model needs of one MetaOp."""
+
+    id: str
+    batch: int
+    layers: int
+    layer_parts: tuple[tuple[str, float], ...]  # per global layer: (part key, gradient bytes)
+    inputs: tuple[InputStage, ...]
+    backward_share: float  # backward's share of a layer's forward+backward time
+
+
+def _input_flops(graph: MetaGraph, op: MetaOp, modality: str, tokens: int) -> float:
+    """Forward FLOPs per sample of an input stage as the built-in kinds build them: a gather
+    and a position add for token ids, a linear layer for features or pixel patches."""
+    first = graph.module(op.segments[0][0])
+    kind = get_kind(first.kind)
+    info = graph.stage_modality(first.name, modality)
+    width = kind.in_width(dict(first.args))
+    if info.vocab is not None:
+        return 8.0 * tokens * width
+    params = kind.input_stage_params(dict(first.args), info)
+    return 2.0 * tokens * max(params - info.tokens * width, width)
+
+
+def op_steps(graph: MetaGraph) -> dict[str, OpStep]:
+    """The parts, input stages and backward share of every MetaOp."""
+    dt = float(graph.dtype_bytes)
+    out: dict[str, OpStep] = {}
+    for op in graph.metaops:
+        layers: list[tuple[str, float]] = []
+        for module, count in op.segments:
+            known = [m for m in graph.modules if m.name == module]  # hand-made graphs lack them
+            frozen = known[0].frozen if known else op.frozen
+            per = 0.0 if frozen else op.params_per_layer * dt
+            layers.extend((f"{module}/layer.{j}", per) for j in range(count))
+        inputs = []
+        mult = backward_multiplier(op)
+        for inp in op.inputs:
+            if not inp.from_modality:
+                continue
+            first = graph.module(op.segments[0][0])
+            kind = get_kind(first.kind)
+            params = kind.input_stage_params(
+                dict(first.args), graph.stage_modality(first.name, inp.source)
+            )
+            mode = "train" if not first.frozen else "forward"
+            inputs.append(
+                InputStage(
+                    input_key(first.name, inp.source, inp.tokens, mode),
+                    f"{first.name}/input.{inp.source}",
+                    0.0 if first.frozen else params * dt,
+                    (1.0 if first.frozen else 3.0)
+                    * _input_flops(graph, op, inp.source, inp.tokens),
+                )
+            )
+        out[op.id] = OpStep(
+            op.id, op.batch, op.layers, tuple(layers), tuple(inputs), (mult - 1) / mult
+        )
+    return out
+
+
+def _text_tokens(graph: MetaGraph, op: MetaOp) -> int:
+    for inp in op.inputs:
+        if inp.from_modality and graph.modality(inp.source).vocab is not None:
+            return inp.tokens
+    return 0
+
+
+def sink_losses(graph: MetaGraph) -> tuple[SinkLoss, ...]:
+    """Every sink's loss head, in task order."""
+    dt = float(graph.dtype_bytes)
+    out = []
+    for task in graph.tasks:
+        if task.batch <= 0:
+            continue
+        for sink_id in task.sinks:
+            sink = graph.op(sink_id)
+            passes = 3.0 if sink.needs_backward else 1.0
+            head_part, head_bytes, flops = None, 0.0, 0.0
+            text = 0
+            if task.loss == "lm":
+                text = _text_tokens(graph, sink)
+                last = graph.module(sink.segments[-1][0])
+                kind = get_kind(last.kind)
+                vocab = int(dict(last.args).get("vocab") or 0)
+                flops = passes * 2.0 * max(text - 1, 0) * sink.out_width * vocab
+                head_part = f"{last.name}/head"
+                if not last.frozen:
+                    head_bytes = kind.head_params(dict(last.args)) * dt
+            else:
+                flops = passes * 4.0 * sink.out_tokens * sink.out_width
+            out.append(
+                SinkLoss(
+                    task.name,
+                    sink_id,
+                    task.loss,
+                    loss_key(task.loss, sink, text),
+                    flops,
+                    head_part,
+                    head_bytes,
+                )
+            )
+    return tuple(out)
+
+
+# --- pricing a step -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PieceTime:
+    """One piece of a wave as the step model sees it: layers ``[first, end)`` of ``op`` on
+    ``devices``, whose layers take ``seconds`` (layers x T_op(n))."""
+
+    op: str
+    first: int
+    end: int
+    devices: tuple[int, ...]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StepPrice:
+    """One step priced (seconds; per pass where it says so)."""
+
+    durations: tuple[float, ...]  # per wave: its layers, cores shared (one pass)
+    wave_extra: tuple[float, ...]  # per wave: input stages and stage costs on top (one pass)
+    entry_extra: tuple[tuple[float, ...], ...]  # per wave and piece: its own extra, unshared
+    loss_s: float  # one pass
+    grad_sync_s: float  # the step's exposed gradient reduction (runtime-style)
+    optimizer_s: float
+
+
+def shared_makespan(lengths: Sequence[float], cores: int | None) -> float:
+    """When jobs of these lengths (seconds on a core of their own) all start together on
+    ``cores`` cores shared fairly, when the last ends (None: a core each)."""
+    jobs = sorted(x for x in lengths if x > 0)
+    if not jobs:
+        return 0.0
+    if cores is None or len(jobs) <= cores:
+        return jobs[-1]
+    t = done = 0.0
+    running = len(jobs)
+    for length in jobs:
+        t += (length - done) * max(1.0, running / cores)
+        done = length
+        running -= 1
+    return t
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """The step model of one graph on one cluster (``make_step_model``)."""
+
+    overheads: StepOverheads
+    cores: int | None  # cores one node's devices share (None: no sharing)
+    devices_per_node: int
+    grad_in_curves: bool  # the curves already carry each layer's gradient all-reduce
+    ops: Mapping[str, OpStep]
+    sinks: tuple[SinkLoss, ...]
+
+    # -- per piece and per phase -------------------------------------------------------------
+    def input_seconds(self, op_id: str, samples: int) -> float:
+        """The input stages of ``op`` on a shard of ``samples``, forward and backward."""
+        total = 0.0
+        for stage in self.ops[op_id].inputs:
+            line = self.overheads.input_line(stage.key)
+            if line is not None:
+                total += line.at(samples)
+            elif samples > 0:
+                total += stage.flops_per_sample * samples * self.overheads.seconds_per_flop
+        return total
+
+    def loss_seconds(self, sink: SinkLoss, samples: int) -> float:
+        line = self.overheads.loss_line(sink.key)
+        if line is not None:
+            return line.at(samples)
+        return sink.flops_per_sample * samples * self.overheads.seconds_per_flop if samples else 0.0
+
+    def _share(self, devices: Mapping[int, float]) -> float:
+        """Makespan of per-device work, each node's devices sharing its cores."""
+        nodes: dict[int, list[float]] = {}
+        for d, secs in devices.items():
+            nodes.setdefault(d // self.devices_per_node, []).append(secs)
+        return max((shared_makespan(v, self.cores) for v in nodes.values()), default=0.0)
+
+    # -- the whole step ----------------------------------------------------------------------
+    def price(
+        self,
+        waves: Sequence[Sequence[PieceTime]],
+        *,
+        micro_batches: int = 1,
+        zero_stage: int = 1,
+    ) -> StepPrice:
+        """Price one step of these waves (see the module docstring for each term)."""
+        k = max(1, micro_batches)
+        durations, extras, entry_extra = [], [], []
+        for wave in waves:
+            layers: dict[int, float] = {}
+            total: dict[int, float] = {}
+            mine = []
+            for p in wave:
+                op = self.ops[p.op]
+                extra = self.overheads.wave_s
+                if p.first == 0 and op.inputs:
+                    extra += self.input_seconds(p.op, _shard(op.batch, k, len(p.devices)))
+                mine.append(extra)
+                for d in p.devices:
+                    layers[d] = layers.get(d, 0.0) + p.seconds
+                    total[d] = total.get(d, 0.0) + p.seconds + extra
+            base = self._share(layers)
+            durations.append(base)
+            extras.append(max(self._share(total) - base, 0.0))
+            entry_extra.append(tuple(mine))
+        holders = self._holders(waves)
+        return StepPrice(
+            tuple(durations),
+            tuple(extras),
+            tuple(entry_extra),
+            self._loss(waves, k),
+            self._reduction(waves, holders, durations, extras, k, zero_stage),
+            self._optimizer(holders, zero_stage),
+        )
+
+    def _loss(self, waves: Sequence[Sequence[PieceTime]], k: int) -> float:
+        last: dict[str, PieceTime] = {}
+        for wave in waves:
+            for p in wave:
+                last[p.op] = p
+        load: dict[int, float] = {}
+        for s in self.sinks:
+            p = last.get(s.sink)
+            if p is None:
+                continue
+            batch = self.ops[s.sink].batch
+            shard = _shard(batch, k, len(p.devices))
+            if s.loss == "contrastive":  # readouts everywhere, InfoNCE of the batch on one
+                for d in p.devices:
+                    load[d] = load.get(d, 0.0) + self.loss_seconds(s, shard) / 2
+                d0 = p.devices[0]
+                load[d0] = load.get(d0, 0.0) + self.loss_seconds(s, _shard(batch, k, 1)) / 2
+                continue
+            for d in p.devices:
+                load[d] = load.get(d, 0.0) + self.loss_seconds(s, shard)
+        return self._share(load)
+
+    def _holders(self, waves: Sequence[Sequence[PieceTime]]) -> dict[str, tuple[float, set[int]]]:
+        """Every trainable part the waves run -> (gradient bytes, the devices holding it): as
+        the runtime assigns parts, a layer to its entries' devices, input stages to the first
+        entry's, an LM head to the sink's last entry's."""
+        held: dict[str, tuple[float, set[int]]] = {}
+
+        def add(key: str, nbytes: float, devices: Sequence[int]) -> None:
+            if nbytes > 0:
+                held.setdefault(key, (nbytes, set()))[1].update(devices)
+
+        last_piece: dict[str, PieceTime] = {}
+        for wave in waves:
+            for p in wave:
+                op = self.ops[p.op]
+                for g in range(p.first, p.end):
+                    key, nbytes = op.layer_parts[g]
+                    add(key, nbytes, p.devices)
+                if p.first == 0:
+                    for stage in op.inputs:
+                        add(stage.part, stage.grad_bytes, p.devices)
+                last_piece[p.op] = p
+        for s in self.sinks:
+            p = last_piece.get(s.sink)
+            if p is not None and s.head_part:
+                add(s.head_part, s.head_bytes, p.devices)
+        return held
+
+    def _ready_waves(self, waves: Sequence[Sequence[PieceTime]]) -> dict[tuple[str, int], int]:
+        """(part, device) -> the earliest wave in which the device runs the part: backward
+        runs the waves in reverse, so that is where the part's last backward on it ends."""
+        out: dict[tuple[str, int], int] = {}
+        for wi, wave in enumerate(waves):
+            for p in wave:
+                op = self.ops[p.op]
+                keys = [op.layer_parts[g][0] for g in range(p.first, p.end)]
+                if p.first == 0:
+                    keys += [s.part for s in op.inputs]
+                for key in keys:
+                    for d in p.devices:
+                        out.setdefault((key, d), wi)
+        return out
+
+    def _reduction(
+        self,
+        waves: Sequence[Sequence[PieceTime]],
+        held: Mapping[str, tuple[float, set[int]]],
+        durations: Sequence[float],
+        extras: Sequence[float],
+        k: int,
+        zero_stage: int,
+    ) -> float:
+        if self.grad_in_curves:
+            return 0.0  # the planner adds the shared modules' extra itself
+        o = self.overheads
+        buckets: dict[tuple[int, ...], list[str]] = {}
+        for key, (_, devs) in held.items():
+            if len(devs) > 1:
+                buckets.setdefault(tuple(sorted(devs)), []).append(key)
+        if not buckets:
+            return 0.0
+        ready = self._ready_waves(waves) if o.reduction_overlap else {}
+        # backward of each wave, last wave first: its layers' backward share, plus its extras
+        share = [max((self.ops[p.op].backward_share for p in wave), default=0.0) for wave in waves]
+        bwd = [(durations[w] + extras[w]) * share[w] for w in range(len(waves))]
+        backward_total = sum(bwd)
+        worst = 0.0
+        devices = sorted({d for ranks in buckets for d in ranks})
+        for d in devices:
+            mine = [(ranks, keys) for ranks, keys in buckets.items() if d in ranks]
+            overlapped: list[tuple[float, float]] = []  # (ready time, seconds)
+            after = 0.0
+            for ranks, keys in mine:
+                nbytes = sum(held[key][0] for key in keys)
+                g = len(ranks)
+                if zero_stage == 0:
+                    first_s, last_s = o.all_reduce.seconds(nbytes, g), 0.0
+                elif o.grad_collective == "all_reduce":
+                    first_s = o.all_reduce.seconds(nbytes, g)
+                    last_s = o.all_gather.seconds(nbytes, g)
+                else:
+                    first_s = o.reduce_scatter.seconds(nbytes, g)
+                    last_s = o.all_gather.seconds(nbytes, g)
+                if zero_stage == 2:
+                    first_s *= k  # a reduce-scatter into the gradient shard every pass
+                after += last_s
+                if o.reduction_overlap:
+                    wave = min(ready.get((key, d), 0) for key in keys)
+                    overlapped.append((sum(bwd[wave:]), first_s))
+                else:
+                    after += first_s
+            exposed = 0.0
+            if overlapped:
+                clock = 0.0
+                for at, secs in sorted(overlapped):
+                    clock = max(clock, at) + secs
+                exposed = max(0.0, clock - backward_total)
+            worst = max(worst, exposed + after)
+        return worst
+
+    def _optimizer(self, held: Mapping[str, tuple[float, set[int]]], zero_stage: int) -> float:
+        o = self.overheads
+        owned: dict[int, float] = {}
+        total: dict[int, float] = {}
+        for nbytes, devs in held.values():
+            share = nbytes / len(devs) if zero_stage >= 1 else nbytes
+            for d in devs:
+                owned[d] = owned.get(d, 0.0) + share
+                total[d] = total.get(d, 0.0) + nbytes
+        work = {d: o.optimizer.at(owned[d]) + o.copy_s_per_byte * total[d] for d in owned}
+        return self._share(work)
+
+
+def _shard(batch: int, k: int, n: int) -> int:
+    """Samples the largest device shard of one micro-batch pass holds."""
+    return comm.ceil_div(comm.ceil_div(batch, k), max(n, 1)) if batch > 0 else 0
+
+
+def make_step_model(
+    graph: MetaGraph, overheads: StepOverheads, *, grad_in_curves: bool
+) -> StepModel:
+    """The step model of ``graph``: the cluster's core sharing (the cluster's own setting,
+    else the profile's machine, else the planning machine's) and the graph's parts."""
+    cluster = graph.cluster
+    cores = cluster.shared_cores
+    if cores is not None and cluster.cores is None and overheads.cores is not None:
+        cores = overheads.cores if overheads.cores < cluster.devices_per_node else None
+    return StepModel(
+        overheads,
+        cores,
+        cluster.devices_per_node,
+        grad_in_curves,
+        op_steps(graph),
+        sink_losses(graph),
+    )
+
+
+def breakdown_sum(parts: Mapping[str, float]) -> float:
+    """The iteration time a breakdown adds up to (the plan's ``iteration_s``)."""
+    return math.fsum(parts.values())
