@@ -1,0 +1,278 @@
+"""``spindle profile --nproc N``: the step model's figures, measured on the backend's workers.
+
+The profile is made where a run happens: ``--nproc N`` spawns N worker processes with the
+launcher a run uses (``launch.spawn``: the same environment, the same torch thread setting per
+worker, gloo on CPU and NCCL on GPUs), and every rank takes part in every measurement
+(``measure``). Measured, in order: each MetaOp shape's layer at several per-device batches (the
+compute curves, fitted piecewise as the paper does), each input stage and loss head per sample,
+the collectives the gradient reduction issues (all-reduce, reduce-scatter, all-gather) over
+every group size up to N, point-to-point exchange, the optimizer per parameter byte, the flat-
+buffer copies, and the fixed cost of a stage. Rank 0 fits the lines and returns the
+``Profile`` (``cost.profile``); the value and its fits live in ``spindle_dsl.cost`` and never
+import the backend.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import torch
+import torch.distributed as dist
+
+from spindle_dsl.cluster import usable_cores
+from spindle_dsl.cost.fit import fit_line
+from spindle_dsl.cost.overheads import Collective, Line, StepOverheads
+from spindle_dsl.cost.profile import Profile, mode_of
+from spindle_dsl.cost.profiler import TimingBudget, shape_batches, shape_entry, shape_groups
+from spindle_dsl.cost.step import op_steps, sink_losses
+from spindle_dsl.metagraph import MetaGraph
+
+from ..base import DeviceKind, RunConfig
+from . import measure as M
+from .data import TaskData
+from .worker import init_distributed
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+MAX_COMM_BYTES = 1 << 26  # 64 MiB: larger buffers add time, not information (lines are lines)
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """How to profile (pickled to the workers; ``collective_timeout_s`` as ``RunConfig``)."""
+
+    device: DeviceKind = "auto"
+    points: int = 5  # batch sizes (and message sizes) per fitted line
+    budget: TimingBudget = field(default_factory=TimingBudget)
+    progress: bool = True  # a progress bar on rank 0
+    collective_timeout_s: float = 300.0
+    hang_timeout_s: float = 120.0  # no heartbeat for this long: a rank is hung
+
+
+@dataclass(frozen=True)
+class ProfileJob:
+    """The job ``launch.spawn`` hands every worker (it calls ``run_rank``)."""
+
+    graph: MetaGraph
+    config: ProfileSettings
+
+    def run_rank(
+        self,
+        rank: int,
+        world: int,
+        local_rank: int,
+        *,
+        store: Any = None,
+        heartbeat: Callable[[str], None] | None = None,
+    ) -> Profile | None:
+        return measure_profile(self.graph, self.config, rank, world, local_rank, store, heartbeat)
+
+
+def profile_on_workers(graph: MetaGraph, nproc: int, settings: ProfileSettings) -> Profile:
+    """Spawn ``nproc`` local workers, profile on them, and return rank 0's profile."""
+    from .launch import spawn
+
+    return spawn(ProfileJob(graph, settings), nproc, hang_timeout_s=settings.hang_timeout_s)
+
+
+class Bar:
+    """A progress bar on a terminal, a line per item elsewhere (CI logs, pipes)."""
+
+    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None):
+        self.total, self.done, self.enabled = max(total, 1), 0, enabled
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        width = 24
+        fill = width * self.done // self.total
+        line = f"profile [{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total}  {label}"
+        self.stream.write(("\r\x1b[2K" + line) if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def measure_profile(
+    graph: MetaGraph,
+    settings: ProfileSettings,
+    rank: int,
+    world: int,
+    local_rank: int = 0,
+    store: Any = None,
+    heartbeat: Callable[[str], None] | None = None,
+) -> Profile | None:
+    """Profile ``graph`` on this rank of ``world`` (a collective); rank 0 gets the profile."""
+    beat = heartbeat or (lambda _what: None)
+    beat("joining the process group")
+    run = RunConfig(
+        steps=0, device=settings.device, collective_timeout_s=settings.collective_timeout_s
+    )
+    backend, device, created = init_distributed(run, rank, world, local_rank, store)
+    try:
+        return _measure(graph, settings, rank, world, backend, device, beat)
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def _measure(
+    graph: MetaGraph,
+    settings: ProfileSettings,
+    rank: int,
+    world: int,
+    backend: str,
+    device: torch.device,
+    beat: Callable[[str], None],
+) -> Profile | None:
+    cuda = device.type == "cuda"
+    cores = None if cuda else usable_cores()
+    active = world if cores is None else max(1, min(world, cores))
+    dtype = torch.bfloat16 if cuda else torch.float32
+    probe = M.Probe(rank, world, active, device, dtype, settings.budget, beat)
+    devices, points = graph.cluster.devices, settings.points
+
+    groups = shape_groups(graph)
+    layer_points = [(ops, b) for ops in groups for b in shape_batches(ops, devices, points)]
+    stages: dict[str, tuple] = {}
+    steps = op_steps(graph)
+    for op in graph.metaops:
+        modal = [i for i in op.inputs if i.from_modality]
+        for inp, stage in zip(modal, steps[op.id].inputs, strict=True):
+            if op.batch > 0:
+                stages.setdefault(stage.key, (op, inp.source, inp.tokens))
+    sinks = {s.key: s for s in sink_losses(graph)}
+    total_bytes = _trainable_bytes(graph)
+    comm_sizes = M.log_sizes(4096, min(total_bytes, MAX_COMM_BYTES), points)
+    p2p_sizes = M.log_sizes(1024, min(_largest_activation(graph), MAX_COMM_BYTES), points)
+    opt_sizes = M.log_sizes(1 << 16, min(total_bytes, MAX_COMM_BYTES), points)
+    group_sizes = list(range(2, world + 1))
+    n_items = (
+        len(layer_points)
+        + points * (len(stages) + len(sinks))
+        + len(COLLECTIVES) * len(group_sizes) * len(comm_sizes)
+        + (len(p2p_sizes) if world > 1 else 0)
+        + len(opt_sizes)
+        + 2
+    )
+    bar = Bar(n_items, rank == 0 and settings.progress)
+    try:
+        # compute: layers, input stages, losses
+        timings: list[list[tuple[int, float]]] = [[] for _ in groups]
+        for ops, b in layer_points:
+            t = M.layer_seconds(probe, ops[0], mode_of(ops[0]), b)
+            if t is not None:
+                timings[groups.index(ops)].append((b, t))
+            bar.step(f"{ops[0].id} batch {b}")
+        data = TaskData(graph, 0, None, dtype, device)
+        inputs: list[tuple[str, Line]] = []
+        for key, (op, modality, tokens) in stages.items():
+            pts = []
+            for b in M.batches_for(op.batch, devices, points)[:points]:
+                t = M.input_stage_seconds(probe, graph, data, op, modality, tokens, b)
+                pts.append((b, t))
+                bar.step(f"input {op.id}:{modality} batch {b}")
+            bar.done += points - len(pts)
+            inputs.append((key, _line(pts)))
+        losses: list[tuple[str, Line]] = []
+        for key, sink in sinks.items():
+            pts = []
+            batch = graph.op(sink.sink).batch
+            for b in M.batches_for(batch, devices, points)[:points]:
+                pts.append((b, M.loss_seconds(probe, graph, data, sink, b)))
+                bar.step(f"loss {sink.task} batch {b}")
+            bar.done += points - len(pts)
+            losses.append((key, _line(pts)))
+        # communication: every group size, every collective the reduction issues
+        fits: dict[str, list[tuple[int, Line]]] = {k: [] for k in COLLECTIVES}
+        for g in group_sizes:
+            ranks = list(range(g))
+            group = None if g == world else dist.new_group(ranks)
+            for kind in COLLECTIVES:
+                pts = []
+                for nbytes in comm_sizes:
+                    pts.append((nbytes, M.collective_seconds(probe, kind, nbytes, ranks, group)))
+                    bar.step(f"{kind} on {g} ranks, {nbytes} bytes")
+                fits[kind].append((g, _line(pts)))
+        p2p = Line(0.0, 0.0)
+        if world > 1:
+            pts = []
+            for nbytes in p2p_sizes:
+                pts.append((nbytes, M.exchange_seconds(probe, nbytes)))
+                bar.step(f"exchange {nbytes} bytes")
+            p2p = _line(pts)
+        # optimizer, copies, a stage's fixed cost
+        pts = []
+        for nbytes in opt_sizes:
+            pts.append((nbytes, M.optimizer_seconds(probe, nbytes)))
+            bar.step(f"optimizer {nbytes} bytes")
+        optimizer = _line(pts)
+        big = opt_sizes[-1]
+        copy = M.copy_seconds(probe, big)
+        bar.step("copies")
+        stage = M.stage_seconds(probe)
+        bar.step("stage bookkeeping")
+    finally:
+        bar.close()
+    if rank != 0:
+        return None
+    entries = tuple(shape_entry(ops, t) for ops, t in zip(groups, timings, strict=True))
+    rates = sorted(e.samples[-1].seconds / e.samples[-1].flops for e in entries if e.samples)
+    overheads = StepOverheads(
+        source="profile",
+        all_reduce=Collective(tuple(fits["all_reduce"])),
+        reduce_scatter=Collective(tuple(fits["reduce_scatter"])),
+        all_gather=Collective(tuple(fits["all_gather"])),
+        p2p=p2p,
+        optimizer=optimizer,
+        copy_s_per_byte=(copy or 0.0) / big,
+        wave_s=stage or 0.0,
+        seconds_per_flop=rates[len(rates) // 2] if rates else 0.0,
+        inputs=tuple(inputs),
+        losses=tuple(losses),
+        cores=cores,
+    )
+    return Profile(
+        device=device.type,
+        device_name=torch.cuda.get_device_name(device) if cuda else "cpu",
+        torch=torch.__version__,
+        threads=torch.get_num_threads(),
+        dtype=str(dtype).removeprefix("torch."),
+        spec=graph.spec_path,
+        entries=entries,
+        nproc=world,
+        backend=backend,
+        overheads=overheads,
+    )
+
+
+def _line(points: list[tuple[int, float | None]]) -> Line:
+    """The alpha-beta line through rank 0's points (a flat zero when nothing was timed)."""
+    pts = [(float(x), t) for x, t in points if t is not None and t > 0]
+    if not pts:
+        return Line(0.0, 0.0)
+    return Line(*fit_line(pts))
+
+
+def _trainable_bytes(graph: MetaGraph) -> int:
+    """Gradient bytes of every trainable part the graph runs (each part once)."""
+    seen: dict[str, float] = {}
+    for op in op_steps(graph).values():
+        seen.update(op.layer_parts)
+        seen.update((s.part, s.grad_bytes) for s in op.inputs)
+    seen.update((s.head_part, s.head_bytes) for s in sink_losses(graph) if s.head_part)
+    return max(int(sum(seen.values())), 4096)
+
+
+def _largest_activation(graph: MetaGraph) -> int:
+    """Bytes of the largest activation any MetaOp hands on (its whole batch)."""
+    sizes = [m.batch * m.out_tokens * m.out_width * graph.dtype_bytes for m in graph.metaops]
+    return max([*sizes, 4096])
