@@ -43,6 +43,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "train for real on torch.distributed",
         "spindle train examples/tiny_mm.spindle --nproc 4 --steps 5",
     ),
+    "compare": (
+        "set a plan's prediction against a measured trace",
+        "spindle compare plan.json train-trace.json",
+    ),
 }
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from html import escape
 from pathlib import Path
+from typing import Any
 
 from spindle_dsl import __version__
 from spindle_dsl.atomic import write_atomic
@@ -185,9 +187,43 @@ def _memory(plan: Plan, warnings: list[str]) -> str:
     return notice + _figure("Memory", _img(svg, "image/svg+xml", "memory per device"), "") + table
 
 
-def build_report(plan: Plan, graph: MetaGraph | None = None) -> Report:
+def _measured(plan: Plan, trace: Mapping[str, Any], colours: Palette) -> tuple[str, float]:
+    """The measured step under the prediction, on one time scale, and the largest misses."""
+    from spindle_dsl.render.compare import compare
+    from spindle_dsl.render.measured import read_measured
+    from spindle_dsl.render.measured_timeline import measured_timeline_bytes
+
+    run = read_measured(trace)
+    total = max(plan.iteration_s, run.step_s)
+    rows = compare(plan, run)
+    body = "".join(
+        f"<tr><td>{escape(r.kind)}</td><td>{escape(r.name)}</td>"
+        f"<td class='num'>{escape(fmt_seconds(r.predicted_s))}</td>"
+        f"<td class='num'>{escape(fmt_seconds(r.measured_s))}</td>"
+        f"<td class='num'>{r.miss_s * 1e3:+.2f} ms</td></tr>"
+        for r in rows[:16]
+    )
+    picture = _figure(
+        "Measured step",
+        _img(measured_timeline_bytes(plan, trace, "svg", colours, total), "image/svg+xml",
+             "measured step"),
+        f"A measured step (the median of steps {run.kept[0]}..{run.kept[-1]}) on the same time "
+        "scale as the predicted timeline above.",
+    )  # fmt: skip
+    table = (
+        "<table><tr><th></th><th>what</th><th class='num'>predicted</th>"
+        "<th class='num'>measured</th><th class='num'>miss</th></tr>" + body + "</table>"
+    )
+    return picture + "<h3>Predicted against measured, largest miss first</h3>" + table, total
+
+
+def build_report(
+    plan: Plan, graph: MetaGraph | None = None, measured: Mapping[str, Any] | None = None
+) -> Report:
     """The page for ``plan``; ``graph`` (when known) gives the MetaGraph picture its modalities
-    and frozen marks, otherwise it is drawn from the MetaOps the plan records."""
+    and frozen marks, otherwise it is drawn from the MetaOps the plan records. ``measured``, a
+    measured trace of a run of the plan (``spindle train --trace``), adds a measured step under
+    the predicted timeline and the largest misses of the prediction."""
     colours = plan_palette(plan)
     warnings: list[str] = []
     legend = "".join(
@@ -207,9 +243,10 @@ def build_report(plan: Plan, graph: MetaGraph | None = None) -> Report:
         "Waves top to bottom; grey arrows are activations that cross device groups.",
         warnings,
     )
+    measured_html, total = _measured(plan, measured, colours) if measured else ("", 0.0)
     tl = _figure(
         "Timeline",
-        _img(timeline_bytes(plan, "svg", colours), "image/svg+xml", "timeline"),
+        _img(timeline_bytes(plan, "svg", colours, total), "image/svg+xml", "timeline"),
         "Devices down, time across; hatched areas are idle devices.",
     )
     notes = "".join(f"<li>{escape(n)}</li>" for n in plan.notes)
@@ -228,7 +265,7 @@ def build_report(plan: Plan, graph: MetaGraph | None = None) -> Report:
 <p class="legend">{legend}</p>
 {"<ul>" + notes + "</ul>" if notes else ""}
 <h2>MetaGraph</h2>{mg}
-<h2>Timeline</h2>{tl}
+<h2>Timeline</h2>{tl}{measured_html}
 <h2>Wave plan</h2>{wv}
 <h2>Waves</h2>{_wave_table(plan, colours)}
 <h2>Baselines</h2>{_baselines(plan)}
@@ -241,9 +278,12 @@ generated {stamp}</footer>
 
 
 def write_report(
-    path: str | os.PathLike[str], plan: Plan, graph: MetaGraph | None = None
+    path: str | os.PathLike[str],
+    plan: Plan,
+    graph: MetaGraph | None = None,
+    measured: Mapping[str, Any] | None = None,
 ) -> Report:
     """Build the page and write it atomically."""
-    report = build_report(plan, graph)
+    report = build_report(plan, graph, measured)
     write_atomic(Path(path), report.html)
     return report
