@@ -36,6 +36,9 @@ from .parts import Part
 from .zero import _all_gather, _reduce_scatter
 
 Beat = Callable[[str], None]
+# Every rank of a collective must run it as often as the others: a fixed count, never "until
+# enough time has passed", which each rank would judge by its own clock.
+COMM_BUDGET = TimingBudget(warmup=1, min_repeats=7, max_repeats=7, min_seconds=0.0)
 
 
 def time_median(step: Callable[[], None], budget: TimingBudget, sync: Callable[[], None]) -> float:
@@ -200,8 +203,7 @@ def collective_seconds(
             else:
                 _all_gather(rows, mine_row, group=group)
 
-        budget = TimingBudget(warmup=1, min_repeats=3, max_repeats=20, min_seconds=0.05)
-        mine = time_median(step, budget, probe.sync)
+        mine = time_median(step, COMM_BUDGET, probe.sync)
     return mine if probe.rank == 0 else None
 
 
@@ -226,8 +228,7 @@ def exchange_seconds(probe: Probe, nbytes: int) -> float | None:
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
 
-        budget = TimingBudget(warmup=1, min_repeats=3, max_repeats=20, min_seconds=0.05)
-        mine = time_median(step, budget, probe.sync)
+        mine = time_median(step, COMM_BUDGET, probe.sync)
     return mine if probe.rank == 0 else None
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import Any
 
 from spindle_dsl.cluster import GB_PER_S, GiB
+from spindle_dsl.errors import SpindleError
 from spindle_dsl.metagraph import MetaGraph
 
 
@@ -29,6 +31,11 @@ def add_spec_arguments(parser: argparse.ArgumentParser, *, spec_required: bool =
     group.add_argument("--memory-gb", type=float, help="memory per device in GiB")
     group.add_argument("--intra-bandwidth", type=float, help="GB/s per device inside a node")
     group.add_argument("--inter-bandwidth", type=float, help="GB/s per device across nodes")
+    group.add_argument(
+        "--cores",
+        type=int,
+        help="CPU cores the cpu devices of a node share (default: this machine's usable cores)",
+    )
     parser.add_argument(
         "--profile",
         metavar="PROFILE.json",
@@ -63,7 +70,13 @@ def load_graph(args: argparse.Namespace, *, show_warnings: bool = True) -> MetaG
     compiled = compile_file(args.spec, mix=args.mix, cluster_overrides=cluster_overrides(args))
     if show_warnings and compiled.warnings:
         print(compiled.render_warnings(), file=sys.stderr)
-    return compiled.graph
+    cores = getattr(args, "cores", None)
+    if cores is None:
+        return compiled.graph
+    if cores < 1:
+        raise SpindleError(f"--cores must be at least 1, got {cores}")
+    cluster = compiled.graph.cluster.with_overrides(cores=cores)
+    return replace(compiled.graph, cluster=cluster)
 
 
 def load_cost_model(args: argparse.Namespace, graph: MetaGraph):  # -> CostModel

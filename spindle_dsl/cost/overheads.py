@@ -97,6 +97,9 @@ class StepOverheads:
     # bucket launched as soon as its parts' last backward is done on the rank, overlapping the
     # rest of the backward, waited for before the optimizer step.
     reduction_overlap: bool = False
+    # The most gradient bytes one bucket carries (the runtime's cap: 2**25 fp32 elements today,
+    # backends/torch/shards.py MAX_BUCKET_ELEMENTS); overlap works at this granularity.
+    bucket_bytes: float = float(2**27)
     _inputs: dict[str, Line] = field(default_factory=dict, compare=False, repr=False)
     _losses: dict[str, Line] = field(default_factory=dict, compare=False, repr=False)
 
@@ -126,6 +129,7 @@ class StepOverheads:
             "cores": self.cores,
             "grad_collective": self.grad_collective,
             "reduction_overlap": self.reduction_overlap,
+            "bucket_bytes": self.bucket_bytes,
         }
 
     @classmethod
@@ -147,6 +151,7 @@ class StepOverheads:
             cores=None if cores is None else int(cores),
             grad_collective=str(d.get("grad_collective", "reduce_scatter")),
             reduction_overlap=bool(d.get("reduction_overlap", False)),
+            bucket_bytes=float(d.get("bucket_bytes", 2**27)),
         )
 
 

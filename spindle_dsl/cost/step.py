@@ -219,6 +219,16 @@ class PieceTime:
     seconds: float
 
 
+@dataclass
+class Held:
+    """A trainable part as the reduction sees it (mutable while the waves are read)."""
+
+    nbytes: float  # its gradient
+    devices: set[int]  # the ranks holding it
+    wave: int  # the earliest wave running it: its last backward ends there
+    order: int  # when the forward pass first met it
+
+
 @dataclass(frozen=True)
 class StepPrice:
     """One step priced (seconds; per pass where it says so)."""
@@ -344,52 +354,59 @@ class StepModel:
                 load[d] = load.get(d, 0.0) + self.loss_seconds(s, shard)
         return self._share(load)
 
-    def _holders(self, waves: Sequence[Sequence[PieceTime]]) -> dict[str, tuple[float, set[int]]]:
-        """Every trainable part the waves run -> (gradient bytes, the devices holding it): as
-        the runtime assigns parts, a layer to its entries' devices, input stages to the first
-        entry's, an LM head to the sink's last entry's."""
-        held: dict[str, tuple[float, set[int]]] = {}
+    def _holders(self, waves: Sequence[Sequence[PieceTime]]) -> dict[str, Held]:
+        """Every trainable part the waves run, as the runtime assigns parts: a layer to its
+        entries' devices, input stages to the first entry's, an LM head to the sink's last
+        entry's (in the order the forward pass first meets them)."""
+        held: dict[str, Held] = {}
 
-        def add(key: str, nbytes: float, devices: Sequence[int]) -> None:
+        def add(key: str, nbytes: float, devices: Sequence[int], wave: int) -> None:
             if nbytes > 0:
-                held.setdefault(key, (nbytes, set()))[1].update(devices)
+                held.setdefault(key, Held(nbytes, set(), wave, len(held))).devices.update(devices)
 
-        last_piece: dict[str, PieceTime] = {}
-        for wave in waves:
-            for p in wave:
-                op = self.ops[p.op]
-                for g in range(p.first, p.end):
-                    key, nbytes = op.layer_parts[g]
-                    add(key, nbytes, p.devices)
-                if p.first == 0:
-                    for stage in op.inputs:
-                        add(stage.part, stage.grad_bytes, p.devices)
-                last_piece[p.op] = p
-        for s in self.sinks:
-            p = last_piece.get(s.sink)
-            if p is not None and s.head_part:
-                add(s.head_part, s.head_bytes, p.devices)
-        return held
-
-    def _ready_waves(self, waves: Sequence[Sequence[PieceTime]]) -> dict[tuple[str, int], int]:
-        """(part, device) -> the earliest wave in which the device runs the part: backward
-        runs the waves in reverse, so that is where the part's last backward on it ends."""
-        out: dict[tuple[str, int], int] = {}
+        last_piece: dict[str, tuple[int, PieceTime]] = {}
         for wi, wave in enumerate(waves):
             for p in wave:
                 op = self.ops[p.op]
-                keys = [op.layer_parts[g][0] for g in range(p.first, p.end)]
                 if p.first == 0:
-                    keys += [s.part for s in op.inputs]
-                for key in keys:
-                    for d in p.devices:
-                        out.setdefault((key, d), wi)
+                    for stage in op.inputs:
+                        add(stage.part, stage.grad_bytes, p.devices, wi)
+                for g in range(p.first, p.end):
+                    key, nbytes = op.layer_parts[g]
+                    add(key, nbytes, p.devices, wi)
+                last_piece[p.op] = (wi, p)
+        for s in self.sinks:
+            got = last_piece.get(s.sink)
+            if got is not None and s.head_part:
+                add(s.head_part, s.head_bytes, got[1].devices, got[0])
+        return held
+
+    def _buckets(self, held: Mapping[str, Held]) -> list[tuple[tuple[int, ...], float, int]]:
+        """(holders, bytes, wave the bucket is ready after) of every bucket: parts with the
+        same holders, in the order their backward ends (later waves first, later layers first
+        inside one), cut where a bucket would pass ``bucket_bytes``."""
+        groups: dict[tuple[int, ...], list[Held]] = {}
+        for h in held.values():
+            if len(h.devices) > 1:
+                groups.setdefault(tuple(sorted(h.devices)), []).append(h)
+        out = []
+        cap = self.overheads.bucket_bytes
+        for ranks, parts in groups.items():
+            parts.sort(key=lambda h: (-h.wave, -h.order))
+            size, ready = 0.0, 0
+            for h in parts:
+                if size and size + h.nbytes > cap:
+                    out.append((ranks, size, ready))
+                    size = 0.0
+                size += h.nbytes
+                ready = h.wave  # waves only fall along the order
+            out.append((ranks, size, ready))
         return out
 
     def _reduction(
         self,
         waves: Sequence[Sequence[PieceTime]],
-        held: Mapping[str, tuple[float, set[int]]],
+        held: Mapping[str, Held],
         durations: Sequence[float],
         extras: Sequence[float],
         k: int,
@@ -398,60 +415,51 @@ class StepModel:
         if self.grad_in_curves:
             return 0.0  # the planner adds the shared modules' extra itself
         o = self.overheads
-        buckets: dict[tuple[int, ...], list[str]] = {}
-        for key, (_, devs) in held.items():
-            if len(devs) > 1:
-                buckets.setdefault(tuple(sorted(devs)), []).append(key)
-        if not buckets:
-            return 0.0
-        ready = self._ready_waves(waves) if o.reduction_overlap else {}
-        # backward of each wave, last wave first: its layers' backward share, plus its extras
+        buckets = self._buckets(held)
+        # each wave's backward: its layers' backward share of the wave, with its extras
         share = [max((self.ops[p.op].backward_share for p in wave), default=0.0) for wave in waves]
         bwd = [(durations[w] + extras[w]) * share[w] for w in range(len(waves))]
         backward_total = sum(bwd)
         worst = 0.0
-        devices = sorted({d for ranks in buckets for d in ranks})
-        for d in devices:
-            mine = [(ranks, keys) for ranks, keys in buckets.items() if d in ranks]
+        for d in sorted({d for ranks, _, _ in buckets for d in ranks}):
             overlapped: list[tuple[float, float]] = []  # (ready time, seconds)
             after = 0.0
-            for ranks, keys in mine:
-                nbytes = sum(held[key][0] for key in keys)
-                g = len(ranks)
-                if zero_stage == 0:
-                    first_s, last_s = o.all_reduce.seconds(nbytes, g), 0.0
-                elif o.grad_collective == "all_reduce":
-                    first_s = o.all_reduce.seconds(nbytes, g)
-                    last_s = o.all_gather.seconds(nbytes, g)
-                else:
-                    first_s = o.reduce_scatter.seconds(nbytes, g)
-                    last_s = o.all_gather.seconds(nbytes, g)
+            for ranks, nbytes, wave in buckets:
+                if d not in ranks:
+                    continue
+                first_s, last_s = self._collectives(nbytes, len(ranks), zero_stage)
                 if zero_stage == 2:
                     first_s *= k  # a reduce-scatter into the gradient shard every pass
                 after += last_s
                 if o.reduction_overlap:
-                    wave = min(ready.get((key, d), 0) for key in keys)
                     overlapped.append((sum(bwd[wave:]), first_s))
                 else:
                     after += first_s
-            exposed = 0.0
-            if overlapped:
-                clock = 0.0
-                for at, secs in sorted(overlapped):
-                    clock = max(clock, at) + secs
-                exposed = max(0.0, clock - backward_total)
-            worst = max(worst, exposed + after)
+            clock = 0.0
+            for at, secs in sorted(overlapped):
+                clock = max(clock, at) + secs
+            worst = max(worst, max(0.0, clock - backward_total) + after)
         return worst
 
-    def _optimizer(self, held: Mapping[str, tuple[float, set[int]]], zero_stage: int) -> float:
+    def _collectives(self, nbytes: float, group: int, zero_stage: int) -> tuple[float, float]:
+        """(summing the gradients, gathering the weights after the update) for one bucket."""
+        o = self.overheads
+        if zero_stage == 0:
+            return o.all_reduce.seconds(nbytes, group), 0.0
+        gather = o.all_gather.seconds(nbytes, group)
+        if o.grad_collective == "all_reduce":
+            return o.all_reduce.seconds(nbytes, group), gather
+        return o.reduce_scatter.seconds(nbytes, group), gather
+
+    def _optimizer(self, held: Mapping[str, Held], zero_stage: int) -> float:
         o = self.overheads
         owned: dict[int, float] = {}
         total: dict[int, float] = {}
-        for nbytes, devs in held.values():
-            share = nbytes / len(devs) if zero_stage >= 1 else nbytes
-            for d in devs:
+        for h in held.values():
+            share = h.nbytes / len(h.devices) if zero_stage >= 1 else h.nbytes
+            for d in h.devices:
                 owned[d] = owned.get(d, 0.0) + share
-                total[d] = total.get(d, 0.0) + nbytes
+                total[d] = total.get(d, 0.0) + h.nbytes
         work = {d: o.optimizer.at(owned[d]) + o.copy_s_per_byte * total[d] for d in owned}
         return self._share(work)
 
