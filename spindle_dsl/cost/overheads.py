@@ -20,6 +20,21 @@ from spindle_dsl.cost.analytic import compute_seconds
 
 GRAD_COLLECTIVES = ("reduce_scatter", "all_reduce")
 
+# How the runtime reduces gradients: a property of the code, not of the machine, so it is set
+# here (never read from a profile). Flip these when the runtime changes:
+# - REDUCTION_OVERLAP: False = after the whole backward pass, blocking, bucket after bucket
+#   (the runtime up to bucketed asynchronous reduction); True = each bucket launched as soon as
+#   every part in it has finished its last backward on the rank, overlapping the rest of the
+#   backward, and waited for before the optimizer step (the all-gather after the update is
+#   never hidden).
+# - BUCKET_BYTES: the most gradient bytes one bucket carries; overlap works at this
+#   granularity. Today 2**25 fp32 elements (backends/torch/shards.py MAX_BUCKET_ELEMENTS).
+# - GRAD_COLLECTIVE: how ZeRO-1 sums a bucket: "reduce_scatter" (torch 2.13's gloo has it, so
+#   the runtime's "auto" picks it) or "all_reduce" (the fallback keeping each holder's rows).
+REDUCTION_OVERLAP = False
+BUCKET_BYTES = float(2**25 * 4)
+GRAD_COLLECTIVE = "reduce_scatter"
+
 
 @dataclass(frozen=True)
 class Line:
@@ -91,15 +106,10 @@ class StepOverheads:
     inputs: tuple[tuple[str, Line], ...] = ()
     losses: tuple[tuple[str, Line], ...] = ()
     cores: int | None = None  # cores of the machine it was measured on (None: not a CPU)
-    grad_collective: str = "reduce_scatter"  # how ZeRO-1 sums: reduce-scatter, or all-reduce
-    # The documented switch for the runtime's gradient reduction: False = after the whole
-    # backward pass, blocking (the runtime up to bucketed asynchronous reduction); True = each
-    # bucket launched as soon as its parts' last backward is done on the rank, overlapping the
-    # rest of the backward, waited for before the optimizer step.
-    reduction_overlap: bool = False
-    # The most gradient bytes one bucket carries (the runtime's cap: 2**25 fp32 elements today,
-    # backends/torch/shards.py MAX_BUCKET_ELEMENTS); overlap works at this granularity.
-    bucket_bytes: float = float(2**27)
+    # how the runtime reduces gradients (the module constants above; tests vary them)
+    grad_collective: str = GRAD_COLLECTIVE
+    reduction_overlap: bool = REDUCTION_OVERLAP
+    bucket_bytes: float = BUCKET_BYTES
     _inputs: dict[str, Line] = field(default_factory=dict, compare=False, repr=False)
     _losses: dict[str, Line] = field(default_factory=dict, compare=False, repr=False)
 
@@ -127,9 +137,6 @@ class StepOverheads:
             "inputs": {k: v.to_dict() for k, v in self.inputs},
             "losses": {k: v.to_dict() for k, v in self.losses},
             "cores": self.cores,
-            "grad_collective": self.grad_collective,
-            "reduction_overlap": self.reduction_overlap,
-            "bucket_bytes": self.bucket_bytes,
         }
 
     @classmethod
@@ -149,9 +156,6 @@ class StepOverheads:
             inputs=tuple((str(k), Line.from_dict(v)) for k, v in d.get("inputs", {}).items()),
             losses=tuple((str(k), Line.from_dict(v)) for k, v in d.get("losses", {}).items()),
             cores=None if cores is None else int(cores),
-            grad_collective=str(d.get("grad_collective", "reduce_scatter")),
-            reduction_overlap=bool(d.get("reduction_overlap", False)),
-            bucket_bytes=float(d.get("bucket_bytes", 2**27)),
         )
 
 

@@ -26,7 +26,7 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   form one bucket and one collective: a reduce-scatter then, after the update, an all-gather
   of the weights (ZeRO-1, ``zero_stage`` 1), an all-reduce (``zero_stage`` 0), or with ZeRO-2 a
   reduce-scatter in every micro-batch pass. A rank issues its buckets one after another, so
-  the slowest rank's sum counts. ``StepOverheads.reduction_overlap`` says whether a bucket's
+  the slowest rank's sum counts. ``cost.overheads.REDUCTION_OVERLAP`` says whether a bucket's
   reduction starts as soon as its parts' last backward is done on the rank and runs under the
   backward still to come (then only what sticks out past the backward counts), or only after
   the whole backward (the runtime before bucketed asynchronous reduction).
@@ -36,7 +36,7 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
 With ``micro_batches`` k the waves, their overheads, the transfers and the losses run k times;
 the reduction (unless ZeRO-2) and the optimizer once. ``StepOverheads`` holds the machine's
 figures: measured by ``spindle profile --nproc N`` on the backend's own processes, or the
-analytic defaults below (assumptions, documented at each figure). A cost model whose curves
+analytic defaults of ``cost.overheads`` (assumptions, each documented). A cost model whose curves
 already include the gradient all-reduce of every layer (the analytic model, after Spindle's
 ``T(n) = alpha + beta c + beta' w / n``) says so with ``grad_in_curves``; the planner then
 adds only what summing shared modules costs beyond it, as before.

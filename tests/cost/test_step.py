@@ -75,7 +75,6 @@ def test_overheads_round_trip_through_json() -> None:
         inputs=(("k", Line(1.0, 2.0)),),
         losses=(("l", Line(3.0, 4.0)),),
         cores=2,
-        reduction_overlap=True,
     )
     back = StepOverheads.from_dict(o.to_dict(), o.source)
     assert back == o and back.input_line("k") == Line(1.0, 2.0)
