@@ -267,6 +267,35 @@ def copy_seconds(probe: Probe, nbytes: int) -> float | None:
     return probe.compute(f"copy {nbytes} bytes", step)
 
 
+def part_seconds(probe: Probe, graph: MetaGraph, key: str) -> float | None:
+    """The optimizer's per-part work on one holder of part ``key`` (built as a rank builds it):
+    its gradients flattened into the bucket's buffer, its weights copied into the holder's row
+    and, after the update, back into each parameter tensor by tensor."""
+    module = build_part(graph, Part.from_key(key), 0, probe.dtype, probe.device)
+    params = [t for t in module.parameters() if t.requires_grad]
+    if not params:
+        return None
+    for t in params:
+        t.grad = torch.randn_like(t)
+    n = sum(t.numel() for t in params)
+    row = torch.empty(n, dtype=probe.dtype, device=probe.device)
+    own = torch.empty(n, dtype=probe.dtype, device=probe.device)
+
+    def step() -> None:
+        with torch.no_grad():
+            row.copy_(torch.cat([t.grad.reshape(-1) for t in params]))
+            start = 0
+            for t in params:
+                own[start : start + t.numel()].copy_(t.reshape(-1))
+                start += t.numel()
+            start = 0
+            for t in params:
+                t.copy_(row[start : start + t.numel()].view_as(t))
+                start += t.numel()
+
+    return probe.compute(f"optimizer work of part {key}", step)
+
+
 def stage_seconds(probe: Probe) -> float | None:
     """A stage's fixed cost beyond its layers: the two heartbeats (forward and backward), an
     output-gradient buffer and an autograd call, as the executor spends them per wave."""

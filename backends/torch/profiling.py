@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from spindle_dsl.cluster import usable_cores
 from spindle_dsl.cost.fit import fit_line
-from spindle_dsl.cost.overheads import Collective, Line, StepOverheads
+from spindle_dsl.cost.overheads import Collective, Line, StepOverheads, part_class
 from spindle_dsl.cost.profile import Profile, mode_of
 from spindle_dsl.cost.profiler import TimingBudget, shape_batches, shape_entry, shape_groups
 from spindle_dsl.cost.step import op_steps, sink_losses
@@ -154,6 +154,7 @@ def _measure(
     comm_sizes = M.log_sizes(4096, min(total_bytes, MAX_COMM_BYTES), points)
     p2p_sizes = M.log_sizes(1024, min(_largest_activation(graph), MAX_COMM_BYTES), points)
     opt_sizes = M.log_sizes(1 << 16, min(total_bytes, MAX_COMM_BYTES), points)
+    part_keys = _part_classes(graph)
     group_sizes = list(range(2, world + 1))
     n_items = (
         len(layer_points)
@@ -161,6 +162,7 @@ def _measure(
         + len(COLLECTIVES) * len(group_sizes) * len(comm_sizes)
         + (len(p2p_sizes) if world > 1 else 0)
         + len(opt_sizes)
+        + len(part_keys)
         + 2
     )
     bar = Bar(n_items, rank == 0 and settings.progress)
@@ -218,6 +220,12 @@ def _measure(
         big = opt_sizes[-1]
         copy = M.copy_seconds(probe, big)
         bar.step("copies")
+        parts: list[tuple[str, float]] = []
+        for cls, key in part_keys.items():
+            t = M.part_seconds(probe, graph, key)
+            if t is not None:
+                parts.append((cls, t))
+            bar.step(f"optimizer work of {cls}")
         stage = M.stage_seconds(probe)
         bar.step("stage bookkeeping")
     finally:
@@ -238,6 +246,7 @@ def _measure(
         seconds_per_flop=rates[len(rates) // 2] if rates else 0.0,
         inputs=tuple(inputs),
         losses=tuple(losses),
+        parts=tuple(parts),
         cores=cores,
     )
     return Profile(
@@ -260,6 +269,19 @@ def _line(points: list[tuple[int, float | None]]) -> Line:
     if not pts:
         return Line(0.0, 0.0)
     return Line(*fit_line(pts))
+
+
+def _part_classes(graph: MetaGraph) -> dict[str, str]:
+    """A trainable part of every class the optimizer steps (``part_class``), by class."""
+    out: dict[str, str] = {}
+    for op in op_steps(graph).values():
+        keys = [k for k, b in op.layer_parts if b > 0] + [s.part for s in op.inputs if s.grad_bytes]
+        for key in keys:
+            out.setdefault(part_class(key), key)
+    for s in sink_losses(graph):
+        if s.head_part and s.head_bytes:
+            out.setdefault(part_class(s.head_part), s.head_part)
+    return out
 
 
 def _trainable_bytes(graph: MetaGraph) -> int:

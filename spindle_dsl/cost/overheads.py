@@ -87,6 +87,13 @@ class Collective:
         return cls(((2, Line(passes * latency, passes * 0.5 / bandwidth)),))
 
 
+def part_class(key: str) -> str:
+    """Parts that cost the optimizer alike: every layer of a module is one class
+    (``lm/layer.3`` -> ``lm/layer``); input stages and heads are their own."""
+    module, _, role = key.partition("/")
+    return f"{module}/layer" if role.startswith("layer.") else key
+
+
 @dataclass(frozen=True)
 class StepOverheads:
     """The machine's figures for everything a step does besides the layers (see the module
@@ -100,11 +107,15 @@ class StepOverheads:
     all_gather: Collective
     p2p: Line  # one exchange phase: seconds for the bytes the busiest rank sends or receives
     optimizer: Line  # AdamW: seconds for the bytes of parameters one rank updates
-    copy_s_per_byte: float  # gradients into and weights out of flat buffers, per byte held
+    copy_s_per_byte: float  # flat-buffer copies per byte held, for parts not in ``parts``
     wave_s: float  # fixed seconds per stage (forward + backward) a rank runs
     seconds_per_flop: float  # fallback rate for input stages and losses not measured
     inputs: tuple[tuple[str, Line], ...] = ()
     losses: tuple[tuple[str, Line], ...] = ()
+    # per part class (``part_class``): seconds of the optimizer's per-part work on a rank
+    # holding it (gradients into the flat buffer, weights out again, tensor by tensor)
+    parts: tuple[tuple[str, float], ...] = ()
+    part_s: float = 0.0  # fixed seconds per part held, for parts not in ``parts``
     cores: int | None = None  # cores of the machine it was measured on (None: not a CPU)
     # how the runtime reduces gradients (the module constants above; tests vary them)
     grad_collective: str = GRAD_COLLECTIVE
@@ -112,11 +123,18 @@ class StepOverheads:
     bucket_bytes: float = BUCKET_BYTES
     _inputs: dict[str, Line] = field(default_factory=dict, compare=False, repr=False)
     _losses: dict[str, Line] = field(default_factory=dict, compare=False, repr=False)
+    _parts: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         assert self.grad_collective in GRAD_COLLECTIVES, self.grad_collective
         self._inputs.update(self.inputs)
         self._losses.update(self.losses)
+        self._parts.update(self.parts)
+
+    def part_seconds(self, key: str, nbytes: float) -> float:
+        """The optimizer's per-part work for part ``key`` of ``nbytes`` on one holder."""
+        got = self._parts.get(part_class(key))
+        return got if got is not None else self.part_s + self.copy_s_per_byte * nbytes
 
     def input_line(self, key: str) -> Line | None:
         return self._inputs.get(key)
@@ -136,6 +154,8 @@ class StepOverheads:
             "seconds_per_flop": self.seconds_per_flop,
             "inputs": {k: v.to_dict() for k, v in self.inputs},
             "losses": {k: v.to_dict() for k, v in self.losses},
+            "parts": dict(self.parts),
+            "part_s": self.part_s,
             "cores": self.cores,
         }
 
@@ -155,6 +175,8 @@ class StepOverheads:
             seconds_per_flop=float(d["seconds_per_flop"]),
             inputs=tuple((str(k), Line.from_dict(v)) for k, v in d.get("inputs", {}).items()),
             losses=tuple((str(k), Line.from_dict(v)) for k, v in d.get("losses", {}).items()),
+            parts=tuple((str(k), float(v)) for k, v in d.get("parts", {}).items()),
+            part_s=float(d.get("part_s", 0.0)),
             cores=None if cores is None else int(cores),
         )
 
@@ -169,6 +191,10 @@ CPU_MEMORY_BANDWIDTH = 5e9
 GPU_MEMORY_BANDWIDTH = 1.5e12
 CPU_WAVE_S = 1e-4
 GPU_WAVE_S = 2e-5
+# - the optimizer's work per part besides its bytes: a dozen tensors, a few small copies each
+#   (~0.1 ms of dispatch on a CPU; kernel launches on a GPU cost about twice that).
+CPU_PART_S = 1e-4
+GPU_PART_S = 2e-4
 OPTIMIZER_CALL_S = 1e-4
 
 
@@ -186,6 +212,7 @@ def analytic_overheads(cluster: Cluster) -> StepOverheads:
         p2p=Line(latency, 1.0 / bandwidth),
         optimizer=Line(OPTIMIZER_CALL_S, 7.0 / memory),
         copy_s_per_byte=2.0 / memory,
+        part_s=CPU_PART_S if cpu else GPU_PART_S,
         wave_s=CPU_WAVE_S if cpu else GPU_WAVE_S,
         seconds_per_flop=compute_seconds(flops, cluster) / flops,
         cores=None,

@@ -21,17 +21,20 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
 - ``loss_s``: the loss phase after the last forward wave: each device computes the loss heads
   of the sinks whose last entry it runs (lm: vocab head and cross-entropy; mse; contrastive:
   pooled readouts, InfoNCE of the whole batch on one device), forward and backward.
-- ``grad_sync_s``: gradient reduction as the runtime issues it. A parameter part (a layer, an
-  input stage, an LM head) is summed over the ranks holding it; parts with the same holders
-  form one bucket and one collective: a reduce-scatter then, after the update, an all-gather
-  of the weights (ZeRO-1, ``zero_stage`` 1), an all-reduce (``zero_stage`` 0), or with ZeRO-2 a
-  reduce-scatter in every micro-batch pass. A rank issues its buckets one after another, so
-  the slowest rank's sum counts. ``cost.overheads.REDUCTION_OVERLAP`` says whether a bucket's
-  reduction starts as soon as its parts' last backward is done on the rank and runs under the
-  backward still to come (then only what sticks out past the backward counts), or only after
-  the whole backward (the runtime before bucketed asynchronous reduction).
+- ``grad_sync_s``: gradient reduction as the runtime issues it, and the step's closing
+  all-reduce of the losses over every rank (which also lines the ranks up). A parameter part
+  (a layer, an input stage, an LM head) is summed over the ranks holding it; parts with the
+  same holders form buckets (capped in size), one collective each: a reduce-scatter then,
+  after the update, an all-gather of the weights (ZeRO-1, ``zero_stage`` 1), an all-reduce
+  (``zero_stage`` 0), or with ZeRO-2 a reduce-scatter in every micro-batch pass. A rank
+  issues its buckets one after another, so the slowest rank's sum counts.
+  ``cost.overheads.REDUCTION_OVERLAP`` says whether a bucket's reduction starts as soon as its
+  parts' last backward is done on the rank and runs under the backward still to come (then
+  only what sticks out past the backward counts), or only after the whole backward (the
+  runtime before bucketed asynchronous reduction).
 - ``optimizer_s``: AdamW over what each rank owns (its ZeRO shard of every part it holds) plus
-  the flat-buffer copies of every held byte (gradients in, weights out), slowest rank.
+  the per-part work of every part it holds (gradients into the flat buffer, weights out again,
+  tensor by tensor), slowest rank.
 
 With ``micro_batches`` k the waves, their overheads, the transfers and the losses run k times;
 the reduction (unless ZeRO-2) and the optimizer once. ``StepOverheads`` holds the machine's
@@ -239,6 +242,7 @@ class StepPrice:
     loss_s: float  # one pass
     grad_sync_s: float  # the step's exposed gradient reduction (runtime-style)
     optimizer_s: float
+    closing_s: float = 0.0  # the step's last collective: the losses summed over every rank
 
 
 def shared_makespan(lengths: Sequence[float], cores: int | None) -> float:
@@ -265,6 +269,7 @@ class StepModel:
     overheads: StepOverheads
     cores: int | None  # cores one node's devices share (None: no sharing)
     devices_per_node: int
+    devices: int  # ranks in the run
     grad_in_curves: bool  # the curves already carry each layer's gradient all-reduce
     ops: Mapping[str, OpStep]
     sinks: tuple[SinkLoss, ...]
@@ -323,6 +328,7 @@ class StepModel:
             extras.append(max(self._share(total) - base, 0.0))
             entry_extra.append(tuple(mine))
         holders = self._holders(waves)
+        tasks = len({s.task for s in self.sinks})
         return StepPrice(
             tuple(durations),
             tuple(extras),
@@ -330,6 +336,7 @@ class StepModel:
             self._loss(waves, k),
             self._reduction(waves, holders, durations, extras, k, zero_stage),
             self._optimizer(holders, zero_stage),
+            self.overheads.all_reduce.seconds(8.0 * max(tasks, 1), self.devices),
         )
 
     def _loss(self, waves: Sequence[Sequence[PieceTime]], k: int) -> float:
@@ -454,13 +461,14 @@ class StepModel:
     def _optimizer(self, held: Mapping[str, Held], zero_stage: int) -> float:
         o = self.overheads
         owned: dict[int, float] = {}
-        total: dict[int, float] = {}
-        for h in held.values():
+        per_part: dict[int, float] = {}
+        for key, h in held.items():
             share = h.nbytes / len(h.devices) if zero_stage >= 1 else h.nbytes
+            copies = o.part_seconds(key, h.nbytes)
             for d in h.devices:
                 owned[d] = owned.get(d, 0.0) + share
-                total[d] = total.get(d, 0.0) + h.nbytes
-        work = {d: o.optimizer.at(owned[d]) + o.copy_s_per_byte * total[d] for d in owned}
+                per_part[d] = per_part.get(d, 0.0) + copies
+        work = {d: o.optimizer.at(owned[d]) + per_part[d] for d in owned}
         return self._share(work)
 
 
@@ -482,6 +490,7 @@ def make_step_model(
         overheads,
         cores,
         cluster.devices_per_node,
+        cluster.devices,
         grad_in_curves,
         op_steps(graph),
         sink_losses(graph),

@@ -143,9 +143,10 @@ def _time_step(
     ]
     price = step.price(waves, micro_batches=k, zero_stage=zero_stage)
     moves = _wave_transfers(placement, flows, transfer, 1.0 / k)
-    grad = (
+    reduction = (
         grad_sync_seconds(placement, flows, allreduce) if step.grad_in_curves else price.grad_sync_s
     )
+    grad = reduction + price.closing_s
     return Timing(
         compute_s=k * sum(price.durations),
         transfer_s=k * sum(moves),
