@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.optim.adamw import adamw
 
 from spindle_dsl.cost.profiler import TimingBudget, planned_batches, time_layer
-from spindle_dsl.cost.step import SinkLoss
+from spindle_dsl.cost.step_parts import SinkLoss
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 
 from . import losses as L

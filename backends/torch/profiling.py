@@ -27,7 +27,7 @@ from spindle_dsl.cost.fit import fit_line
 from spindle_dsl.cost.overheads import Collective, Line, StepOverheads, part_class
 from spindle_dsl.cost.profile import Profile, mode_of
 from spindle_dsl.cost.profiler import TimingBudget, shape_batches, shape_entry, shape_groups
-from spindle_dsl.cost.step import op_steps, sink_losses
+from spindle_dsl.cost.step_parts import op_steps, sink_losses
 from spindle_dsl.metagraph import MetaGraph
 
 from ..base import DeviceKind, RunConfig

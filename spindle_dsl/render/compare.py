@@ -131,8 +131,10 @@ def compare_table(rows: tuple[Miss, ...], top: int | None = None) -> str:
 def summary_text(rows: tuple[Miss, ...], misses: tuple[Miss, ...]) -> str:
     """The train summary's part: each step term predicted and measured, then the misses."""
     lines = [f"{'where the time goes':<26}{'predicted':>11}{'measured':>11}"]
-    for r in rows:
-        if r.kind == "term":
+    terms = {r.name: r for r in rows if r.kind == "term"}
+    for name, _, _ in TERM_ROWS:  # in the step's order, not the misses'
+        if name in terms:
+            r = terms[name]
             lines.append(f"  {r.name:<24}{r.predicted_s:>10.4f}s{r.measured_s:>10.4f}s")
     if misses:
         lines.append("largest misses (spindle compare PLAN TRACE lists all):")
