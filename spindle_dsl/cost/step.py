@@ -47,7 +47,6 @@ adds only what summing shared modules costs beyond it, as before.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -55,11 +54,6 @@ from spindle_dsl.cost import comm
 from spindle_dsl.cost.overheads import StepOverheads
 from spindle_dsl.cost.step_parts import OpStep, SinkLoss, op_steps, sink_losses
 from spindle_dsl.metagraph import MetaGraph
-
-# --- what a graph's step consists of --------------------------------------------------------
-
-
-# --- pricing a step -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -347,8 +341,3 @@ def make_step_model(
         op_steps(graph),
         sink_losses(graph),
     )
-
-
-def breakdown_sum(parts: Mapping[str, float]) -> float:
-    """The iteration time a breakdown adds up to (the plan's ``iteration_s``)."""
-    return math.fsum(parts.values())

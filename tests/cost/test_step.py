@@ -3,6 +3,7 @@ micro-batches, and a plan whose breakdown adds up to its iteration time."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -74,10 +75,13 @@ def test_overheads_round_trip_through_json() -> None:
         analytic_overheads(graph().cluster),
         inputs=(("k", Line(1.0, 2.0)),),
         losses=(("l", Line(3.0, 4.0)),),
+        parts=(("lm/layer", 5e-4),),
         cores=2,
     )
     back = StepOverheads.from_dict(o.to_dict(), o.source)
     assert back == o and back.input_line("k") == Line(1.0, 2.0)
+    assert back.part_seconds("lm/layer.3", 100.0) == 5e-4  # every layer of lm alike
+    assert back.part_seconds("lm/head", 100.0) == o.part_s + o.copy_s_per_byte * 100.0
 
 
 def test_cores_default_to_the_machine_and_the_cluster_can_say(monkeypatch) -> None:
@@ -88,6 +92,22 @@ def test_cores_default_to_the_machine_and_the_cluster_can_say(monkeypatch) -> No
     assert replace(g.cluster, cores=8).shared_cores is None  # enough cores: no sharing
     monkeypatch.delenv(CORES_ENV)
     assert usable_cores() >= 1
+
+
+def test_cores_flag_overrides_the_machine(tmp_path, capsys) -> None:
+    from spindle_dsl.cli import main
+
+    spec = tmp_path / "s.spindle"
+    spec.write_text(SPEC)
+    out = {}
+    for cores in ("1", "4"):
+        plan = tmp_path / f"plan-{cores}.json"
+        assert main(["plan", str(spec), "--cores", cores, "--out", str(plan), "--quiet"]) == 0
+        out[cores] = json.loads(plan.read_text())
+    assert out["1"]["step_model"]["cores"] == 1 and out["4"]["step_model"]["cores"] is None
+    assert out["1"]["breakdown"]["compute_s"] > out["4"]["breakdown"]["compute_s"]
+    assert main(["plan", str(spec), "--cores", "0"]) == 1
+    assert "--cores must be at least 1" in capsys.readouterr().err
 
 
 def _pieces(g, devices_of) -> list[list[PieceTime]]:
