@@ -174,18 +174,13 @@ def _trace_path(args: argparse.Namespace) -> tuple[str | None, bool]:
     so the summary can set the prediction against the run; removed afterwards)."""
     if args.trace:
         return args.trace, False
-    if args.steps > AUTO_TRACE_STEPS or torchrun_rank() not in (None, 0):
+    # Under torchrun every rank runs this command and all must agree on tracing (it adds a
+    # collective at the end): trace there only when asked.
+    if args.steps > AUTO_TRACE_STEPS or args.nproc is None:
         return None, False
     fd, path = tempfile.mkstemp(prefix="spindle-train-", suffix=".json")
     os.close(fd)
     return path, True
-
-
-def torchrun_rank() -> int | None:
-    from spindle_dsl.backends.torch import torchrun_env
-
-    env = torchrun_env()
-    return None if env is None else env[0]
 
 
 def _where_the_time_goes(plan: Any, trace: str) -> str:
