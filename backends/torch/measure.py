@@ -6,8 +6,9 @@ ranks that measure compute do so side by side, contending for memory bandwidth a
 the workers of a run do. Compute is timed on ``active`` ranks only, as many as the machine has
 cores (the rest wait in the barrier, asleep): timing more processes than cores would measure
 the OS time-slicing, which the step model prices per wave instead (``cost.step``). Collectives
-and point-to-point exchange run on all the ranks they involve, as in a run. Times are medians
-of repeats (``time_median``): a shared machine's bursts fall outside the median.
+and point-to-point exchange run on all the ranks they involve, as in a run. Times are means of
+repeats (``time_repeats``, ``ProfileSettings.budget``): a run's stages pay for whatever time
+other processes take of the cores, so the profile does too.
 
 The inputs and losses are timed with the runtime's own code: ``TaskData`` reads the batch
 (synthetic data is generated per sample, a real cost), ``build_part`` builds the input stage or
@@ -17,7 +18,6 @@ the LM head exactly as a rank does, and ``losses`` computes the loss as the exec
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -38,11 +38,13 @@ from .zero import _all_gather, _reduce_scatter
 Beat = Callable[[str], None]
 # Every rank of a collective must run it as often as the others: a fixed count, never "until
 # enough time has passed", which each rank would judge by its own clock.
-COMM_BUDGET = TimingBudget(warmup=1, min_repeats=7, max_repeats=7, min_seconds=0.0)
+COMM_BUDGET = TimingBudget(
+    warmup=1, min_repeats=7, max_repeats=7, min_seconds=0.0, statistic="mean"
+)
 
 
-def time_median(step: Callable[[], None], budget: TimingBudget, sync: Callable[[], None]) -> float:
-    """Median seconds of ``step`` after warm-up, repeated as ``budget`` says."""
+def time_repeats(step: Callable[[], None], budget: TimingBudget, sync: Callable[[], None]) -> float:
+    """Seconds of ``step`` after warm-up, repeated and summarised as ``budget`` says."""
     for _ in range(budget.warmup):
         step()
     times: list[float] = []
@@ -54,7 +56,7 @@ def time_median(step: Callable[[], None], budget: TimingBudget, sync: Callable[[
         step()
         sync()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return budget.summary(times)
 
 
 def _gather_mean(value: float | None, rank: int, world: int) -> float | None:
@@ -89,12 +91,12 @@ class Probe:
             torch.cuda.synchronize(self.device)
 
     def compute(self, what: str, step: Callable[[], None] | None) -> float | None:
-        """Time ``step`` on the active ranks side by side; rank 0 gets their mean median."""
+        """Time ``step`` on the active ranks side by side; rank 0 gets their mean."""
         self.beat(what)
         dist.barrier()
         mine = None
         if self.rank < self.active and step is not None:
-            mine = time_median(step, self.budget, self.sync)
+            mine = time_repeats(step, self.budget, self.sync)
         return _gather_mean(mine, self.rank, self.world)
 
 
@@ -203,7 +205,7 @@ def collective_seconds(
             else:
                 _all_gather(rows, mine_row, group=group)
 
-        mine = time_median(step, COMM_BUDGET, probe.sync)
+        mine = time_repeats(step, COMM_BUDGET, probe.sync)
     return mine if probe.rank == 0 else None
 
 
@@ -228,7 +230,7 @@ def exchange_seconds(probe: Probe, nbytes: int) -> float | None:
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
 
-        mine = time_median(step, COMM_BUDGET, probe.sync)
+        mine = time_repeats(step, COMM_BUDGET, probe.sync)
     return mine if probe.rank == 0 else None
 
 

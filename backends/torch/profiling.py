@@ -45,7 +45,7 @@ class ProfileSettings:
 
     device: DeviceKind = "auto"
     points: int = 5  # batch sizes (and message sizes) per fitted line
-    budget: TimingBudget = field(default_factory=TimingBudget)
+    budget: TimingBudget = field(default_factory=lambda: TimingBudget(statistic="mean"))
     progress: bool = True  # a progress bar on rank 0
     collective_timeout_s: float = 300.0
     hang_timeout_s: float = 120.0  # no heartbeat for this long: a rank is hung

@@ -29,12 +29,20 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class TimingBudget:
-    """How hard to time each point (defaults keep tiny_mm well under a minute on a CPU)."""
+    """How hard to time each point (defaults keep tiny_mm well under a minute on a CPU), and
+    what to keep of the repeats: the median (the layer's own speed: a shared machine's bursts
+    fall outside it), or the mean (what a run gets on the machine as it is: a stage of a run
+    lasts many repeats' time and pays for every time slice other processes take, which a
+    median of short repeats would skip; ``spindle profile --nproc`` keeps the mean)."""
 
     warmup: int = 2
     min_repeats: int = 5
     max_repeats: int = 50
     min_seconds: float = 0.15
+    statistic: str = "median"  # or "mean"
+
+    def summary(self, times: Sequence[float]) -> float:
+        return statistics.fmean(times) if self.statistic == "mean" else statistics.median(times)
 
 
 def planned_batches(batch: int, devices: int, points: int = 5) -> tuple[int, ...]:
@@ -95,7 +103,7 @@ def time_layer(
         len(times) < budget.min_repeats or sum(times) < budget.min_seconds
     ):
         times.append(step())
-    return statistics.median(times)
+    return budget.summary(times)
 
 
 def shape_groups(graph: MetaGraph) -> list[list[MetaOp]]:
