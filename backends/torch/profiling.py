@@ -24,7 +24,13 @@ import torch.distributed as dist
 
 from spindle_dsl.cluster import usable_cores
 from spindle_dsl.cost.fit import fit_line
-from spindle_dsl.cost.overheads import Collective, Line, StepOverheads, part_class
+from spindle_dsl.cost.overheads import (
+    Collective,
+    Line,
+    StepOverheads,
+    analytic_overheads,
+    part_class,
+)
 from spindle_dsl.cost.profile import Profile, mode_of
 from spindle_dsl.cost.profiler import TimingBudget, shape_batches, shape_entry, shape_groups
 from spindle_dsl.cost.step_parts import op_steps, sink_losses
@@ -234,12 +240,16 @@ def _measure(
         return None
     entries = tuple(shape_entry(ops, t) for ops, t in zip(groups, timings, strict=True))
     rates = sorted(e.samples[-1].seconds / e.samples[-1].flops for e in entries if e.samples)
+    # one process has no one to talk to: its communication keeps the analytic figures
+    fallback = analytic_overheads(graph.cluster)
     overheads = StepOverheads(
         source="profile",
-        all_reduce=Collective(tuple(fits["all_reduce"])),
-        reduce_scatter=Collective(tuple(fits["reduce_scatter"])),
-        all_gather=Collective(tuple(fits["all_gather"])),
-        p2p=p2p,
+        all_reduce=Collective(tuple(fits["all_reduce"])) if world > 1 else fallback.all_reduce,
+        reduce_scatter=(
+            Collective(tuple(fits["reduce_scatter"])) if world > 1 else fallback.reduce_scatter
+        ),
+        all_gather=Collective(tuple(fits["all_gather"])) if world > 1 else fallback.all_gather,
+        p2p=p2p if world > 1 else fallback.p2p,
         optimizer=optimizer,
         copy_s_per_byte=(copy or 0.0) / big,
         wave_s=stage or 0.0,
