@@ -31,7 +31,7 @@ from spindle_dsl.cost.overheads import (
     analytic_overheads,
     part_class,
 )
-from spindle_dsl.cost.profile import Profile, mode_of
+from spindle_dsl.cost.profile import Profile, ProfileEntry, mode_of
 from spindle_dsl.cost.profiler import TimingBudget, shape_batches, shape_entry, shape_groups
 from spindle_dsl.cost.step_parts import op_steps, sink_losses
 from spindle_dsl.metagraph import MetaGraph
@@ -130,6 +130,57 @@ def measure_profile(
             dist.destroy_process_group()
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What one profiling run measures (every rank computes the same)."""
+
+    groups: list  # MetaOp shape groups
+    layer_points: list  # (shape group, per-device batch)
+    stages: dict  # input key -> (op, modality, tokens)
+    sinks: dict  # loss key -> SinkLoss
+    comm_sizes: tuple[int, ...]
+    p2p_sizes: tuple[int, ...]
+    opt_sizes: tuple[int, ...]
+    part_keys: dict  # part class -> a part of that class
+    group_sizes: tuple[int, ...]
+
+    @classmethod
+    def of(cls, graph: MetaGraph, world: int, points: int) -> _Plan:
+        devices = graph.cluster.devices
+        groups = shape_groups(graph)
+        stages: dict[str, tuple] = {}
+        steps = op_steps(graph)
+        for op in graph.metaops:
+            modal = [i for i in op.inputs if i.from_modality]
+            for inp, stage in zip(modal, steps[op.id].inputs, strict=True):
+                if op.batch > 0:
+                    stages.setdefault(stage.key, (op, inp.source, inp.tokens))
+        total = _trainable_bytes(graph)
+        return cls(
+            groups=groups,
+            layer_points=[(ops, b) for ops in groups for b in shape_batches(ops, devices, points)],
+            stages=stages,
+            sinks={s.key: s for s in sink_losses(graph)},
+            comm_sizes=M.log_sizes(4096, min(total, MAX_COMM_BYTES), points),
+            p2p_sizes=M.log_sizes(1024, min(_largest_activation(graph), MAX_COMM_BYTES), points),
+            opt_sizes=M.log_sizes(1 << 16, min(total, MAX_COMM_BYTES), points),
+            part_keys=_part_classes(graph),
+            group_sizes=tuple(range(2, world + 1)),
+        )
+
+    def items(self, points: int) -> int:
+        """Timing points in all, for the progress bar."""
+        return (
+            len(self.layer_points)
+            + points * (len(self.stages) + len(self.sinks))
+            + len(COLLECTIVES) * len(self.group_sizes) * len(self.comm_sizes)
+            + (len(self.p2p_sizes) if self.group_sizes else 0)
+            + len(self.opt_sizes)
+            + len(self.part_keys)
+            + 2
+        )
+
+
 def _measure(
     graph: MetaGraph,
     settings: ProfileSettings,
@@ -144,119 +195,29 @@ def _measure(
     active = world if cores is None else max(1, min(world, cores))
     dtype = torch.bfloat16 if cuda else torch.float32
     probe = M.Probe(rank, world, active, device, dtype, settings.budget, beat)
-    devices, points = graph.cluster.devices, settings.points
-
-    groups = shape_groups(graph)
-    layer_points = [(ops, b) for ops in groups for b in shape_batches(ops, devices, points)]
-    stages: dict[str, tuple] = {}
-    steps = op_steps(graph)
-    for op in graph.metaops:
-        modal = [i for i in op.inputs if i.from_modality]
-        for inp, stage in zip(modal, steps[op.id].inputs, strict=True):
-            if op.batch > 0:
-                stages.setdefault(stage.key, (op, inp.source, inp.tokens))
-    sinks = {s.key: s for s in sink_losses(graph)}
-    total_bytes = _trainable_bytes(graph)
-    comm_sizes = M.log_sizes(4096, min(total_bytes, MAX_COMM_BYTES), points)
-    p2p_sizes = M.log_sizes(1024, min(_largest_activation(graph), MAX_COMM_BYTES), points)
-    opt_sizes = M.log_sizes(1 << 16, min(total_bytes, MAX_COMM_BYTES), points)
-    part_keys = _part_classes(graph)
-    group_sizes = list(range(2, world + 1))
-    n_items = (
-        len(layer_points)
-        + points * (len(stages) + len(sinks))
-        + len(COLLECTIVES) * len(group_sizes) * len(comm_sizes)
-        + (len(p2p_sizes) if world > 1 else 0)
-        + len(opt_sizes)
-        + len(part_keys)
-        + 2
-    )
-    bar = Bar(n_items, rank == 0 and settings.progress)
+    todo = _Plan.of(graph, world, settings.points)
+    bar = Bar(todo.items(settings.points), rank == 0 and settings.progress)
     try:
-        # compute: layers, input stages, losses
-        timings: list[list[tuple[int, float]]] = [[] for _ in groups]
-        for ops, b in layer_points:
-            t = M.layer_seconds(probe, ops[0], mode_of(ops[0]), b)
-            if t is not None:
-                timings[groups.index(ops)].append((b, t))
-            bar.step(f"{ops[0].id} batch {b}")
+        entries = _layers(probe, todo, bar)
         data = TaskData(graph, 0, None, dtype, device)
-        inputs: list[tuple[str, Line]] = []
-        for key, (op, modality, tokens) in stages.items():
-            pts = []
-            for b in M.batches_for(op.batch, devices, points)[:points]:
-                t = M.input_stage_seconds(probe, graph, data, op, modality, tokens, b)
-                pts.append((b, t))
-                bar.step(f"input {op.id}:{modality} batch {b}")
-            bar.done += points - len(pts)
-            inputs.append((key, _line(pts)))
-        losses: list[tuple[str, Line]] = []
-        for key, sink in sinks.items():
-            pts = []
-            batch = graph.op(sink.sink).batch
-            for b in M.batches_for(batch, devices, points)[:points]:
-                pts.append((b, M.loss_seconds(probe, graph, data, sink, b)))
-                bar.step(f"loss {sink.task} batch {b}")
-            bar.done += points - len(pts)
-            losses.append((key, _line(pts)))
-        # communication: every group size, every collective the reduction issues
-        fits: dict[str, list[tuple[int, Line]]] = {k: [] for k in COLLECTIVES}
-        for g in group_sizes:
-            ranks = list(range(g))
-            group = None if g == world else dist.new_group(ranks)
-            for kind in COLLECTIVES:
-                pts = []
-                for nbytes in comm_sizes:
-                    pts.append((nbytes, M.collective_seconds(probe, kind, nbytes, ranks, group)))
-                    bar.step(f"{kind} on {g} ranks, {nbytes} bytes")
-                fits[kind].append((g, _line(pts)))
-        p2p = Line(0.0, 0.0)
-        if world > 1:
-            pts = []
-            for nbytes in p2p_sizes:
-                pts.append((nbytes, M.exchange_seconds(probe, nbytes)))
-                bar.step(f"exchange {nbytes} bytes")
-            p2p = _line(pts)
-        # optimizer, copies, a stage's fixed cost
-        pts = []
-        for nbytes in opt_sizes:
-            pts.append((nbytes, M.optimizer_seconds(probe, nbytes)))
-            bar.step(f"optimizer {nbytes} bytes")
-        optimizer = _line(pts)
-        big = opt_sizes[-1]
-        copy = M.copy_seconds(probe, big)
-        bar.step("copies")
-        parts: list[tuple[str, float]] = []
-        for cls, key in part_keys.items():
-            t = M.part_seconds(probe, graph, key)
-            if t is not None:
-                parts.append((cls, t))
-            bar.step(f"optimizer work of {cls}")
+        inputs, losses = _inputs_and_losses(probe, graph, data, todo, settings.points, bar)
+        comm = _communication(probe, graph, todo, bar)
+        optimizer = _optimizer(probe, graph, todo, bar)
         stage = M.stage_seconds(probe)
         bar.step("stage bookkeeping")
     finally:
         bar.close()
     if rank != 0:
         return None
-    entries = tuple(shape_entry(ops, t) for ops, t in zip(groups, timings, strict=True))
     rates = sorted(e.samples[-1].seconds / e.samples[-1].flops for e in entries if e.samples)
-    # one process has no one to talk to: its communication keeps the analytic figures
-    fallback = analytic_overheads(graph.cluster)
     overheads = StepOverheads(
         source="profile",
-        all_reduce=Collective(tuple(fits["all_reduce"])) if world > 1 else fallback.all_reduce,
-        reduce_scatter=(
-            Collective(tuple(fits["reduce_scatter"])) if world > 1 else fallback.reduce_scatter
-        ),
-        all_gather=Collective(tuple(fits["all_gather"])) if world > 1 else fallback.all_gather,
-        p2p=p2p if world > 1 else fallback.p2p,
-        optimizer=optimizer,
-        copy_s_per_byte=(copy or 0.0) / big,
+        **comm,
+        **optimizer,
         wave_s=stage or 0.0,
         seconds_per_flop=rates[len(rates) // 2] if rates else 0.0,
-        inputs=tuple(inputs),
-        losses=tuple(losses),
-        parts=tuple(parts),
+        inputs=inputs,
+        losses=losses,
         cores=cores,
     )
     return Profile(
@@ -271,6 +232,90 @@ def _measure(
         backend=backend,
         overheads=overheads,
     )
+
+
+def _layers(probe: M.Probe, todo: _Plan, bar: Bar) -> tuple[ProfileEntry, ...]:
+    """Every layer shape at every per-device batch, fitted (on rank 0)."""
+    timings: list[list[tuple[int, float]]] = [[] for _ in todo.groups]
+    for ops, b in todo.layer_points:
+        t = M.layer_seconds(probe, ops[0], mode_of(ops[0]), b)
+        if t is not None:
+            timings[todo.groups.index(ops)].append((b, t))
+        bar.step(f"{ops[0].id} batch {b}")
+    if probe.rank != 0:
+        return ()
+    return tuple(shape_entry(ops, t) for ops, t in zip(todo.groups, timings, strict=True))
+
+
+def _inputs_and_losses(
+    probe: M.Probe, graph: MetaGraph, data: TaskData, todo: _Plan, points: int, bar: Bar
+) -> tuple[tuple[tuple[str, Line], ...], tuple[tuple[str, Line], ...]]:
+    """Per-sample lines of every input stage and every loss head."""
+    devices = graph.cluster.devices
+    inputs = []
+    for key, (op, modality, tokens) in todo.stages.items():
+        pts = []
+        for b in M.batches_for(op.batch, devices, points)[:points]:
+            pts.append((b, M.input_stage_seconds(probe, graph, data, op, modality, tokens, b)))
+            bar.step(f"input {op.id}:{modality} batch {b}")
+        bar.done += points - len(pts)
+        inputs.append((key, _line(pts)))
+    losses = []
+    for key, sink in todo.sinks.items():
+        pts = []
+        for b in M.batches_for(graph.op(sink.sink).batch, devices, points)[:points]:
+            pts.append((b, M.loss_seconds(probe, graph, data, sink, b)))
+            bar.step(f"loss {sink.task} batch {b}")
+        bar.done += points - len(pts)
+        losses.append((key, _line(pts)))
+    return tuple(inputs), tuple(losses)
+
+
+def _communication(probe: M.Probe, graph: MetaGraph, todo: _Plan, bar: Bar) -> dict[str, Any]:
+    """The collectives over every group size, and the exchange; one process has no one to
+    talk to, so its communication keeps the analytic figures."""
+    fits: dict[str, list[tuple[int, Line]]] = {k: [] for k in COLLECTIVES}
+    for g in todo.group_sizes:
+        ranks = list(range(g))
+        group = None if g == probe.world else dist.new_group(ranks)
+        for kind in COLLECTIVES:
+            pts = []
+            for nbytes in todo.comm_sizes:
+                pts.append((nbytes, M.collective_seconds(probe, kind, nbytes, ranks, group)))
+                bar.step(f"{kind} on {g} ranks, {nbytes} bytes")
+            fits[kind].append((g, _line(pts)))
+    if probe.world < 2:
+        o = analytic_overheads(graph.cluster)
+        return {"all_reduce": o.all_reduce, "reduce_scatter": o.reduce_scatter,
+                "all_gather": o.all_gather, "p2p": o.p2p}  # fmt: skip
+    pts = []
+    for nbytes in todo.p2p_sizes:
+        pts.append((nbytes, M.exchange_seconds(probe, nbytes)))
+        bar.step(f"exchange {nbytes} bytes")
+    out: dict[str, Any] = {k: Collective(tuple(v)) for k, v in fits.items()}
+    return {**out, "p2p": _line(pts)}
+
+
+def _optimizer(probe: M.Probe, graph: MetaGraph, todo: _Plan, bar: Bar) -> dict[str, Any]:
+    """AdamW per byte, the flat-buffer copies, and the per-part work of every part class."""
+    pts = []
+    for nbytes in todo.opt_sizes:
+        pts.append((nbytes, M.optimizer_seconds(probe, nbytes)))
+        bar.step(f"optimizer {nbytes} bytes")
+    big = todo.opt_sizes[-1]
+    copy = M.copy_seconds(probe, big)
+    bar.step("copies")
+    parts = []
+    for cls, key in todo.part_keys.items():
+        t = M.part_seconds(probe, graph, key)
+        if t is not None:
+            parts.append((cls, t))
+        bar.step(f"optimizer work of {cls}")
+    return {
+        "optimizer": _line(pts),
+        "copy_s_per_byte": (copy or 0.0) / big,
+        "parts": tuple(parts),
+    }
 
 
 def _line(points: list[tuple[int, float | None]]) -> Line:
