@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=1,
-        help="torch CPU threads while timing (default 1, like one worker process per core)",
+        help="torch CPU threads while timing in this process (default 1, like one worker "
+        "process per core; with --nproc the workers keep their own setting, as in a run)",
     )
     parser.add_argument(
         "--points", type=int, default=5, help="batch sizes to time per MetaOp shape (default 5)"
