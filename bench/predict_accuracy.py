@@ -101,11 +101,18 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), metavar="SPEC@N")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    ap.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="keep the profiles, plans, traces and summaries here (for spindle compare)",
+    )
     args = ap.parse_args()
     cores = len(os.sched_getaffinity(0))
     load_before = os.getloadavg()[0]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="predict-accuracy-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="predict-accuracy-") as scratch:
+        tmp = args.keep or scratch
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         for case in args.cases:
             name, _, n = case.partition("@")
             if name not in SPECS or not n.isdigit():
