@@ -221,6 +221,18 @@ class Profile:
         return cls.from_dict(data, where=str(path))
 
 
+def first_layer_saving(graph: MetaGraph, op: MetaOp) -> float:
+    """The share of a profiled layer time a trained MetaOp's layers take on average when its
+    first layer's input needs no gradient: its inputs all come from MetaOps without a backward
+    pass (frozen towers), so that layer's backward computes only its weights' gradient, two of
+    the three passes the profile timed (``(3L - 1) / 3L``); 1 otherwise."""
+    if op.frozen or not op.needs_backward or not op.inputs:
+        return 1.0
+    if any(i.from_modality or graph.op(i.source).needs_backward for i in op.inputs):
+        return 1.0
+    return (3 * op.layers - 1) / (3 * op.layers)
+
+
 class ProfiledCostModel(comm.LinkPricing):
     """T_m(n) from measured layer times (data parallelism, idle devices allowed); the rest of
     the step (gradient reduction, exchange, losses, optimizer) from the profile's measured
@@ -292,7 +304,14 @@ class ProfiledCostModel(comm.LinkPricing):
         ns = tuple(range(1, self.cluster.devices + 1))
         return Curves(
             tuple(
-                Curve(op.id, ns, tuple(t for _, t in self._best(op, op.id in recompute)))
+                Curve(
+                    op.id,
+                    ns,
+                    tuple(
+                        t * first_layer_saving(graph, op)
+                        for _, t in self._best(op, op.id in recompute)
+                    ),
+                )
                 for op in graph.metaops
             ),
             source=self.source,

@@ -114,3 +114,23 @@ def test_profiler_fits_every_shape_once(tmp_path, build_op, cluster) -> None:
     assert data["format"] == "spindle-profile" and data["entries"][1]["mode"] == "input_grad"
     curves = make_cost_model(c, path).curves(graph(c, a, b, frozen))
     assert all(t > 0 for curve in curves for _, t in curve.items())
+
+
+def test_a_trained_op_after_frozen_towers_skips_its_first_input_gradient() -> None:
+    from spindle_dsl.cost.profile import first_layer_saving
+    from spindle_dsl.language import compile_text
+
+    graph = compile_text(
+        """
+        cluster { devices = 2; device = "cpu" }
+        modality image { tokens = 16 }
+        modality text  { tokens = 8; vocab = 32 }
+        encoder vision : vit(layers = 2, hidden = 16, heads = 2, patch = 4) <- image frozen
+        module  adapt  : mlp(in = 16, out = 16, hidden = 32, layers = 2)
+        module  lm     : transformer(layers = 2, hidden = 16, heads = 2, causal = true, vocab = 32)
+        task caption { image -> vision -> adapt -> lm; text -> lm; loss = lm; batch = 4 }
+        """
+    ).graph
+    saving = {op.id: first_layer_saving(graph, op) for op in graph.metaops}
+    assert saving["caption/adapt"] == pytest.approx(5 / 6)  # 2 layers, the first skips one pass
+    assert saving["caption/vision"] == 1.0 and saving["caption/lm"] == 1.0
