@@ -9,7 +9,9 @@ For each case (a spec on N worker processes) it runs, back to back, what a user 
 and prints each plan's predicted step time (the plan's ``iteration_s``), the measured one (the
 median of steps 2..S), their ratio, whether it is within the target (25%; 35% with more
 processes than cores), and the step term that misses most (``spindle compare``). The machine's
-load average is printed before and after: on a shared machine the figures move with it.
+load average is printed when the case was profiled and after each run: on a shared machine the
+figures move with it, and a profile made under another load than the run predicts another
+machine.
 
     .venv/bin/python bench/predict_accuracy.py [--steps 8] [--cases tiny_mm@2 cpu_medium@2 ...]
 """
@@ -70,6 +72,7 @@ def run_case(name: str, nproc: int, steps: int, work: Path) -> list[dict]:
     spec = str(SPECS[name])
     common = ("--devices", str(nproc), "--nproc", str(nproc))
     profile = work / f"{name}-{nproc}-profile.json"
+    load_profile = os.getloadavg()[0]
     t0 = time.perf_counter()
     spindle("profile", spec, *common, "--out", str(profile), "-q")
     profiled_s = time.perf_counter() - t0
@@ -90,6 +93,7 @@ def run_case(name: str, nproc: int, steps: int, work: Path) -> list[dict]:
                 "predicted_s": s["predicted_step_s"],
                 "measured_s": s["measured_step_s"],
                 "profile_s": profiled_s,
+                "load": (load_profile, os.getloadavg()[0]),  # when profiling, after the run
                 "worst_term": worst_term(plan, trace),
             }
         )
@@ -129,7 +133,7 @@ def main() -> int:
     )
     print(
         f"{'spec':<15}{'ranks':>6}  {'plan':<11}{'predicted s':>12}{'measured s':>12}"
-        f"{'meas/pred':>10}  {'target':<7}{'profile s':>10}  worst term (pred/meas)"
+        f"{'meas/pred':>10}  {'target':<7}{'profile s':>10}{'load':>10}  worst term (pred/meas)"
     )
     for r in rows:
         ratio = r["measured_s"] / r["predicted_s"]
@@ -137,8 +141,8 @@ def main() -> int:
         ok = "ok" if abs(ratio - 1) <= limit else "MISS"
         print(
             f"{r['spec']:<15}{r['ranks']:>6}  {r['plan']:<11}{r['predicted_s']:>12.4f}"
-            f"{r['measured_s']:>12.4f}{ratio:>10.2f}  {ok:<7}{r['profile_s']:>10.1f}  "
-            f"{r['worst_term']}"
+            f"{r['measured_s']:>12.4f}{ratio:>10.2f}  {ok:<7}{r['profile_s']:>10.1f}"
+            f"{r['load'][0]:>5.1f}{r['load'][1]:>5.1f}  {r['worst_term']}"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
