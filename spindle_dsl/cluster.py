@@ -4,10 +4,20 @@ A ``DevicePreset`` holds the public datasheet figures a cost model rests on; a `
 number of identical devices grouped into nodes, with any overrides from the spec or the command
 line already applied. Bandwidths are bytes per second in one direction per device, the figure
 that bounds a ring collective or a point-to-point send.
+
+CPU devices are worker processes, and processes share the machine's cores: a plan for 4 ``cpu``
+devices run on a 2-core laptop has, whenever all four compute at once, half a core each. So a
+cluster of ``cpu`` devices knows its ``cores`` (how many cores its devices share), by default the
+cores this process may run on (``os.sched_getaffinity``, which honours ``taskset`` and container
+CPU sets) at planning time; ``--cores`` overrides it. The step model (``cost.step``) prices the
+sharing per wave: the devices that compute in a wave share ``cores`` cores fairly (processor
+sharing, the way the OS scheduler time-slices single-threaded workers), and devices that only
+wait (a gloo rank blocked in a receive sleeps) cost nothing. GPU devices never share.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 GiB = 2**30
@@ -100,17 +110,47 @@ def preset(name: str) -> DevicePreset:
         raise KeyError(f"unknown device preset '{name}' (known: {known})") from None
 
 
+CORES_ENV = "SPINDLE_CORES"  # overrides the detected count (the tests pin it: plans of cpu
+# clusters would otherwise depend on the machine that runs them)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; the CPU count where the platform
+    has no affinity call), or ``$SPINDLE_CORES`` when set."""
+    pinned = os.environ.get(CORES_ENV, "").strip()
+    if pinned.isdigit() and int(pinned) >= 1:
+        return int(pinned)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 @dataclass(frozen=True)
 class Cluster:
-    """``devices`` identical devices, ``devices_per_node`` to a node, ids 0..devices-1 in order."""
+    """``devices`` identical devices, ``devices_per_node`` to a node, ids 0..devices-1 in order.
+
+    ``cores``: CPU cores the devices of one node share, for ``cpu`` devices (None: the planning
+    machine's usable cores, see the module docstring); ignored for GPUs."""
 
     devices: int
     devices_per_node: int
     device: DevicePreset
+    cores: int | None = None
 
     def __post_init__(self) -> None:
         assert self.devices >= 1, "a cluster needs at least one device"
         assert self.devices_per_node >= 1, "a node holds at least one device"
+        assert self.cores is None or self.cores >= 1, "a node has at least one core"
+
+    @property
+    def shared_cores(self) -> int | None:
+        """Cores one node's devices share, or None when each device computes on its own (GPUs,
+        or a node with at least as many cores as devices)."""
+        if self.device.name.lower() != "cpu":
+            return None
+        cores = self.cores if self.cores is not None else usable_cores()
+        return cores if cores < self.devices_per_node else None
 
     @property
     def nodes(self) -> int:
@@ -132,6 +172,7 @@ class Cluster:
         memory_bytes: int | None = None,
         intra_bandwidth: float | None = None,
         inter_bandwidth: float | None = None,
+        cores: int | None = None,
     ) -> Cluster:
         """Apply command-line overrides on top of what the spec said."""
         dev = preset(device) if device is not None else self.device
@@ -149,7 +190,12 @@ class Cluster:
             dev = replace(dev, **changes)
         n = devices if devices is not None else self.devices
         per_node = devices_per_node if devices_per_node is not None else self.devices_per_node
-        return Cluster(devices=n, devices_per_node=min(per_node, n), device=dev)
+        return Cluster(
+            devices=n,
+            devices_per_node=min(per_node, n),
+            device=dev,
+            cores=cores if cores is not None else self.cores,
+        )
 
 
 DEFAULT_CLUSTER = Cluster(devices=8, devices_per_node=8, device=PRESETS["a100-80gb"])

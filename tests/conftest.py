@@ -7,12 +7,21 @@ tests, so the fixture skips the test instead of failing it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from spindle_dsl.cluster import CORES_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = (REPO / ".." / "shared").resolve()
+
+# Plans for cpu clusters price the machine's cores (``Cluster.shared_cores``); pin a count
+# larger than any test cluster so that plans and predictions do not depend on the machine
+# running the tests (and its subprocesses, which inherit the environment). Tests of core
+# sharing set ``Cluster.cores`` themselves.
+os.environ[CORES_ENV] = "1024"
 
 
 @pytest.fixture(scope="session")

@@ -226,9 +226,12 @@ def worker_main(run_dir: Path) -> int:
             False,
             timeout=__import__("datetime").timedelta(seconds=job.config.collective_timeout_s),
         )
-        result = run_rank(
-            job, rank, world, int(os.environ["LOCAL_RANK"]), store=store, heartbeat=heartbeat.beat
-        )
+        local = int(os.environ["LOCAL_RANK"])
+        runner = getattr(job, "run_rank", None)  # a job that runs itself (``spindle profile``)
+        if callable(runner):
+            result = runner(rank, world, local, store=store, heartbeat=heartbeat.beat)
+        else:
+            result = run_rank(job, rank, world, local, store=store, heartbeat=heartbeat.beat)
         if rank == 0:
             write_atomic(run_dir / "result.pkl", pickle.dumps(result))
         return 0

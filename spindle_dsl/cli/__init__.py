@@ -51,6 +51,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "write the model's weights as one safetensors file",
         "spindle export SPEC --checkpoint-dir ckpt -o model.safetensors",
     ),
+    "compare": (
+        "set a plan's prediction against a measured trace",
+        "spindle compare plan.json train-trace.json",
+    ),
 }
 
 

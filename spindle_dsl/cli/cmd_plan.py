@@ -157,6 +157,13 @@ def bound_text(s: dict[str, Any]) -> str:
     )
 
 
+STEP_TERMS = (
+    ("wave_overhead_s", "wave overhead"),
+    ("loss_s", "losses"),
+    ("optimizer_s", "optimizer"),
+)
+
+
 def summary_text(s: dict[str, Any]) -> str:
     gap = f", gap {s['gap']:.1%}" if s["gap"] is not None else ""
     lines = [
@@ -165,7 +172,10 @@ def summary_text(s: dict[str, Any]) -> str:
         + (f"; MILP solver {s['milp_solver']}" if s["milp_solver"] else ""),
         f"iteration: {s['iteration_s'] * 1e3:.2f} ms = compute {s.get('compute_s', 0) * 1e3:.2f}"
         f" + transfers {s.get('transfer_s', 0) * 1e3:.2f}"
-        f" + gradient sync {s.get('grad_sync_s', 0) * 1e3:.2f}",
+        f" + gradient sync {s.get('grad_sync_s', 0) * 1e3:.2f}"
+        + "".join(  # the step model's terms (cost.step), when the plan has them
+            f" + {label} {s[key] * 1e3:.2f}" for key, label in STEP_TERMS if key in s
+        ),
     ]
     for name, secs in s["baselines"].items():
         lines.append(

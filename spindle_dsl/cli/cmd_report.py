@@ -18,15 +18,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-o", "--output", metavar="FILE", default="report.html", help="default: report.html"
     )
     parser.add_argument("--plan-out", metavar="PLAN.json", help="also write the plan it shows")
+    parser.add_argument(
+        "--measured",
+        metavar="TRACE.json",
+        help="a measured trace of a run of this plan (spindle train --trace): drawn under the "
+        "predicted timeline, with the prediction's largest misses",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from spindle_dsl.render.measured import load_trace
     from spindle_dsl.render.report import write_report
 
+    measured = load_trace(args.measured) if args.measured else None
     plan, graph = load_plan_or_bundle(args)
     if args.plan_out:
         plan.write(args.plan_out)
-    report = write_report(args.output, plan, graph)
+    report = write_report(args.output, plan, graph, measured)
     for w in report.warnings:
         print(f"warning: {w}", file=sys.stderr)
     size = Path(args.output).stat().st_size

@@ -12,8 +12,12 @@ default: the default scheduler) for exactly as many devices as there are ranks. 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import tempfile
+from dataclasses import replace
 from typing import Any
 
 from spindle_dsl.atomic import write_atomic
@@ -113,21 +117,28 @@ def run(args: argparse.Namespace) -> int:
         world = graph.cluster.devices
         args.nproc = world
 
+    made: list[Plan | PlanBundle] = []
+
     def planner() -> Plan | PlanBundle:
         from spindle_dsl.planner import make_plan
 
         if schedule is not None:
             from spindle_dsl.cli.plan_phases import plan_bundle
 
-            return plan_bundle(args, schedule)
-        return make_plan(
-            graph,
-            load_cost_model(args, graph),
-            scheduler=args.scheduler,
-            time_limit_s=args.time_limit,
+            made.append(plan_bundle(args, schedule))
+            return made[-1]
+        made.append(
+            make_plan(
+                graph,
+                load_cost_model(args, graph),
+                scheduler=args.scheduler,
+                time_limit_s=args.time_limit,
+            )
         )
+        return made[-1]
 
     plan = read_plan_file(args.plan) if args.plan else None
+    trace, own_trace = _trace_path(args)
     config = RunConfig(
         steps=args.steps,
         seed=args.seed,
@@ -138,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         resume=not args.no_resume,
         log_json=args.log_json,
-        trace=args.trace,
+        trace=trace,
         progress=not args.no_progress,
         hang_timeout_s=args.hang_timeout,
         collective_timeout_s=max(args.hang_timeout + 5.0, 10.0),
@@ -148,28 +159,68 @@ def run(args: argparse.Namespace) -> int:
     datasets = bind_data(args.data, graph)
     if env is None or env[0] == 0:
         describe_data(graph, datasets, args.seed)
-    result = TorchBackend().train(
-        graph,
-        plan,
-        config,
-        nproc=args.nproc,
-        planner=planner,
-        datasets=datasets,
-        schedule=schedule,
-    )
-    if result is not None:  # rank 0 (or the parent of --nproc workers)
-        sequential = result.extra.get("baselines", {}).get("sequential_s")
-        scheduler = result.extra.get("scheduler", "?")
-        print(f"plan: {scheduler}")
-        print(summary(result, sequential))
-        if "phases" in result.extra:
-            from spindle_dsl.backends.torch.phased import phases_summary
+    try:
+        result = TorchBackend().train(
+            graph,
+            plan,
+            config,
+            nproc=args.nproc,
+            planner=planner,
+            datasets=datasets,
+            schedule=schedule,
+        )
+        if result is not None:  # rank 0 (or the parent of --nproc workers)
+            sequential = result.extra.get("baselines", {}).get("sequential_s")
+            scheduler = result.extra.get("scheduler", "?")
+            print(f"plan: {scheduler}")
+            shown = replace(result, trace=None) if own_trace else result  # ours: not the user's
+            print(summary(shown, sequential))
+            if "phases" in result.extra:
+                from spindle_dsl.backends.torch.phased import phases_summary
 
-            print(phases_summary(result))
-        if args.summary_json:
-            write_atomic(args.summary_json, json.dumps(summary_json(result), indent=1) + "\n")
+                print(phases_summary(result))
+            used = plan or (made[-1] if made else None)
+            if isinstance(used, Plan) and trace and os.path.exists(trace):
+                print(_where_the_time_goes(used, trace))
+            if args.summary_json:
+                write_atomic(args.summary_json, json.dumps(summary_json(result), indent=1) + "\n")
+    finally:
+        if own_trace and trace:
+            with contextlib.suppress(OSError):
+                os.unlink(trace)
     sys.stdout.flush()
     return 0
+
+
+AUTO_TRACE_STEPS = 500  # longer runs compare only with --trace (spans are kept per step)
+
+
+def _trace_path(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """Where the run writes its measured trace, and whether it is ours (a temporary file made
+    so the summary can set the prediction against the run; removed afterwards)."""
+    if args.trace:
+        return args.trace, False
+    # Under torchrun every rank runs this command and all must agree on tracing (it adds a
+    # collective at the end): trace there only when asked.
+    if args.steps > AUTO_TRACE_STEPS or args.nproc is None:
+        return None, False
+    fd, path = tempfile.mkstemp(prefix="spindle-train-", suffix=".json")
+    os.close(fd)
+    return path, True
+
+
+def _where_the_time_goes(plan: Any, trace: str) -> str:
+    """Predicted against measured, per step term, and the three largest misses (waves and
+    MetaOps) of the plan's prediction (``spindle compare`` has them all)."""
+    from spindle_dsl.errors import SpindleError
+    from spindle_dsl.render.compare import compare, largest_misses, summary_text
+    from spindle_dsl.render.measured import load_trace, read_measured
+
+    try:
+        rows = compare(plan, read_measured(load_trace(trace), where=trace))
+    except SpindleError as exc:
+        return f"(no comparison with the prediction: {exc})"
+    return summary_text(rows, largest_misses(rows))
 
 
 def summary_json(result: Any) -> dict[str, Any]:

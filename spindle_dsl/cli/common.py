@@ -29,6 +29,11 @@ def add_spec_arguments(parser: argparse.ArgumentParser, *, spec_required: bool =
     group.add_argument("--memory-gb", type=float, help="memory per device in GiB")
     group.add_argument("--intra-bandwidth", type=float, help="GB/s per device inside a node")
     group.add_argument("--inter-bandwidth", type=float, help="GB/s per device across nodes")
+    group.add_argument(
+        "--cores",
+        type=int,
+        help="CPU cores the cpu devices of a node share (default: this machine's usable cores)",
+    )
     parser.add_argument(
         "--profile",
         metavar="PROFILE.json",
@@ -53,6 +58,8 @@ def cluster_overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["intra_bandwidth"] = args.intra_bandwidth * GB_PER_S
     if args.inter_bandwidth is not None:
         out["inter_bandwidth"] = args.inter_bandwidth * GB_PER_S
+    if getattr(args, "cores", None) is not None:
+        out["cores"] = args.cores
     return out
 
 

@@ -73,6 +73,18 @@ def _shard_moves(src: Sequence[int], dst: Sequence[int]) -> dict[tuple[int, int]
     return moves
 
 
+def busiest_bytes(nbytes: float, src: Sequence[int], dst: Sequence[int]) -> float:
+    """Bytes the busiest device sends or receives when ``nbytes`` re-shard from ``src`` to
+    ``dst`` (0 when nothing moves)."""
+    if not src or not dst or nbytes <= 0:
+        return 0.0
+    busy: dict[tuple[str, int], float] = {}
+    for (s, d), fraction in _shard_moves(list(src), list(dst)).items():
+        busy[("send", s)] = busy.get(("send", s), 0.0) + fraction * nbytes
+        busy[("recv", d)] = busy.get(("recv", d), 0.0) + fraction * nbytes
+    return max(busy.values(), default=0.0)
+
+
 def transfer_seconds(
     nbytes: float, src: Sequence[int], dst: Sequence[int], cluster: Cluster
 ) -> float:
@@ -103,6 +115,7 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = [
     "allreduce_seconds",
+    "busiest_bytes",
     "ceil_div",
     "contiguous_group_spans_nodes",
     "is_cpu",
@@ -123,3 +136,12 @@ class LinkPricing:
 
     def allreduce_seconds(self, nbytes: float, devices: Sequence[int], cluster: Cluster) -> float:
         return allreduce_seconds(nbytes, devices, cluster)
+
+    def step_model(self, graph):  # -> cost.step.StepModel
+        """The runtime's whole step around the waves (``cost.step``) with the datasheet
+        figures; the curves carry each layer's gradient all-reduce, so the step adds only what
+        shared modules cost beyond them (``planner.timing.grad_sync_seconds``)."""
+        from spindle_dsl.cost.overheads import analytic_overheads
+        from spindle_dsl.cost.step import make_step_model
+
+        return make_step_model(graph, analytic_overheads(graph.cluster), grad_in_curves=True)

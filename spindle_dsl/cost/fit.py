@@ -45,6 +45,16 @@ class PiecewiseFit:
         return self.segments[-1].predict(flops)
 
 
+def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``t = a + b x`` through ``(x, t)`` points by relative least squares, ``a, b >= 0``: the
+    alpha-beta model of a collective (x in bytes) or a per-sample cost (x in samples)."""
+    pts = [(float(x), float(t)) for x, t in points if t > 0]
+    if not pts:
+        raise ValueError("no positive timings to fit")
+    a, b, _ = _fit_line(pts)
+    return a, b
+
+
 def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
     """Weighted (1/t^2) least squares for t = a + b x with a, b >= 0; returns (a, b, error)."""
 

@@ -6,6 +6,9 @@
 {"format": "spindle-profile", "version": 1,
  "device": "cpu" | "cuda", "device_name": str, "torch": str, "threads": int, "dtype": str,
  "spec": str,
+ "nproc": int, "backend": "gloo" | "nccl" | "",   # worker processes measured on (0: one
+                                                   # process, no process group)
+ "overheads": {...} | absent,                      # cost.overheads.StepOverheads.to_dict()
  "entries": [{"kind": str, "args": {...}, "tokens": int,
               "mode": "train" | "input_grad" | "forward",
               "metaops": [str],                 # the MetaOps of the spec this shape serves
@@ -18,6 +21,14 @@ An entry is keyed by what determines a layer's time (kind, resolved args, input 
 whether it trains, only passes gradients through, or runs forward only), so one profile serves
 every MetaOp with that shape, in any mix and on any cluster size. ``flops`` is the per-device
 forward+backward work of one layer at that per-device batch.
+
+A profile made on N worker processes (``spindle profile --nproc N``) times the layers on as
+many processes at once as the machine has cores for (so they contend for memory and caches as
+in a run, but never time-slice: core sharing is priced per wave by the step model), and adds
+``overheads``: the process group's collectives and point-to-point exchange, the optimizer, the
+input stages, the loss heads and the fixed cost per stage (``cost.overheads``). The fitted
+cost model then prices the runtime's whole step (``cost.step``): its curves are the layers'
+compute alone, and the gradient reduction is priced once per step, as the runtime issues it.
 """
 
 from __future__ import annotations
@@ -39,6 +50,8 @@ from spindle_dsl.cost.base import Curve, Curves, SliceMemory
 from spindle_dsl.cost.fit import PiecewiseFit, Segment
 from spindle_dsl.cost.memory import MemoryInfoCache, slice_memory, slice_memory_bytes
 from spindle_dsl.cost.memory_table import alone_bytes
+from spindle_dsl.cost.overheads import StepOverheads, analytic_overheads
+from spindle_dsl.cost.step import StepModel, make_step_model
 from spindle_dsl.errors import SpindleError
 from spindle_dsl.metagraph import ArgValue, MetaGraph, MetaOp
 
@@ -90,6 +103,9 @@ class Profile:
     dtype: str
     spec: str
     entries: tuple[ProfileEntry, ...]
+    nproc: int = 0  # worker processes it was measured on (0: this process, no process group)
+    backend: str = ""  # their process group's backend
+    overheads: StepOverheads | None = None  # measured with --nproc (see the module docstring)
 
     def lookup(self, op: MetaOp) -> ProfileEntry | None:
         key = shape_key(op)
@@ -106,6 +122,9 @@ class Profile:
             "threads": self.threads,
             "dtype": self.dtype,
             "spec": self.spec,
+            "nproc": self.nproc,
+            "backend": self.backend,
+            **({"overheads": self.overheads.to_dict()} if self.overheads else {}),
             "entries": [
                 {
                     "kind": e.kind,
@@ -176,6 +195,11 @@ class Profile:
                 dtype=str(d.get("dtype", "")),
                 spec=str(d.get("spec", "")),
                 entries=entries,
+                nproc=int(d.get("nproc", 0)),
+                backend=str(d.get("backend", "")),
+                overheads=(
+                    StepOverheads.from_dict(d["overheads"], where) if "overheads" in d else None
+                ),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SpindleError(
@@ -197,16 +221,47 @@ class Profile:
         return cls.from_dict(data, where=str(path))
 
 
+def first_layer_saving(graph: MetaGraph, op: MetaOp) -> float:
+    """The share of a profiled layer time a trained MetaOp's layers take on average when its
+    first layer's input needs no gradient: its inputs all come from MetaOps without a backward
+    pass (frozen towers), so that layer's backward computes only its weights' gradient, two of
+    the three passes the profile timed (``(3L - 1) / 3L``); 1 otherwise."""
+    if op.frozen or not op.needs_backward or not op.inputs:
+        return 1.0
+    if any(i.from_modality or graph.op(i.source).needs_backward for i in op.inputs):
+        return 1.0
+    return (3 * op.layers - 1) / (3 * op.layers)
+
+
 class ProfiledCostModel(comm.LinkPricing):
-    """T_m(n) from measured layer times (data parallelism, idle devices allowed) plus the
-    gradient all-reduce priced from the cluster's links."""
+    """T_m(n) from measured layer times (data parallelism, idle devices allowed); the rest of
+    the step (gradient reduction, exchange, losses, optimizer) from the profile's measured
+    overheads, or the analytic ones for a profile made without ``--nproc``."""
 
     def __init__(self, cluster: Cluster, profile: Profile, source: str = "profile"):
         self.cluster = cluster
         self.profile = profile
         self.source = source
+        self.overheads = profile.overheads or analytic_overheads(cluster)
         self._best_memo: dict[tuple[MetaOp, bool], list[tuple[int, float]]] = {}
         self._info = MemoryInfoCache()
+
+    def step_model(self, graph: MetaGraph) -> StepModel:
+        """The runtime's step with this profile's overheads; the gradient reduction is priced
+        there, once per step, so the curves leave it out."""
+        return make_step_model(graph, self.overheads, grad_in_curves=False)
+
+    def allreduce_seconds(self, nbytes: float, devices: Sequence[int], cluster: Cluster) -> float:
+        return self.overheads.all_reduce.seconds(nbytes, len(set(devices)))
+
+    def transfer_seconds(
+        self, nbytes: float, src: Sequence[int], dst: Sequence[int], cluster: Cluster
+    ) -> float:
+        """One exchange phase: the measured point-to-point line at the bytes the busiest
+        device sends or receives (a profile without ``--nproc``: the cluster's links)."""
+        if self.profile.overheads is None:
+            return comm.transfer_seconds(nbytes, src, dst, cluster)
+        return self.overheads.p2p.at(comm.busiest_bytes(nbytes, src, dst))
 
     def _entry(self, op: MetaOp) -> ProfileEntry:
         entry = self.profile.lookup(op)
@@ -223,18 +278,13 @@ class ProfiledCostModel(comm.LinkPricing):
 
     def _time(self, op: MetaOp, dp: int, recompute: bool = False) -> float:
         """Measured layer time at ``dp``'s shard; recomputing reads the fit at the work of
-        one more forward (the fit maps per-device FLOPs to seconds for this shape and mode)."""
+        one more forward (the fit maps per-device FLOPs to seconds for this shape and mode).
+        No gradient all-reduce: the step model prices the reduction as the runtime issues it."""
         entry = self._entry(op)
         shard = comm.ceil_div(op.batch, dp)
         mult = backward_multiplier(op, recompute and op.needs_backward)
         per_sample = mult * op.forward_flops_per_layer / max(op.batch, 1)
-        seconds = entry.fit.predict(per_sample * shard)
-        if not op.frozen and dp > 1:
-            bandwidth, latency = comm.link(
-                self.cluster, comm.contiguous_group_spans_nodes(dp, self.cluster)
-            )
-            seconds += comm.ring_allreduce_seconds(op.param_bytes_per_layer, dp, bandwidth, latency)
-        return max(seconds, 1e-9)
+        return max(entry.fit.predict(per_sample * shard), 1e-9)
 
     def _best(self, op: MetaOp, recompute: bool = False) -> list[tuple[int, float]]:
         """(dp, seconds) for every n: the fastest dp <= n (idle devices allowed)."""
@@ -254,7 +304,14 @@ class ProfiledCostModel(comm.LinkPricing):
         ns = tuple(range(1, self.cluster.devices + 1))
         return Curves(
             tuple(
-                Curve(op.id, ns, tuple(t for _, t in self._best(op, op.id in recompute)))
+                Curve(
+                    op.id,
+                    ns,
+                    tuple(
+                        t * first_layer_saving(graph, op)
+                        for _, t in self._best(op, op.id in recompute)
+                    ),
+                )
                 for op in graph.metaops
             ),
             source=self.source,

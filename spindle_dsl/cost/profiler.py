@@ -29,12 +29,20 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class TimingBudget:
-    """How hard to time each point (defaults keep tiny_mm well under a minute on a CPU)."""
+    """How hard to time each point (defaults keep tiny_mm well under a minute on a CPU), and
+    what to keep of the repeats: the median (the layer's own speed: a shared machine's bursts
+    fall outside it), or the mean (what a run gets on the machine as it is: a stage of a run
+    lasts many repeats' time and pays for every time slice other processes take, which a
+    median of short repeats would skip; ``spindle profile --nproc`` keeps the mean)."""
 
     warmup: int = 2
     min_repeats: int = 5
     max_repeats: int = 50
     min_seconds: float = 0.15
+    statistic: str = "median"  # or "mean"
+
+    def summary(self, times: Sequence[float]) -> float:
+        return statistics.fmean(times) if self.statistic == "mean" else statistics.median(times)
 
 
 def planned_batches(batch: int, devices: int, points: int = 5) -> tuple[int, ...]:
@@ -95,7 +103,53 @@ def time_layer(
         len(times) < budget.min_repeats or sum(times) < budget.min_seconds
     ):
         times.append(step())
-    return statistics.median(times)
+    return budget.summary(times)
+
+
+def shape_groups(graph: MetaGraph) -> list[list[MetaOp]]:
+    """The graph's MetaOps grouped by what determines a layer's time (``shape_key``), in
+    order of first appearance: one profile entry per group."""
+    groups: dict[tuple, list[MetaOp]] = {}
+    for op in graph.metaops:
+        groups.setdefault(shape_key(op), []).append(op)
+    return list(groups.values())
+
+
+def shape_batches(ops: Sequence[MetaOp], devices: int, points: int) -> tuple[int, ...]:
+    """The per-device batches to time a shape at: those its MetaOps meet on up to ``devices``
+    devices (a task the mix leaves out still gets a curve)."""
+    largest = max(max(o.batch for o in ops), 1)
+    return planned_batches(largest, devices, points)
+
+
+def per_sample_flops(op: MetaOp) -> float:
+    """Forward+backward FLOPs of one layer of ``op`` for one sample."""
+    return backward_multiplier(op) * get_kind(op.kind).forward_flops(dict(op.args), op.tokens)
+
+
+def shape_entry(ops: Sequence[MetaOp], timings: Sequence[tuple[int, float]]) -> ProfileEntry:
+    """A profile entry from (per-device batch, median seconds) timings of the shape."""
+    op = ops[0]
+    per_sample = per_sample_flops(op)
+    samples = tuple(Sample(b, per_sample * b, t) for b, t in timings)
+    return ProfileEntry(
+        kind=op.kind,
+        args=tuple(sorted(op.args)),
+        tokens=op.tokens,
+        mode=mode_of(op),
+        metaops=tuple(o.id for o in ops),
+        samples=samples,
+        fit=fit_piecewise([(s.flops, s.seconds) for s in samples]),
+    )
+
+
+def check_device(device: str) -> None:
+    import torch
+
+    if device not in ("cpu", "cuda"):
+        raise SpindleError(f"unknown profiling device '{device}' (use cpu or cuda)")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpindleError("--device cuda: no CUDA device is available here (try --device cpu)")
 
 
 def profile_graph(
@@ -107,21 +161,30 @@ def profile_graph(
     budget: TimingBudget = TimingBudget(),
     progress: Progress | None = None,
 ) -> Profile:
-    """Time every distinct MetaOp shape of ``graph`` and fit its curve."""
+    """Time every distinct MetaOp shape of ``graph`` in this process and fit its curve (no
+    process group: the step's other costs keep their analytic figures; ``spindle profile
+    --nproc N`` measures them on the backend's workers, ``backends.torch.profiling``)."""
     import torch
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SpindleError("--device cuda: no CUDA device is available here (try --device cpu)")
-    if device not in ("cpu", "cuda"):
-        raise SpindleError(f"unknown profiling device '{device}' (use cpu or cuda)")
+    check_device(device)
     if threads is not None:
         torch.set_num_threads(threads)
-    groups: dict[tuple, list[MetaOp]] = {}
-    for op in graph.metaops:
-        groups.setdefault(shape_key(op), []).append(op)
+    groups = shape_groups(graph)
     entries = []
-    for i, ops in enumerate(groups.values(), start=1):
-        entries.append(_profile_shape(ops, graph, device, points, budget, progress, i, len(groups)))
+    for i, ops in enumerate(groups, start=1):
+        op = ops[0]
+        timings = []
+        for b in shape_batches(ops, graph.cluster.devices, points):
+            args = dict(op.args)
+            seconds = time_layer(op.kind, args, op.tokens, mode_of(op), b, device=device,
+                                 budget=budget)  # fmt: skip
+            timings.append((b, seconds))
+            if progress:
+                progress(
+                    f"[{i}/{len(groups)}] {op.id} ({op.kind}, {op.tokens} tokens, "
+                    f"{mode_of(op)}): batch {b}: {seconds * 1e3:.3f} ms"
+                )
+        entries.append(shape_entry(ops, timings))
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     return Profile(
         device=device,
@@ -131,41 +194,4 @@ def profile_graph(
         dtype="bfloat16" if device == "cuda" else "float32",
         spec=graph.spec_path,
         entries=tuple(entries),
-    )
-
-
-def _profile_shape(
-    ops: Sequence[MetaOp],
-    graph: MetaGraph,
-    device: str,
-    points: int,
-    budget: TimingBudget,
-    progress: Progress | None,
-    index: int,
-    total: int,
-) -> ProfileEntry:
-    op = ops[0]
-    args = dict(op.args)
-    mode = mode_of(op)
-    per_sample = backward_multiplier(op) * get_kind(op.kind).forward_flops(args, op.tokens)
-    largest = max(max(o.batch for o in ops), 1)  # a task the mix leaves out still gets a curve
-    batches = planned_batches(largest, graph.cluster.devices, points)
-    samples = []
-    for b in batches:
-        seconds = time_layer(op.kind, args, op.tokens, mode, b, device=device, budget=budget)
-        samples.append(Sample(b, per_sample * b, seconds))
-        if progress:
-            progress(
-                f"[{index}/{total}] {op.id} ({op.kind}, {op.tokens} tokens, {mode}): "
-                f"batch {b}: {seconds * 1e3:.3f} ms"
-            )
-    fit = fit_piecewise([(s.flops, s.seconds) for s in samples])
-    return ProfileEntry(
-        kind=op.kind,
-        args=tuple(sorted(op.args)),
-        tokens=op.tokens,
-        mode=mode,
-        metaops=tuple(o.id for o in ops),
-        samples=tuple(samples),
-        fit=fit,
     )

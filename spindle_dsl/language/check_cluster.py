@@ -35,6 +35,7 @@ _OVERRIDE_KEYS = (
     "memory_bytes",
     "intra_bandwidth",
     "inter_bandwidth",
+    "cores",  # command line only: the CPU cores cpu devices share (``Cluster.cores``)
 )
 
 
@@ -142,7 +143,7 @@ def _check_overrides(overrides: dict[str, Any], r: Reporter) -> dict[str, Any] |
                     hint="known presets: " + ", ".join(known),
                 )
                 ok = False
-        elif key in ("devices", "devices_per_node"):
+        elif key in ("devices", "devices_per_node", "cores"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 r.error(f"{flag} must be a whole number of at least 1, got {value!r}")
                 ok = False

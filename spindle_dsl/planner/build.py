@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from spindle_dsl.cost.base import CostModel, Curves, SliceMemory, has_slice_memory
+from spindle_dsl.cost.step import StepModel
 from spindle_dsl.errors import PlanError
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 from spindle_dsl.plan.model import (
@@ -43,6 +44,7 @@ class PlanContext:
     recompute: frozenset[str] = frozenset()  # MetaOps that recompute activations in backward
     memo: dict = field(default_factory=dict, compare=False, repr=False)  # slice memory cache
     evaluated: dict = field(default_factory=dict, compare=False, repr=False)  # waves -> Evaluated
+    step: StepModel | None = None  # the runtime's whole step (cost.step), when the model has one
 
     @property
     def per_part(self) -> bool:
@@ -206,7 +208,15 @@ def context(
     for _src, dst, nbytes in flows.edges:  # a MetaOp's first piece pulls its inputs
         weight[dst] = max(weight[dst], nbytes)
     topo = Topology(c.devices, c.devices_per_node, c.device.memory_bytes, partners, weight)
-    return PlanContext(graph, cost, curves, problem, flows, topo, recompute)
+    return PlanContext(
+        graph, cost, curves, problem, flows, topo, recompute, step=step_of(cost, graph)
+    )
+
+
+def step_of(cost: CostModel, graph: MetaGraph) -> StepModel | None:
+    """The cost model's step model of ``graph`` (None for a model without one)."""
+    make = getattr(cost, "step_model", None)
+    return make(graph) if callable(make) else None
 
 
 def _switch_s(graph: MetaGraph, cost: CostModel, flows: Flows, op: OpSpec, n_star: float) -> float:
@@ -231,6 +241,9 @@ def evaluate(ctx: PlanContext, sched: Schedule) -> Evaluated:
         ctx.flows,
         lambda b, s, d: cost.transfer_seconds(b, s, d, cluster),
         lambda b, ds: cost.allreduce_seconds(b, ds, cluster),
+        ctx.step,
+        micro_batches=getattr(ctx, "micro_batches", 1),
+        zero_stage=getattr(ctx, "zero_stage", 1),
     )
     return Evaluated(sched, placement, timing)
 
@@ -246,10 +259,12 @@ def to_plan(
     extra: dict,
 ) -> Plan:
     """The plan file: the format's required fields plus ``breakdown`` (compute_s,
-    transfer_s, grad_sync_s), ``memory_bytes`` (predicted peak per device), ``notes``, and
-    the ``extra`` fields ``make_plan`` adds: ``scheduler`` (asked for), ``candidates_s``
+    transfer_s, grad_sync_s, and with a step model wave_overhead_s, loss_s and optimizer_s:
+    they add up to ``iteration_s``), ``memory_bytes`` (predicted peak per device), ``notes``,
+    and the ``extra`` fields ``make_plan`` adds: ``scheduler`` (asked for), ``candidates_s``
     (iteration time of every schedule considered), ``level_reference_s`` (sum over
-    MetaLevels of the continuous optimum) and ``solver_notes``."""
+    MetaLevels of the continuous optimum) and ``solver_notes``; with a step model also
+    ``step_model`` (``step_model_record``)."""
     graph = ctx.graph
     metaops = tuple(
         PlanMetaOp.of(
@@ -282,12 +297,29 @@ def to_plan(
         lower_bound_s=lower_bound_s,
         baselines=tuple((f"{k}_s", v) for k, v in baselines.items()),
         solver=SolverInfo(sched.name, sched.status, wall_s, sched.gap),
-        breakdown=(
-            ("compute_s", t.compute_s),
-            ("transfer_s", t.transfer_s),
-            ("grad_sync_s", t.grad_sync_s),
-        ),
+        breakdown=t.breakdown(),
         memory_bytes=chosen.placement.memory,
         notes=notes,
-        extra=extra,
+        extra={**extra, **step_model_record(ctx.step, t)},
     )
+
+
+def step_model_record(step: StepModel | None, t: Timing) -> dict:
+    """The plan's ``step_model`` field: how its step was priced (the overheads' source, the
+    cores shared, whether the gradient reduction overlaps the backward and whether the curves
+    carry it) and, per wave, the overhead on top of its layers, in total and per entry, so
+    that ``spindle compare`` can set each wave and MetaOp against the measured run, and its
+    transfers (all per micro-batch pass)."""
+    if step is None:
+        return {}
+    return {
+        "step_model": {
+            "source": step.overheads.source,
+            "cores": step.cores,
+            "reduction_overlap": step.overheads.reduction_overlap,
+            "grad_in_curves": step.grad_in_curves,
+            "wave_extra_s": list(t.wave_extra),
+            "entry_extra_s": [list(e) for e in t.entry_extra],
+            "wave_transfer_s": list(t.wave_transfer),
+        }
+    }

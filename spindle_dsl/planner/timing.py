@@ -9,6 +9,12 @@
 * Gradient sync: a module shared by several MetaOps must sum its gradients over every device
   that holds one of its layers (see ``grad_sync_seconds`` for what is already in T_m(n)),
   queued per device as above.
+
+With a step model (``cost.step.StepModel``, which both built-in cost models give), the
+iteration is the runtime's whole step instead: the waves with CPU cores shared, the input
+stages and per-stage costs of each wave, the loss phase, the gradient reduction as the runtime
+issues it (unless the curves already carry it) and the optimizer, over ``micro_batches``
+passes; ``Timing`` holds each term and ``iteration_s`` is their sum.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from spindle_dsl.cost.step import PieceTime, StepModel
 from spindle_dsl.planner.placement import Placement
 
 TransferFn = Callable[[float, Sequence[int], Sequence[int]], float]
@@ -44,14 +51,46 @@ class Flows:
 
 @dataclass(frozen=True)
 class Timing:
+    """An iteration's time by term (each over all its micro-batch passes); ``durations`` and
+    ``wave_extra`` are one pass's waves."""
+
     compute_s: float
     transfer_s: float
     grad_sync_s: float
     durations: tuple[float, ...]
+    wave_overhead_s: float = 0.0
+    loss_s: float = 0.0
+    optimizer_s: float = 0.0
+    wave_extra: tuple[float, ...] = ()
+    entry_extra: tuple[tuple[float, ...], ...] = ()
+    wave_transfer: tuple[float, ...] = ()  # per wave: transfers at its boundary (one pass)
+    stepped: bool = False  # priced by a step model (the breakdown then has every term)
 
     @property
     def iteration_s(self) -> float:
-        return self.compute_s + self.transfer_s + self.grad_sync_s
+        return (
+            self.compute_s
+            + self.transfer_s
+            + self.grad_sync_s
+            + self.wave_overhead_s
+            + self.loss_s
+            + self.optimizer_s
+        )
+
+    def breakdown(self) -> tuple[tuple[str, float], ...]:
+        """The plan's ``breakdown``: the three classic terms, and the step model's when set."""
+        terms = [
+            ("compute_s", self.compute_s),
+            ("transfer_s", self.transfer_s),
+            ("grad_sync_s", self.grad_sync_s),
+        ]
+        if self.stepped:
+            terms += [
+                ("wave_overhead_s", self.wave_overhead_s),
+                ("loss_s", self.loss_s),
+                ("optimizer_s", self.optimizer_s),
+            ]
+        return tuple(terms)
 
 
 def _charge(load: dict[int, float], devices: Sequence[int], seconds: float) -> None:
@@ -65,11 +104,73 @@ def time_placement(
     flows: Flows,
     transfer: TransferFn,
     allreduce: AllreduceFn,
+    step: StepModel | None = None,
+    *,
+    micro_batches: int = 1,
+    zero_stage: int = 1,
 ) -> Timing:
-    """Iteration time of ``placement``; ``seconds(op, n)`` is T_op(n) per layer."""
+    """Iteration time of ``placement``; ``seconds(op, n)`` is T_op(n) per layer. With a
+    ``step`` model, the runtime's whole step over ``micro_batches`` passes (module docstring)."""
+    if step is not None:
+        return _time_step(
+            placement, seconds, flows, transfer, allreduce, step, micro_batches, zero_stage
+        )
     durations = tuple(
         max((p.layers * seconds(p.op, p.n) for p in w), default=0.0) for w in placement.waves
     )
+    return Timing(
+        sum(durations),
+        _transfer_seconds(placement, flows, transfer),
+        grad_sync_seconds(placement, flows, allreduce),
+        durations,
+    )
+
+
+def _time_step(
+    placement: Placement,
+    seconds: Callable[[str, int], float],
+    flows: Flows,
+    transfer: TransferFn,
+    allreduce: AllreduceFn,
+    step: StepModel,
+    micro_batches: int,
+    zero_stage: int,
+) -> Timing:
+    k = max(1, micro_batches)
+    waves = [
+        [PieceTime(p.op, p.first, p.end, p.devices, p.layers * seconds(p.op, p.n)) for p in w]
+        for w in placement.waves
+    ]
+    price = step.price(waves, micro_batches=k, zero_stage=zero_stage)
+    moves = _wave_transfers(placement, flows, transfer, 1.0 / k)
+    reduction = (
+        grad_sync_seconds(placement, flows, allreduce) if step.grad_in_curves else price.grad_sync_s
+    )
+    grad = reduction + price.closing_s
+    return Timing(
+        compute_s=k * sum(price.durations),
+        transfer_s=k * sum(moves),
+        grad_sync_s=grad,
+        durations=price.durations,
+        wave_overhead_s=k * sum(price.wave_extra),
+        loss_s=k * price.loss_s,
+        optimizer_s=price.optimizer_s,
+        wave_extra=price.wave_extra,
+        entry_extra=price.entry_extra,
+        wave_transfer=moves,
+        stepped=True,
+    )
+
+
+def _transfer_seconds(placement: Placement, flows: Flows, transfer: TransferFn) -> float:
+    return sum(_wave_transfers(placement, flows, transfer))
+
+
+def _wave_transfers(
+    placement: Placement, flows: Flows, transfer: TransferFn, share: float = 1.0
+) -> tuple[float, ...]:
+    """Per wave, the activation moves into it and their gradients back out (module
+    docstring), of ``share`` of the batch (one micro-batch pass)."""
     last: dict[str, tuple[int, ...]] = {}
     fwd: list[dict[int, float]] = [{} for _ in placement.waves]
     bwd: list[dict[int, float]] = [{} for _ in placement.waves]
@@ -88,18 +189,16 @@ def time_placement(
             for src_devs, nbytes, back in moves:
                 if set(src_devs) == set(p.devices):
                     continue
-                t = transfer(nbytes, src_devs, p.devices)
+                t = transfer(nbytes * share, src_devs, p.devices)
                 _charge(fwd[wi], (*src_devs, *p.devices), t)
                 if back:
-                    t_back = transfer(nbytes, p.devices, src_devs)
+                    t_back = transfer(nbytes * share, p.devices, src_devs)
                     _charge(bwd[wi], (*src_devs, *p.devices), t_back)
         for p in wave:
             last[p.op] = p.devices
-    transfer_s = sum(max(x.values(), default=0.0) for x in fwd) + sum(
-        max(x.values(), default=0.0) for x in bwd
-    )
-    return Timing(
-        sum(durations), transfer_s, grad_sync_seconds(placement, flows, allreduce), durations
+    return tuple(
+        max(f.values(), default=0.0) + max(b.values(), default=0.0)
+        for f, b in zip(fwd, bwd, strict=True)
     )
 
 

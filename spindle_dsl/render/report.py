@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from html import escape
 from pathlib import Path
+from typing import Any
 
 from spindle_dsl import __version__
 from spindle_dsl.atomic import write_atomic
+from spindle_dsl.errors import SpindleError
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.plan.bundle import PlanBundle
 from spindle_dsl.plan.model import Plan
@@ -192,10 +194,46 @@ def _memory(plan: Plan, warnings: list[str]) -> str:
     return notice + _figure("Memory", _img(svg, "image/svg+xml", "memory per device"), "") + table
 
 
+def _measured(plan: Plan, trace: Mapping[str, Any], colours: Palette) -> tuple[str, float]:
+    """The measured step under the prediction, on one time scale, and the largest misses."""
+    from spindle_dsl.render.compare import compare
+    from spindle_dsl.render.measured import read_measured
+    from spindle_dsl.render.measured_timeline import measured_timeline_bytes
+
+    run = read_measured(trace)
+    total = max(plan.iteration_s, run.step_s)
+    rows = compare(plan, run)
+    body = "".join(
+        f"<tr><td>{escape(r.kind)}</td><td>{escape(r.name)}</td>"
+        f"<td class='num'>{escape(fmt_seconds(r.predicted_s))}</td>"
+        f"<td class='num'>{escape(fmt_seconds(r.measured_s))}</td>"
+        f"<td class='num'>{r.miss_s * 1e3:+.2f} ms</td></tr>"
+        for r in rows[:16]
+    )
+    picture = _figure(
+        "Measured step",
+        _img(measured_timeline_bytes(plan, trace, "svg", colours, total), "image/svg+xml",
+             "measured step"),
+        f"A measured step (the median of steps {run.kept[0]}..{run.kept[-1]}) on the same time "
+        "scale as the predicted timeline above.",
+    )  # fmt: skip
+    table = (
+        "<table><tr><th></th><th>what</th><th class='num'>predicted</th>"
+        "<th class='num'>measured</th><th class='num'>miss</th></tr>" + body + "</table>"
+    )
+    return picture + "<h3>Predicted against measured, largest miss first</h3>" + table, total
+
+
 def _plan_body(
-    plan: Plan, graph: MetaGraph | None, colours: Palette, warnings: list[str], level: int = 2
+    plan: Plan,
+    graph: MetaGraph | None,
+    colours: Palette,
+    warnings: list[str],
+    level: int = 2,
+    measured: Mapping[str, Any] | None = None,
 ) -> str:
-    """Everything the page says about one plan, its headings at ``level``."""
+    """Everything the page says about one plan, its headings at ``level``; ``measured`` (a
+    measured trace of a run of it) adds a measured step under the predicted timeline."""
     legend = "".join(
         f"<span><span class='sw' style='background:{c.base}'></span>{escape(c.task)}</span>"
         for c in colours.colours
@@ -214,9 +252,10 @@ def _plan_body(
         "Waves top to bottom; grey arrows are activations that cross device groups.",
         warnings,
     )
+    measured_html, total = _measured(plan, measured, colours) if measured else ("", 0.0)
     tl = _figure(
         "Timeline",
-        _img(timeline_bytes(plan, "svg", colours), "image/svg+xml", "timeline"),
+        _img(timeline_bytes(plan, "svg", colours, total), "image/svg+xml", "timeline"),
         "Devices down, time across; hatched areas are idle devices.",
     )
     notes = "".join(f"<li>{escape(n)}</li>" for n in plan.notes)
@@ -225,7 +264,7 @@ def _plan_body(
 <p class="legend">{legend}</p>
 {"<ul>" + notes + "</ul>" if notes else ""}
 <{h}>MetaGraph</{h}>{mg}
-<{h}>Timeline</{h}>{tl}
+<{h}>Timeline</{h}>{tl}{measured_html}
 <{h}>Wave plan</{h}>{wv}
 <{h}>Waves</{h}>{_wave_table(plan, colours)}
 <{h}>Baselines</{h}>{_baselines(plan)}
@@ -256,11 +295,15 @@ def _cluster_line(plan: Plan) -> str:
     )
 
 
-def build_report(plan: Plan, graph: MetaGraph | None = None) -> Report:
+def build_report(
+    plan: Plan, graph: MetaGraph | None = None, measured: Mapping[str, Any] | None = None
+) -> Report:
     """The page for ``plan``; ``graph`` (when known) gives the MetaGraph picture its modalities
-    and frozen marks, otherwise it is drawn from the MetaOps the plan records."""
+    and frozen marks, otherwise it is drawn from the MetaOps the plan records. ``measured``, a
+    measured trace of a run of the plan (``spindle train --trace``), adds a measured step under
+    the predicted timeline and the largest misses of the prediction."""
     warnings: list[str] = []
-    body = _plan_body(plan, graph, plan_palette(plan), warnings)
+    body = _plan_body(plan, graph, plan_palette(plan), warnings, measured=measured)
     sub = f"{escape(plan.spec.path)} · mix {escape(plan.spec.mix or '-')} · {_cluster_line(plan)}"
     title = f"Spindle plan: {Path(plan.spec.path).name}"
     return Report(_page(title, sub, body, plan.spec.sha256), tuple(warnings))
@@ -330,11 +373,18 @@ def write_report(
     path: str | os.PathLike[str],
     plan: Plan | PlanBundle,
     graph: MetaGraph | Mapping[str, MetaGraph] | None = None,
+    measured: Mapping[str, Any] | None = None,
 ) -> Report:
-    """Build the page (of a plan, or of a schedule's bundle) and write it atomically."""
+    """Build the page (of a plan, or of a schedule's bundle) and write it atomically;
+    ``measured``: a measured trace of a run of the plan (one plan only)."""
     if isinstance(plan, PlanBundle):
+        if measured is not None:
+            raise SpindleError(
+                "a measured trace goes with one plan, not a bundle of phases: report one "
+                "phase's plan with it"
+            )
         report = build_bundle_report(plan, graph if isinstance(graph, Mapping) else None)
     else:
-        report = build_report(plan, graph if isinstance(graph, MetaGraph) else None)
+        report = build_report(plan, graph if isinstance(graph, MetaGraph) else None, measured)
     write_atomic(Path(path), report.html)
     return report

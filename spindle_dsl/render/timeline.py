@@ -49,8 +49,11 @@ def _label_fit(
     return None
 
 
-def timeline_figure(plan: Plan, colours: Palette | None = None):  # -> matplotlib Figure
-    """Build the figure (not saved): callers pick the format."""
+def timeline_figure(
+    plan: Plan, colours: Palette | None = None, total_s: float = 0.0
+):  # -> matplotlib Figure
+    """Build the figure (not saved): callers pick the format. ``total_s`` lengthens the time
+    axis (the report draws a measured step under it on one scale)."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch, Rectangle
     from matplotlib.transforms import blended_transform_factory
@@ -58,7 +61,7 @@ def timeline_figure(plan: Plan, colours: Palette | None = None):  # -> matplotli
     colours = colours or plan_palette(plan)
     placed = placed_entries(plan)
     devices = plan.cluster.devices
-    total = max(plan.iteration_s, sum(w.duration_s for w in plan.waves), 1e-12)
+    total = max(plan.iteration_s, sum(w.duration_s for w in plan.waves), total_s, 1e-12)
     scale, unit = time_unit(total)
     row_in = 0.32 if devices <= 16 else max(0.14, 9.0 / devices)
     height = min(2.2 + devices * row_in, 18.0)
@@ -201,7 +204,9 @@ def timeline_figure(plan: Plan, colours: Palette | None = None):  # -> matplotli
     return fig
 
 
-def timeline_bytes(plan: Plan, fmt: str = "svg", colours: Palette | None = None) -> bytes:
+def timeline_bytes(
+    plan: Plan, fmt: str = "svg", colours: Palette | None = None, total_s: float = 0.0
+) -> bytes:
     """The timeline as SVG, PNG or PDF bytes (no ``dot`` needed)."""
     if fmt not in TIMELINE_FORMATS:
         raise SpindleError(
@@ -209,7 +214,7 @@ def timeline_bytes(plan: Plan, fmt: str = "svg", colours: Palette | None = None)
         )
     import matplotlib
 
-    fig = timeline_figure(plan, colours)
+    fig = timeline_figure(plan, colours, total_s)
     buf = io.BytesIO()
     meta = {"Date": None} if fmt == "svg" else {}
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "spindle"}):

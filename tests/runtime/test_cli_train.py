@@ -29,6 +29,7 @@ def test_train_writes_log_trace_checkpoint_and_summary(tmp_path, shared_dir, cap
         assert x["seconds"] > 0 and all(4 < v < 8 for v in x["loss"].values())  # ~ln(512)
     assert "plan: paper" in out and "measured" in out and "predicted" in out
     assert "optimizer state per rank:" in out
+    assert "where the time goes" in out and "largest misses" in out  # predicted vs measured
     assert "step 2/2" in err  # the progress line
     events = json.loads(trace.read_text())
     assert check_trace(events) == []

@@ -1,0 +1,331 @@
+"""The measurements behind ``spindle profile --nproc N``, each run on every rank at once.
+
+Every function here is a collective: all ranks call it with the same arguments, and it returns
+what it measured on rank 0 (None elsewhere). Each timing point starts with a barrier, so the
+ranks that measure compute do so side by side, contending for memory bandwidth and caches as
+the workers of a run do. Compute is timed on ``active`` ranks only, as many as the machine has
+cores (the rest wait in the barrier, asleep): timing more processes than cores would measure
+the OS time-slicing, which the step model prices per wave instead (``cost.step``). Collectives
+and point-to-point exchange run on all the ranks they involve, as in a run. Times are means of
+repeats (``time_repeats``, ``ProfileSettings.budget``): a run's stages pay for whatever time
+other processes take of the cores, so the profile does too.
+
+The inputs and losses are timed with the runtime's own code: ``TaskData`` reads the batch
+(synthetic data is generated per sample, a real cost), ``build_part`` builds the input stage or
+the LM head exactly as a rank does, and ``losses`` computes the loss as the executor does.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.optim.adamw import adamw
+
+from spindle_dsl.cost.profiler import TimingBudget, planned_batches, time_layer
+from spindle_dsl.cost.step_parts import SinkLoss
+from spindle_dsl.metagraph import MetaGraph, MetaOp
+
+from . import losses as L
+from .data import TaskData
+from .params import build_part
+from .parts import Part
+from .zero import _all_gather, _reduce_scatter
+
+Beat = Callable[[str], None]
+# Every rank of a collective must run it as often as the others: a fixed count, never "until
+# enough time has passed", which each rank would judge by its own clock.
+COMM_BUDGET = TimingBudget(
+    warmup=1, min_repeats=7, max_repeats=7, min_seconds=0.0, statistic="mean"
+)
+
+
+def time_repeats(step: Callable[[], None], budget: TimingBudget, sync: Callable[[], None]) -> float:
+    """Seconds of ``step`` after warm-up, repeated and summarised as ``budget`` says."""
+    for _ in range(budget.warmup):
+        step()
+    times: list[float] = []
+    while len(times) < budget.max_repeats and (
+        len(times) < budget.min_repeats or sum(times) < budget.min_seconds
+    ):
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    return budget.summary(times)
+
+
+def _gather_mean(value: float | None, rank: int, world: int) -> float | None:
+    """Rank 0 gets the mean of the values the ranks that measured sent (None elsewhere)."""
+    got: list[float | None] = [None] * world if rank == 0 else []
+    dist.gather_object(value, got if rank == 0 else None, dst=0)
+    if rank != 0:
+        return None
+    vals = [v for v in got if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+class Probe:
+    """What every measurement needs: who this rank is, where and how to time, and whom to
+    tell (heartbeat) that it is alive."""
+
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        active: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        budget: TimingBudget,
+        beat: Beat,
+    ):
+        self.rank, self.world, self.active = rank, world, active
+        self.device, self.dtype, self.budget, self.beat = device, dtype, budget, beat
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def compute(self, what: str, step: Callable[[], None] | None) -> float | None:
+        """Time ``step`` on the active ranks side by side; rank 0 gets their mean."""
+        self.beat(what)
+        dist.barrier()
+        mine = None
+        if self.rank < self.active and step is not None:
+            mine = time_repeats(step, self.budget, self.sync)
+        return _gather_mean(mine, self.rank, self.world)
+
+
+# --- layers, input stages, losses -----------------------------------------------------------
+
+
+def layer_seconds(probe: Probe, op: MetaOp, mode: str, batch: int) -> float | None:
+    """One layer of ``op``'s shape, forward (+ backward), at a per-device ``batch``."""
+    args = dict(op.args)
+    seconds: list[float] = []
+
+    def step() -> None:  # time_layer does its own repeats; run it once per call
+        where = str(probe.device)
+        seconds.append(
+            time_layer(op.kind, args, op.tokens, mode, batch, device=where, budget=probe.budget)  # type: ignore[arg-type]
+        )
+
+    probe.beat(f"layer {op.id} batch {batch}")
+    dist.barrier()
+    mine = None
+    if probe.rank < probe.active:
+        step()
+        mine = seconds[0]
+    return _gather_mean(mine, probe.rank, probe.world)
+
+
+def input_stage_seconds(
+    probe: Probe,
+    graph: MetaGraph,
+    data: TaskData,
+    op: MetaOp,
+    modality: str,
+    tokens: int,
+    batch: int,
+) -> float | None:
+    """Reading ``batch`` rows of the task and running ``op``'s input stage for ``modality`` on
+    them, forward and (when it trains) backward, as the executor's first stage does."""
+    first = op.segments[0][0]
+    stage = build_part(graph, Part(first, f"input.{modality}"), 0, probe.dtype, probe.device)
+    trains = any(p.requires_grad for p in stage.parameters())
+
+    def step() -> None:
+        raw = data.rows(op.task, 0, 0, batch)
+        with torch.set_grad_enabled(trains):
+            out = stage(raw[modality][:, :tokens])
+            if trains:
+                out.backward(torch.ones_like(out))
+
+    return probe.compute(f"input stage {op.id}:{modality} batch {batch}", step)
+
+
+def loss_seconds(
+    probe: Probe, graph: MetaGraph, data: TaskData, sink: SinkLoss, batch: int
+) -> float | None:
+    """One sink's loss head on ``batch`` samples of its output, forward and backward, as the
+    executor's loss phase computes it (reading the batch's targets included)."""
+    op = graph.op(sink.sink)
+    grad = op.needs_backward
+    y = torch.randn(batch, op.out_tokens, op.out_width, dtype=probe.dtype, device=probe.device)
+    y.requires_grad_(grad)
+    head = None
+    if sink.loss == "lm":
+        head = build_part(graph, Part.from_key(sink.head_part or ""), 0, probe.dtype, probe.device)
+        where = L.lm_target(graph, sink.sink)
+
+    def step() -> None:
+        raw = data.rows(sink.task, 0, 0, batch)
+        if sink.loss == "lm":
+            assert head is not None
+            part = L.lm_loss_part(head, y, raw[where.modality], where, batch)
+        elif sink.loss == "mse":
+            part = L.mse_loss_part(y, raw[f"target:{sink.sink}"], batch)
+        else:
+            r = L.readout(y)
+            part = L.infonce(r, r.detach().flip(0))
+        float(part.detach())
+        if part.requires_grad:
+            part.backward()
+
+    return probe.compute(f"loss {sink.task}/{sink.sink} batch {batch}", step)
+
+
+# --- communication --------------------------------------------------------------------------
+
+
+def collective_seconds(
+    probe: Probe, kind: str, nbytes: int, ranks: Sequence[int], group: dist.ProcessGroup | None
+) -> float | None:
+    """One collective over ``ranks`` on a buffer of ``nbytes`` in all (the gradient it sums,
+    scatters or gathers), the way the runtime calls it; rank 0 (always a member) times it."""
+    probe.beat(f"{kind} {len(ranks)} ranks {nbytes} bytes")
+    dist.barrier()
+    mine = None
+    if probe.rank in ranks:
+        g = len(ranks)
+        elem = torch.tensor([], dtype=probe.dtype).element_size()
+        chunk = max(1, nbytes // (elem * g))
+        rows = torch.ones(g * chunk, dtype=probe.dtype, device=probe.device)
+        mine_row = torch.ones(chunk, dtype=probe.dtype, device=probe.device)
+
+        def step() -> None:
+            if kind == "all_reduce":
+                dist.all_reduce(rows, group=group)
+            elif kind == "reduce_scatter":
+                _reduce_scatter(mine_row, rows, group=group)
+            else:
+                _all_gather(rows, mine_row, group=group)
+
+        mine = time_repeats(step, COMM_BUDGET, probe.sync)
+    return mine if probe.rank == 0 else None
+
+
+def exchange_seconds(probe: Probe, nbytes: int) -> float | None:
+    """An exchange phase: ranks in pairs (0-1, 2-3, ...) each send and receive ``nbytes`` with
+    one ``batch_isend_irecv``, all pairs at once, as a wave boundary moves activations."""
+    probe.beat(f"exchange {nbytes} bytes")
+    dist.barrier()
+    peer = probe.rank ^ 1
+    mine = None
+    if peer < probe.world:
+        elem = torch.tensor([], dtype=probe.dtype).element_size()
+        count = max(1, nbytes // elem)
+        out = torch.ones(count, dtype=probe.dtype, device=probe.device)
+        into = torch.empty(count, dtype=probe.dtype, device=probe.device)
+
+        def step() -> None:
+            ops = [
+                dist.P2POp(dist.isend, out, peer, tag=1),
+                dist.P2POp(dist.irecv, into, peer, tag=1),
+            ]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+        mine = time_repeats(step, COMM_BUDGET, probe.sync)
+    return mine if probe.rank == 0 else None
+
+
+# --- optimizer and fixed costs --------------------------------------------------------------
+
+
+def optimizer_seconds(probe: Probe, nbytes: int) -> float | None:
+    """AdamW on a flat shard of ``nbytes`` of parameters, as the sharded optimizer steps it
+    (torch's functional AdamW, per tensor, fp32 state)."""
+    elem = torch.tensor([], dtype=probe.dtype).element_size()
+    n = max(1, nbytes // elem)
+    sdtype = probe.dtype if torch.finfo(probe.dtype).bits >= 32 else torch.float32
+    w, g, m, v = (torch.rand(n, dtype=sdtype, device=probe.device) for _ in range(4))
+    step_t = torch.tensor(0.0)
+    hyper = dict(lr=1e-3, weight_decay=0.01, beta1=0.9, beta2=0.999, eps=1e-8)
+
+    def step() -> None:
+        adamw([w], [g], [m], [v], [], [step_t], foreach=False, amsgrad=False, maximize=False,
+              **hyper)  # fmt: skip
+
+    return probe.compute(f"optimizer {nbytes} bytes", step)
+
+
+def copy_seconds(probe: Probe, nbytes: int) -> float | None:
+    """Gradients into a flat buffer and weights back out of it: two copies of ``nbytes``."""
+    elem = torch.tensor([], dtype=probe.dtype).element_size()
+    n = max(2, nbytes // elem)
+    a = torch.rand(n // 2, dtype=probe.dtype, device=probe.device)
+    b = torch.rand(n - n // 2, dtype=probe.dtype, device=probe.device)
+    back = torch.empty(n, dtype=probe.dtype, device=probe.device)
+
+    def step() -> None:
+        flat = torch.cat([a, b])
+        back.copy_(flat)
+
+    return probe.compute(f"copy {nbytes} bytes", step)
+
+
+def part_seconds(probe: Probe, graph: MetaGraph, key: str) -> float | None:
+    """The optimizer's per-part work on one holder of part ``key`` (built as a rank builds it):
+    its gradients flattened into the bucket's buffer, its weights copied into the holder's row
+    and, after the update, back into each parameter tensor by tensor."""
+    module = build_part(graph, Part.from_key(key), 0, probe.dtype, probe.device)
+    params = [t for t in module.parameters() if t.requires_grad]
+    if not params:
+        return None
+    for t in params:
+        t.grad = torch.randn_like(t)
+    n = sum(t.numel() for t in params)
+    row = torch.empty(n, dtype=probe.dtype, device=probe.device)
+    own = torch.empty(n, dtype=probe.dtype, device=probe.device)
+
+    def step() -> None:
+        with torch.no_grad():
+            row.copy_(torch.cat([t.grad.reshape(-1) for t in params]))
+            start = 0
+            for t in params:
+                own[start : start + t.numel()].copy_(t.reshape(-1))
+                start += t.numel()
+            start = 0
+            for t in params:
+                t.copy_(row[start : start + t.numel()].view_as(t))
+                start += t.numel()
+
+    return probe.compute(f"optimizer work of part {key}", step)
+
+
+def stage_seconds(probe: Probe) -> float | None:
+    """A stage's fixed cost beyond its layers: the two heartbeats (forward and backward), an
+    output-gradient buffer and an autograd call, as the executor spends them per wave."""
+    x = torch.ones(4, 4, dtype=probe.dtype, device=probe.device, requires_grad=True)
+
+    def step() -> None:
+        probe.beat("stage forward")
+        y = x * 2.0
+        grad = torch.zeros_like(y)
+        probe.beat("stage backward")
+        torch.autograd.backward(y, grad)
+
+    return probe.compute("stage bookkeeping", step)
+
+
+def log_sizes(lo: int, hi: int, points: int) -> tuple[int, ...]:
+    """``points`` sizes from ``lo`` to ``hi`` bytes, evenly spread on a log scale."""
+    hi = max(hi, lo)
+    if points <= 1 or hi == lo:
+        return (hi,)
+    a, b = math.log(lo), math.log(hi)
+    return tuple(sorted({int(math.exp(a + (b - a) * i / (points - 1))) for i in range(points)}))
+
+
+def batches_for(batch: int, devices: int, points: int) -> tuple[int, ...]:
+    """Per-device batches a task's shards take on up to ``devices`` devices."""
+    return planned_batches(max(batch, 1), devices, points)
+
+
+def layer_mode(op: MetaOp) -> str:
+    return "forward" if not op.needs_backward else ("input_grad" if op.frozen else "train")

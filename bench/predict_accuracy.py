@@ -1,0 +1,153 @@
+"""Predicted against measured step time, spec by spec and plan by plan, profiled in the same run.
+
+For each case (a spec on N worker processes) it runs, back to back, what a user runs:
+
+    spindle profile SPEC --devices N --nproc N --out P.json
+    spindle train SPEC --devices N --nproc N --steps S --profile P.json --scheduler X \\
+        --trace T.json --summary-json J.json        (X = default, then sequential)
+
+and prints each plan's predicted step time (the plan's ``iteration_s``), the measured one (the
+median of steps 2..S), their ratio, whether it is within the target (25%; 35% with more
+processes than cores), and the step term that misses most (``spindle compare``). The machine's
+load average is printed when the case was profiled and after each run: on a shared machine the
+figures move with it, and a profile made under another load than the run predicts another
+machine.
+
+    .venv/bin/python bench/predict_accuracy.py [--steps 8] [--cases tiny_mm@2 cpu_medium@2 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SPECS = {
+    "tiny_mm": REPO / "examples" / "tiny_mm.spindle",
+    "cpu_medium": REPO.parent / "shared" / "spec" / "cpu_medium.spindle",
+    "frozen_towers": REPO / "bench" / "specs" / "frozen_towers.spindle",
+    "wide_adapters": REPO / "bench" / "specs" / "wide_adapters.spindle",
+    "long_text": REPO / "bench" / "specs" / "long_text.spindle",
+}
+DEFAULT_CASES = (
+    "tiny_mm@2",
+    "cpu_medium@2",
+    "frozen_towers@2",
+    "wide_adapters@2",
+    "long_text@2",
+    "tiny_mm@4",
+)
+SCHEDULERS = ("default", "sequential")
+
+
+def spindle(*args: str) -> None:
+    """Run one spindle command as a user would; stop the bench if it fails."""
+    done = subprocess.run(
+        [sys.executable, "-m", "spindle_dsl", *args], capture_output=True, text=True, check=False
+    )
+    if done.returncode:
+        sys.exit(f"spindle {' '.join(args)} failed:\n{done.stderr}")
+
+
+def worst_term(plan_file: Path, trace_file: Path) -> str:
+    """The step term the prediction misses most, as ``spindle compare`` ranks them."""
+    from spindle_dsl.plan.model import Plan
+    from spindle_dsl.render.compare import compare
+    from spindle_dsl.render.measured import load_trace, read_measured
+
+    rows = compare(Plan.read(plan_file), read_measured(load_trace(trace_file)))
+    term = next((r for r in rows if r.kind == "term"), None)
+    if term is None:
+        return "-"
+    return f"{term.name} {term.predicted_s * 1e3:.1f}/{term.measured_s * 1e3:.1f} ms"
+
+
+def run_case(name: str, nproc: int, steps: int, work: Path) -> list[dict]:
+    spec = str(SPECS[name])
+    common = ("--devices", str(nproc), "--nproc", str(nproc))
+    profile = work / f"{name}-{nproc}-profile.json"
+    load_profile = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    spindle("profile", spec, *common, "--out", str(profile), "-q")
+    profiled_s = time.perf_counter() - t0
+    out = []
+    for scheduler in SCHEDULERS:
+        stem = work / f"{name}-{nproc}-{scheduler}"
+        plan, trace, summary = (Path(f"{stem}-{x}.json") for x in ("plan", "trace", "summary"))
+        spindle("plan", spec, "--devices", str(nproc), "--profile", str(profile),
+                "--scheduler", scheduler, "--out", str(plan), "--quiet")  # fmt: skip
+        spindle("train", spec, *common, "--steps", str(steps), "--plan", str(plan),
+                "--trace", str(trace), "--summary-json", str(summary), "--no-progress")  # fmt: skip
+        s = json.loads(summary.read_text())
+        out.append(
+            {
+                "spec": name,
+                "ranks": nproc,
+                "plan": scheduler,
+                "predicted_s": s["predicted_step_s"],
+                "measured_s": s["measured_step_s"],
+                "profile_s": profiled_s,
+                "load": (load_profile, os.getloadavg()[0]),  # when profiling, after the run
+                "worst_term": worst_term(plan, trace),
+            }
+        )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), metavar="SPEC@N")
+    ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    ap.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="keep the profiles, plans, traces and summaries here (for spindle compare)",
+    )
+    args = ap.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    load_before = os.getloadavg()[0]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="predict-accuracy-") as scratch:
+        tmp = args.keep or scratch
+        Path(tmp).mkdir(parents=True, exist_ok=True)
+        for case in args.cases:
+            name, _, n = case.partition("@")
+            if name not in SPECS or not n.isdigit():
+                sys.exit(f"unknown case {case!r} (known specs: {', '.join(SPECS)}; write SPEC@N)")
+            if not SPECS[name].exists():
+                print(f"skipping {case}: {SPECS[name]} is absent", file=sys.stderr)
+                continue
+            rows += run_case(name, int(n), args.steps, Path(tmp))
+    load_after = os.getloadavg()[0]
+    print(
+        f"\npredicted vs measured step time: gloo workers on {cores} CPU cores, float32, "
+        f"median of steps 2..{args.steps}; load average {load_before:.1f} before, "
+        f"{load_after:.1f} after"
+    )
+    print(
+        f"{'spec':<15}{'ranks':>6}  {'plan':<11}{'predicted s':>12}{'measured s':>12}"
+        f"{'meas/pred':>10}  {'target':<7}{'profile s':>10}{'load':>10}  worst term (pred/meas)"
+    )
+    for r in rows:
+        ratio = r["measured_s"] / r["predicted_s"]
+        limit = 0.35 if r["ranks"] > cores else 0.25
+        ok = "ok" if abs(ratio - 1) <= limit else "MISS"
+        print(
+            f"{r['spec']:<15}{r['ranks']:>6}  {r['plan']:<11}{r['predicted_s']:>12.4f}"
+            f"{r['measured_s']:>12.4f}{ratio:>10.2f}  {ok:<7}{r['profile_s']:>10.1f}"
+            f"{r['load'][0]:>5.1f}{r['load'][1]:>5.1f}  {r['worst_term']}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,343 @@
+"""One model of a training step: the waves, and everything the runtime does around them.
+
+The curves T_m(n) price one layer's forward and backward. A step of the runtime
+(``backends/torch``) does more, and this module prices each of it once, for the planner
+(``planner.timing`` via ``planner.build``) and for the run summary and ``spindle compare``
+alike, so that what a plan predicts and what a run is compared against are the same sums.
+Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``iteration_s``:
+
+- ``compute_s``: the waves, once per micro-batch pass. A wave lasts as long as its slowest
+  device; on a CPU node whose computing devices outnumber its cores, they share the cores
+  (processor sharing: every running worker progresses at ``cores / running`` of a core, the
+  way the OS time-slices single-threaded processes; a rank blocked in a gloo receive sleeps
+  and costs nothing, measured), so a wave lasts the makespan of its devices' work on
+  ``cores`` cores (``shared_makespan``).
+- ``wave_overhead_s``: per wave, what a rank does beyond its layers, priced the same way:
+  its MetaOp's input stages on the MetaOp's first entry (reading the raw batch, the
+  embedding, patch or feature projection, forward and backward) and a fixed cost per stage
+  (``wave_s``: the step loop's bookkeeping, the autograd call, the exchange handshake).
+- ``transfer_s``: activations crossing device groups at wave boundaries (``planner.timing``,
+  with the cost model's point-to-point price).
+- ``loss_s``: the loss phase after the last forward wave: each device computes the loss heads
+  of the sinks whose last entry it runs (lm: vocab head and cross-entropy; mse; contrastive:
+  pooled readouts, InfoNCE of the whole batch on one device), forward and backward.
+- ``grad_sync_s``: gradient reduction as the runtime issues it, and the step's closing
+  all-reduce of the losses over every rank (which also lines the ranks up). A parameter part
+  (a layer, an input stage, an LM head) is summed over the ranks holding it; parts with the
+  same holders form buckets (capped in size), one collective each: a reduce-scatter then,
+  after the update, an all-gather of the weights (ZeRO-1, ``zero_stage`` 1), an all-reduce
+  (``zero_stage`` 0), or with ZeRO-2 a reduce-scatter in every micro-batch pass. A rank
+  issues its buckets one after another, so the slowest rank's sum counts.
+  ``cost.overheads.REDUCTION_OVERLAP`` says whether a bucket's reduction starts as soon as its
+  parts' last backward is done on the rank and runs under the backward still to come (then
+  only what sticks out past the backward counts), or only after the whole backward (the
+  runtime before bucketed asynchronous reduction).
+- ``optimizer_s``: AdamW over what each rank owns (its ZeRO shard of every part it holds) plus
+  the per-part work of every part it holds (gradients into the flat buffer, weights out again,
+  tensor by tensor), slowest rank.
+
+With ``micro_batches`` k the waves, their overheads, the transfers and the losses run k times;
+the reduction (unless ZeRO-2) and the optimizer once. ``StepOverheads`` holds the machine's
+figures: measured by ``spindle profile --nproc N`` on the backend's own processes, or the
+analytic defaults of ``cost.overheads`` (assumptions, each documented). A cost model whose curves
+already include the gradient all-reduce of every layer (the analytic model, after Spindle's
+``T(n) = alpha + beta c + beta' w / n``) says so with ``grad_in_curves``; the planner then
+adds only what summing shared modules costs beyond it, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from spindle_dsl.cost import comm
+from spindle_dsl.cost.overheads import StepOverheads
+from spindle_dsl.cost.step_parts import OpStep, SinkLoss, op_steps, sink_losses
+from spindle_dsl.metagraph import MetaGraph
+
+
+@dataclass(frozen=True)
+class PieceTime:
+    """One piece of a wave as the step model sees it: layers ``[first, end)`` of ``op`` on
+    ``devices``, whose layers take ``seconds`` (layers x T_op(n))."""
+
+    op: str
+    first: int
+    end: int
+    devices: tuple[int, ...]
+    seconds: float
+
+
+@dataclass
+class Held:
+    """A trainable part as the reduction sees it (mutable while the waves are read)."""
+
+    nbytes: float  # its gradient
+    devices: set[int]  # the ranks holding it
+    wave: int  # the earliest wave running it: its last backward ends there
+    order: int  # when the forward pass first met it
+
+
+@dataclass(frozen=True)
+class StepPrice:
+    """One step priced (seconds; per pass where it says so)."""
+
+    durations: tuple[float, ...]  # per wave: its layers, cores shared (one pass)
+    wave_extra: tuple[float, ...]  # per wave: input stages and stage costs on top (one pass)
+    entry_extra: tuple[tuple[float, ...], ...]  # per wave and piece: its own extra, unshared
+    loss_s: float  # one pass
+    grad_sync_s: float  # the step's exposed gradient reduction (runtime-style)
+    optimizer_s: float
+    closing_s: float = 0.0  # the step's last collective: the losses summed over every rank
+
+
+def shared_makespan(lengths: Sequence[float], cores: int | None) -> float:
+    """When jobs of these lengths (seconds on a core of their own) all start together on
+    ``cores`` cores shared fairly, when the last ends (None: a core each)."""
+    jobs = sorted(x for x in lengths if x > 0)
+    if not jobs:
+        return 0.0
+    if cores is None or len(jobs) <= cores:
+        return jobs[-1]
+    t = done = 0.0
+    running = len(jobs)
+    for length in jobs:
+        t += (length - done) * max(1.0, running / cores)
+        done = length
+        running -= 1
+    return t
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """The step model of one graph on one cluster (``make_step_model``)."""
+
+    overheads: StepOverheads
+    cores: int | None  # cores one node's devices share (None: no sharing)
+    devices_per_node: int
+    devices: int  # ranks in the run
+    grad_in_curves: bool  # the curves already carry each layer's gradient all-reduce
+    ops: Mapping[str, OpStep]
+    sinks: tuple[SinkLoss, ...]
+
+    # -- per piece and per phase -------------------------------------------------------------
+    def input_seconds(self, op_id: str, samples: int) -> float:
+        """The input stages of ``op`` on a shard of ``samples``, forward and backward."""
+        total = 0.0
+        for stage in self.ops[op_id].inputs:
+            line = self.overheads.input_line(stage.key)
+            if line is not None:
+                total += line.at(samples)
+            elif samples > 0:
+                total += stage.flops_per_sample * samples * self.overheads.seconds_per_flop
+        return total
+
+    def loss_seconds(self, sink: SinkLoss, samples: int) -> float:
+        line = self.overheads.loss_line(sink.key)
+        if line is not None:
+            return line.at(samples)
+        return sink.flops_per_sample * samples * self.overheads.seconds_per_flop if samples else 0.0
+
+    def _share(self, devices: Mapping[int, float]) -> float:
+        """Makespan of per-device work, each node's devices sharing its cores."""
+        nodes: dict[int, list[float]] = {}
+        for d, secs in devices.items():
+            nodes.setdefault(d // self.devices_per_node, []).append(secs)
+        return max((shared_makespan(v, self.cores) for v in nodes.values()), default=0.0)
+
+    # -- the whole step ----------------------------------------------------------------------
+    def price(
+        self,
+        waves: Sequence[Sequence[PieceTime]],
+        *,
+        micro_batches: int = 1,
+        zero_stage: int = 1,
+    ) -> StepPrice:
+        """Price one step of these waves (see the module docstring for each term)."""
+        k = max(1, micro_batches)
+        durations, extras, entry_extra = [], [], []
+        for wave in waves:
+            layers: dict[int, float] = {}
+            total: dict[int, float] = {}
+            mine = []
+            for p in wave:
+                op = self.ops[p.op]
+                extra = self.overheads.wave_s
+                if p.first == 0 and op.inputs:
+                    extra += self.input_seconds(p.op, _shard(op.batch, k, len(p.devices)))
+                mine.append(extra)
+                for d in p.devices:
+                    layers[d] = layers.get(d, 0.0) + p.seconds
+                    total[d] = total.get(d, 0.0) + p.seconds + extra
+            base = self._share(layers)
+            durations.append(base)
+            extras.append(max(self._share(total) - base, 0.0))
+            entry_extra.append(tuple(mine))
+        holders = self._holders(waves)
+        tasks = len({s.task for s in self.sinks})
+        return StepPrice(
+            tuple(durations),
+            tuple(extras),
+            tuple(entry_extra),
+            self._loss(waves, k),
+            self._reduction(waves, holders, durations, extras, k, zero_stage),
+            self._optimizer(holders, zero_stage),
+            self.overheads.all_reduce.seconds(8.0 * max(tasks, 1), self.devices),
+        )
+
+    def _loss(self, waves: Sequence[Sequence[PieceTime]], k: int) -> float:
+        last: dict[str, PieceTime] = {}
+        for wave in waves:
+            for p in wave:
+                last[p.op] = p
+        load: dict[int, float] = {}
+        for s in self.sinks:
+            p = last.get(s.sink)
+            if p is None:
+                continue
+            batch = self.ops[s.sink].batch
+            shard = _shard(batch, k, len(p.devices))
+            if s.loss == "contrastive":  # readouts everywhere, InfoNCE of the batch on one
+                for d in p.devices:
+                    load[d] = load.get(d, 0.0) + self.loss_seconds(s, shard) / 2
+                d0 = p.devices[0]
+                load[d0] = load.get(d0, 0.0) + self.loss_seconds(s, _shard(batch, k, 1)) / 2
+                continue
+            for d in p.devices:
+                load[d] = load.get(d, 0.0) + self.loss_seconds(s, shard)
+        return self._share(load)
+
+    def _holders(self, waves: Sequence[Sequence[PieceTime]]) -> dict[str, Held]:
+        """Every trainable part the waves run, as the runtime assigns parts: a layer to its
+        entries' devices, input stages to the first entry's, an LM head to the sink's last
+        entry's (in the order the forward pass first meets them)."""
+        held: dict[str, Held] = {}
+
+        def add(key: str, nbytes: float, devices: Sequence[int], wave: int) -> None:
+            if nbytes > 0:
+                held.setdefault(key, Held(nbytes, set(), wave, len(held))).devices.update(devices)
+
+        last_piece: dict[str, tuple[int, PieceTime]] = {}
+        for wi, wave in enumerate(waves):
+            for p in wave:
+                op = self.ops[p.op]
+                if p.first == 0:
+                    for stage in op.inputs:
+                        add(stage.part, stage.grad_bytes, p.devices, wi)
+                for g in range(p.first, p.end):
+                    key, nbytes = op.layer_parts[g]
+                    add(key, nbytes, p.devices, wi)
+                last_piece[p.op] = (wi, p)
+        for s in self.sinks:
+            got = last_piece.get(s.sink)
+            if got is not None and s.head_part:
+                add(s.head_part, s.head_bytes, got[1].devices, got[0])
+        return held
+
+    def _buckets(self, held: Mapping[str, Held]) -> list[tuple[tuple[int, ...], float, int]]:
+        """(holders, bytes, wave the bucket is ready after) of every bucket: parts with the
+        same holders, in the order their backward ends (later waves first, later layers first
+        inside one), cut where a bucket would pass ``bucket_bytes``."""
+        groups: dict[tuple[int, ...], list[Held]] = {}
+        for h in held.values():
+            if len(h.devices) > 1:
+                groups.setdefault(tuple(sorted(h.devices)), []).append(h)
+        out = []
+        cap = self.overheads.bucket_bytes
+        for ranks, parts in groups.items():
+            parts.sort(key=lambda h: (-h.wave, -h.order))
+            size, ready = 0.0, 0
+            for h in parts:
+                if size and size + h.nbytes > cap:
+                    out.append((ranks, size, ready))
+                    size = 0.0
+                size += h.nbytes
+                ready = h.wave  # waves only fall along the order
+            out.append((ranks, size, ready))
+        return out
+
+    def _reduction(
+        self,
+        waves: Sequence[Sequence[PieceTime]],
+        held: Mapping[str, Held],
+        durations: Sequence[float],
+        extras: Sequence[float],
+        k: int,
+        zero_stage: int,
+    ) -> float:
+        if self.grad_in_curves:
+            return 0.0  # the planner adds the shared modules' extra itself
+        o = self.overheads
+        buckets = self._buckets(held)
+        # each wave's backward: its layers' backward share of the wave, with its extras
+        share = [max((self.ops[p.op].backward_share for p in wave), default=0.0) for wave in waves]
+        bwd = [(durations[w] + extras[w]) * share[w] for w in range(len(waves))]
+        backward_total = sum(bwd)
+        worst = 0.0
+        for d in sorted({d for ranks, _, _ in buckets for d in ranks}):
+            overlapped: list[tuple[float, float]] = []  # (ready time, seconds)
+            after = 0.0
+            for ranks, nbytes, wave in buckets:
+                if d not in ranks:
+                    continue
+                first_s, last_s = self._collectives(nbytes, len(ranks), zero_stage)
+                if zero_stage == 2:
+                    first_s *= k  # a reduce-scatter into the gradient shard every pass
+                after += last_s
+                if o.reduction_overlap:
+                    overlapped.append((sum(bwd[wave:]), first_s))
+                else:
+                    after += first_s
+            clock = 0.0
+            for at, secs in sorted(overlapped):
+                clock = max(clock, at) + secs
+            worst = max(worst, max(0.0, clock - backward_total) + after)
+        return worst
+
+    def _collectives(self, nbytes: float, group: int, zero_stage: int) -> tuple[float, float]:
+        """(summing the gradients, gathering the weights after the update) for one bucket."""
+        o = self.overheads
+        if zero_stage == 0:
+            return o.all_reduce.seconds(nbytes, group), 0.0
+        gather = o.all_gather.seconds(nbytes, group)
+        if o.grad_collective == "all_reduce":
+            return o.all_reduce.seconds(nbytes, group), gather
+        return o.reduce_scatter.seconds(nbytes, group), gather
+
+    def _optimizer(self, held: Mapping[str, Held], zero_stage: int) -> float:
+        o = self.overheads
+        owned: dict[int, float] = {}
+        per_part: dict[int, float] = {}
+        for key, h in held.items():
+            share = h.nbytes / len(h.devices) if zero_stage >= 1 else h.nbytes
+            copies = o.part_seconds(key, h.nbytes)
+            for d in h.devices:
+                owned[d] = owned.get(d, 0.0) + share
+                per_part[d] = per_part.get(d, 0.0) + copies
+        work = {d: o.optimizer.at(owned[d]) + per_part[d] for d in owned}
+        return self._share(work)
+
+
+def _shard(batch: int, k: int, n: int) -> int:
+    """Samples the largest device shard of one micro-batch pass holds."""
+    return comm.ceil_div(comm.ceil_div(batch, k), max(n, 1)) if batch > 0 else 0
+
+
+def make_step_model(
+    graph: MetaGraph, overheads: StepOverheads, *, grad_in_curves: bool
+) -> StepModel:
+    """The step model of ``graph``: the cluster's core sharing (the cluster's own setting,
+    else the profile's machine, else the planning machine's) and the graph's parts."""
+    cluster = graph.cluster
+    cores = cluster.shared_cores
+    if cores is not None and cluster.cores is None and overheads.cores is not None:
+        cores = overheads.cores if overheads.cores < cluster.devices_per_node else None
+    return StepModel(
+        overheads,
+        cores,
+        cluster.devices_per_node,
+        cluster.devices,
+        grad_in_curves,
+        op_steps(graph),
+        sink_losses(graph),
+    )

@@ -1,0 +1,181 @@
+"""The step model: core sharing, the runtime-style gradient reduction and its overlap switch,
+micro-batches, and a plan whose breakdown adds up to its iteration time."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from spindle_dsl.cluster import CORES_ENV, usable_cores
+from spindle_dsl.cost import make_cost_model
+from spindle_dsl.cost.overheads import Collective, Line, StepOverheads, analytic_overheads
+from spindle_dsl.cost.step import PieceTime, make_step_model, shared_makespan
+from spindle_dsl.language import compile_text
+from spindle_dsl.plan.validate import validate_plan
+from spindle_dsl.planner import make_plan
+
+SPEC = """
+cluster { devices = 4; device = "cpu" }
+modality image { tokens = 16 }
+modality text  { tokens = 12; vocab = 64 }
+encoder vision : vit(layers = 2, hidden = 32, heads = 2, patch = 4) <- image
+shared  lm     : transformer(layers = 2, hidden = 32, heads = 2, causal = true, vocab = 64)
+module  proj   : mlp(in = 32, out = 32)
+task caption { image -> vision -> proj -> lm; text -> lm; loss = lm }
+task chat    { text -> lm; loss = lm }
+mix default { global_batch = 16; caption = 1; chat = 1 }
+"""
+
+
+def graph(cores: int | None = None):
+    g = compile_text(SPEC).graph
+    return replace(g, cluster=replace(g.cluster, cores=cores)) if cores else g
+
+
+def overheads(**changes) -> StepOverheads:
+    """Round figures: a collective costs 1 ms + 1 ns per byte; everything else nothing."""
+    line = Line(1e-3, 1e-9)
+    base = StepOverheads(
+        source="test",
+        all_reduce=Collective(((2, line),)),
+        reduce_scatter=Collective(((2, line),)),
+        all_gather=Collective(((2, line),)),
+        p2p=Line(0.0, 0.0),
+        optimizer=Line(0.0, 0.0),
+        copy_s_per_byte=0.0,
+        wave_s=0.0,
+        seconds_per_flop=0.0,
+    )
+    return replace(base, **changes)
+
+
+def test_shared_makespan_is_processor_sharing() -> None:
+    assert shared_makespan([3.0, 1.0, 1.0], None) == 3.0
+    assert shared_makespan([3.0, 1.0], 2) == 3.0  # no more jobs than cores
+    assert shared_makespan([1.0, 1.0, 1.0, 1.0], 2) == pytest.approx(2.0)
+    # 3 jobs on 2 cores: all at 2/3 speed until the short ones end at 1.5, then the long one
+    # alone: 2 seconds of work left at full speed.
+    assert shared_makespan([3.0, 1.0, 1.0], 2) == pytest.approx(3.5)
+    assert shared_makespan([0.0, 2.0], 1) == 2.0  # idle devices cost nothing
+
+
+def test_collective_scales_like_a_ring_from_the_nearest_measured_size() -> None:
+    c = Collective(((2, Line(1e-3, 1e-9)), (4, Line(3e-3, 1.5e-9))))
+    assert c.seconds(1e6, 2) == pytest.approx(1e-3 + 1e-3)
+    assert c.seconds(1e6, 4) == pytest.approx(3e-3 + 1.5e-3)
+    # 8 ranks from the 4-rank fit: 7/3 of the latency, (7/8)/(3/4) of the volume term.
+    assert c.seconds(1e6, 8) == pytest.approx(3e-3 * 7 / 3 + 1.5e-3 * (7 / 8) / (3 / 4))
+    assert c.seconds(1e6, 1) == 0.0 and c.seconds(0, 4) == 0.0
+
+
+def test_overheads_round_trip_through_json() -> None:
+    o = replace(
+        analytic_overheads(graph().cluster),
+        inputs=(("k", Line(1.0, 2.0)),),
+        losses=(("l", Line(3.0, 4.0)),),
+        parts=(("lm/layer", 5e-4),),
+        cores=2,
+    )
+    back = StepOverheads.from_dict(o.to_dict(), o.source)
+    assert back == o and back.input_line("k") == Line(1.0, 2.0)
+    assert back.part_seconds("lm/layer.3", 100.0) == 5e-4  # every layer of lm alike
+    assert back.part_seconds("lm/head", 100.0) == o.part_s + o.copy_s_per_byte * 100.0
+
+
+def test_cores_default_to_the_machine_and_the_cluster_can_say(monkeypatch) -> None:
+    monkeypatch.setenv(CORES_ENV, "3")
+    assert usable_cores() == 3
+    g = graph()
+    assert g.cluster.shared_cores == 3  # 4 cpu devices on 3 cores share them
+    assert replace(g.cluster, cores=8).shared_cores is None  # enough cores: no sharing
+    monkeypatch.delenv(CORES_ENV)
+    assert usable_cores() >= 1
+
+
+def test_cores_flag_overrides_the_machine(tmp_path, capsys) -> None:
+    from spindle_dsl.cli import main
+
+    spec = tmp_path / "s.spindle"
+    spec.write_text(SPEC)
+    out = {}
+    for cores in ("1", "4"):
+        plan = tmp_path / f"plan-{cores}.json"
+        assert main(["plan", str(spec), "--cores", cores, "--out", str(plan), "--quiet"]) == 0
+        out[cores] = json.loads(plan.read_text())
+    assert out["1"]["step_model"]["cores"] == 1 and out["4"]["step_model"]["cores"] is None
+    assert out["1"]["breakdown"]["compute_s"] > out["4"]["breakdown"]["compute_s"]
+    assert main(["plan", str(spec), "--cores", "0"]) == 1
+    assert "--cores must be a whole number of at least 1" in capsys.readouterr().err
+
+
+def _pieces(g, devices_of) -> list[list[PieceTime]]:
+    """A sequential schedule: every MetaOp in turn, each of its layers 10 ms."""
+    return [[PieceTime(op.id, 0, op.layers, devices_of(op), 0.01 * op.layers)] for op in g.metaops]
+
+
+def test_devices_sharing_cores_slow_the_waves_down() -> None:
+    g = graph(cores=2)
+    step = make_step_model(g, overheads(), grad_in_curves=False)
+    on_all = step.price(_pieces(g, lambda op: (0, 1, 2, 3)))
+    on_two = step.price(_pieces(g, lambda op: (0, 1)))
+    assert on_all.durations == pytest.approx([2 * d for d in on_two.durations])
+    assert step.cores == 2
+    roomy = make_step_model(graph(cores=4), overheads(), grad_in_curves=False)
+    assert roomy.cores is None
+    assert roomy.price(_pieces(g, lambda op: (0, 1, 2, 3))).durations == on_two.durations
+
+
+def test_reduction_is_priced_per_holder_set_and_the_overlap_switch_hides_some() -> None:
+    g = graph(cores=8)
+    waves = _pieces(g, lambda op: (0, 1))
+    plain = make_step_model(g, overheads(), grad_in_curves=False).price(waves)
+    # Every trainable part is held by devices 0 and 1: one bucket, a reduce-scatter and an
+    # all-gather of all the gradient bytes.
+    total = sum(
+        b
+        for op in make_step_model(g, overheads(), grad_in_curves=False).ops.values()
+        for _, b in (*op.layer_parts, *((s.part, s.grad_bytes) for s in op.inputs))
+    )
+    assert total > 0
+    assert plain.grad_sync_s > 2e-3  # two collectives of >= 1 ms each
+    # Overlapped, buckets of one layer's size: those of later waves reduce under the backward
+    # of earlier ones, and the all-gather after the update is never hidden.
+    small = overheads(reduction_overlap=True, bucket_bytes=total / 8)
+    hidden = make_step_model(g, small, grad_in_curves=False).price(waves).grad_sync_s
+    unhidden = make_step_model(g, replace(small, reduction_overlap=False), grad_in_curves=False)
+    assert 0 < hidden < unhidden.price(waves).grad_sync_s
+    one_bucket = make_step_model(g, overheads(reduction_overlap=True), grad_in_curves=False)
+    assert one_bucket.price(waves).grad_sync_s == pytest.approx(plain.grad_sync_s)
+    # the curves' own all-reduce (analytic model): the step adds nothing here
+    assert make_step_model(g, overheads(), grad_in_curves=True).price(waves).grad_sync_s == 0
+    # one device: nothing to reduce
+    alone = make_step_model(g, overheads(), grad_in_curves=False).price(_pieces(g, lambda o: (0,)))
+    assert alone.grad_sync_s == 0
+
+
+def test_micro_batches_repeat_the_passes_and_zero2_the_reduce_scatter() -> None:
+    g = graph(cores=8)
+    o = overheads(wave_s=1e-3, optimizer=Line(1e-3, 0.0), seconds_per_flop=1e-12)
+    step = make_step_model(g, o, grad_in_curves=False)
+    waves = _pieces(g, lambda op: (0, 1))
+    one = step.price(waves, micro_batches=1)
+    four = step.price(waves, micro_batches=4)
+    assert one.optimizer_s == four.optimizer_s  # one optimizer step per iteration
+    assert four.grad_sync_s == pytest.approx(one.grad_sync_s)  # reduced once (ZeRO-1)
+    zero2 = step.price(waves, micro_batches=4, zero_stage=2)
+    assert zero2.grad_sync_s > four.grad_sync_s  # a reduce-scatter in every pass
+    assert four.loss_s < one.loss_s  # each pass's loss runs on a quarter of the batch
+
+
+def test_a_plan_breakdown_adds_up_and_the_plan_is_valid() -> None:
+    g = graph(cores=2)
+    plan = make_plan(g, make_cost_model(g.cluster), time_limit_s=0.3)
+    parts = dict(plan.breakdown)
+    assert set(parts) >= {"compute_s", "wave_overhead_s", "loss_s", "optimizer_s"}
+    assert sum(parts.values()) == pytest.approx(plan.iteration_s)
+    assert validate_plan(plan) == []
+    record = plan.extra["step_model"]
+    assert record["cores"] == 2 and record["reduction_overlap"] is False
+    assert len(record["wave_extra_s"]) == len(plan.waves)

@@ -1,0 +1,51 @@
+"""``spindle profile --nproc 2``: the step's figures measured on gloo workers, then used."""
+
+from __future__ import annotations
+
+import json
+
+from spindle_dsl.cli import main
+from spindle_dsl.cost import make_cost_model
+from spindle_dsl.cost.profile import Profile
+from spindle_dsl.language import compile_file
+
+SPEC = """
+cluster { devices = 2; device = "cpu" }
+modality text  { tokens = 8; vocab = 32 }
+modality audio { tokens = 6; features = 4 }
+encoder ear : transformer(layers = 1, hidden = 16, heads = 2) <- audio
+module  lm  : transformer(layers = 2, hidden = 16, heads = 2, causal = true, vocab = 32)
+task listen { audio -> ear -> lm; text -> lm; loss = lm; batch = 4 }
+"""
+
+
+def test_profile_on_workers_measures_the_whole_step(tmp_path, capfd) -> None:
+    spec = tmp_path / "s.spindle"
+    spec.write_text(SPEC)
+    out_file = tmp_path / "p.json"
+    code = main(["profile", str(spec), "--nproc", "2", "--points", "2", "--out", str(out_file)])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert "2 gloo worker processes" in out and "step overheads" in out
+    assert "profile [" in err  # the progress bar (a line per item off a terminal)
+    profile = Profile.read(out_file)
+    assert profile.nproc == 2 and profile.backend == "gloo"
+    o = profile.overheads
+    assert o is not None and o.source == str(out_file)
+    for collective in (o.all_reduce, o.reduce_scatter, o.all_gather):
+        assert [g for g, _ in collective.fits] == [2]
+        assert collective.seconds(1 << 20, 2) > 0
+    assert o.p2p.at(1 << 20) > 0 and o.optimizer.at(1 << 20) > 0 and o.wave_s > 0
+    # every input stage and loss head of the spec was measured under the step model's key
+    graph = compile_file(str(spec)).graph
+    step = make_cost_model(graph.cluster, out_file).step_model(graph)  # type: ignore[attr-defined]
+    for op in step.ops.values():
+        assert all(o.input_line(s.key) is not None for s in op.inputs)
+    assert all(o.loss_line(s.key) is not None for s in step.sinks)
+    # and the plan prices the step with it
+    plan_file = tmp_path / "plan.json"
+    assert main(["plan", str(spec), "--profile", str(out_file), "--out", str(plan_file)]) == 0
+    plan = json.loads(plan_file.read_text())
+    assert plan["step_model"]["source"] == str(out_file)
+    assert abs(sum(plan["breakdown"].values()) - plan["iteration_s"]) < 1e-12
+    assert plan["breakdown"]["loss_s"] > 0 and plan["breakdown"]["optimizer_s"] > 0
