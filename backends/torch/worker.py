@@ -51,7 +51,7 @@ def compare_item(item: Plan | tuple[Plan, Mapping[str, Any]]) -> tuple[Plan, dic
     if isinstance(item, Plan):
         return item, {}
     plan, changes = item
-    allowed = {"recompute", "optimizer_sharding", "grad_collective"}
+    allowed = {"recompute", "optimizer_sharding", "grad_collective", "micro_batches", "zero_stage"}
     if set(changes) - allowed:
         raise ExecutionError(
             f"a compared plan may change only {', '.join(sorted(allowed))}, "
@@ -241,8 +241,12 @@ def _train(
             }
             write_measured_trace(config.trace, spans, schedule, plan.cluster.devices_per_node, meta)
             trace_path = config.trace
-    # What each rank holds of the optimizer state, for the result (memory accounting, tests).
-    held = [(t.opt.state_elements(), t.opt.state_bytes()) for t in (trainer, *others)]
+    # What each rank holds of the optimizer state, and its measured peak memory, for the
+    # result (memory accounting, tests).
+    held = [
+        (t.opt.state_elements(), t.opt.state_bytes(), t.meter.peak_bytes(), t.meter.peak_terms())
+        for t in (trainer, *others)
+    ]
     every: list[Any] = [None] * world_size if lead else []
     dist.gather_object(held, every if lead else None, dst=0)
     beat("done")
@@ -265,5 +269,18 @@ def _train(
             "optimizer_state": [r[0][0] for r in every],
             "optimizer_state_bytes": [r[0][1] for r in every],
             "compared_optimizer_state": [[r[i][0] for r in every] for i in range(1, len(held))],
+            # per rank: measured peak tensor bytes, the plan's prediction, the terms at the peak
+            "measured_peak_bytes": [r[0][2] for r in every],
+            "predicted_peak_bytes": _predicted_peaks(plan, world_size),
+            "peak_terms": [r[0][3] for r in every],
+            "compared_peak_bytes": [[r[i][2] for r in every] for i in range(1, len(held))],
+            "micro_batches": trainer.micro_batches,
+            "zero_stage": trainer.zero_stage,
         },
     )
+
+
+def _predicted_peaks(plan: Plan, world_size: int) -> list[int | None]:
+    """The plan's predicted peak bytes per rank (None where the plan predicts none)."""
+    predicted = list(plan.memory_bytes)
+    return [predicted[r] if r < len(predicted) else None for r in range(world_size)]

@@ -70,6 +70,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="shard each part's AdamW state over the ranks holding the part (ZeRO-1), as the "
         "planner's memory model assumes; off keeps it whole on every holder (default: on)",
     )
+    parser.add_argument(
+        "--micro-batches",
+        type=int,
+        metavar="K",
+        help="run each step as K micro-batch passes (gradient accumulation, one optimizer "
+        "step; every task's batch split into K contiguous parts) instead of the plan's",
+    )
+    parser.add_argument(
+        "--zero-stage",
+        type=int,
+        choices=(0, 1, 2),
+        help="ZeRO stage instead of the plan's: 0 shards nothing (as --optimizer-sharding off), "
+        "1 each part's AdamW state over its holders, 2 its gradients too",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument(
@@ -134,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         collective_timeout_s=max(args.hang_timeout + 5.0, 10.0),
         recompute=args.recompute,
         optimizer_sharding=args.optimizer_sharding == "on",
+        micro_batches=args.micro_batches,
+        zero_stage=args.zero_stage,
     )
     result = TorchBackend().train(graph, plan, config, nproc=args.nproc, planner=planner)
     if result is not None:  # rank 0 (or the parent of --nproc workers)
@@ -160,4 +176,11 @@ def summary_json(result: Any) -> dict[str, Any]:
         "baselines": result.extra.get("baselines", {}),
         "final_loss": dict(result.steps[-1].losses) if result.steps else {},
         "optimizer_state_bytes": result.extra.get("optimizer_state_bytes", []),  # per rank
+        "micro_batches": result.extra.get("micro_batches"),
+        "zero_stage": result.extra.get("zero_stage"),
+        # per rank: measured peak tensor bytes (backends/torch/memory.py says what counts),
+        # the plan's predicted peak (null where it has none), and the measured terms at the peak
+        "measured_peak_bytes": result.extra.get("measured_peak_bytes", []),
+        "predicted_peak_bytes": result.extra.get("predicted_peak_bytes", []),
+        "measured_peak_terms": result.extra.get("peak_terms", []),
     }

@@ -11,12 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spindle_dsl.backends.torch import checkpoint as ck
+from spindle_dsl.backends.torch.grads import _gather_rows, _scatter_rows
 from spindle_dsl.backends.torch.optim import ReplicatedAdamW, make_optimizer
 from spindle_dsl.backends.torch.params import PartStore
 from spindle_dsl.backends.torch.parts import Part
 from spindle_dsl.backends.torch.schedule import build_schedule
 from spindle_dsl.backends.torch.shards import PartShard, plan_buckets
-from spindle_dsl.backends.torch.zero import ShardedAdamW, _gather_rows, _scatter_rows
+from spindle_dsl.backends.torch.zero import ShardedAdamW
 
 HYPER = dict(lr=1e-2, weight_decay=0.01, betas=(0.9, 0.99), eps=1e-8)
 
