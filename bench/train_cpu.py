@@ -93,18 +93,24 @@ SHARDING_VARIANTS = (
 )
 
 
-def _sharding(graph, plan, nproc: int, steps: int) -> None:
-    """The default plan three times on the same processes (fresh models stepped in turn), once
-    per optimizer variant: step time and what each rank holds of the optimizer state."""
+def _side_by_side(graph, plan, nproc: int, steps: int, variants, **base):
+    """The plan once per variant (RunConfig changes) on the same processes, fresh models
+    stepped in turn; returns the result and each variant's step records."""
     from spindle_dsl.backends.base import RunConfig
     from spindle_dsl.backends.torch import TorchBackend
 
-    (_, first), *rest = SHARDING_VARIANTS
-    config = RunConfig(steps=steps, progress=False, **first)
+    (_, first), *rest = variants
+    config = RunConfig(steps=steps, progress=False, **{**base, **first})
     result = TorchBackend().train(
         graph, plan, config, nproc=nproc, compare=tuple((plan, c) for _, c in rest)
     )
-    runs = [result.steps, *result.extra["compared"]]
+    return result, [result.steps, *result.extra["compared"]]
+
+
+def _sharding(graph, plan, nproc: int, steps: int) -> None:
+    """The default plan three times on the same processes, once per optimizer variant: step
+    time and what each rank holds of the optimizer state."""
+    result, runs = _side_by_side(graph, plan, nproc, steps, SHARDING_VARIANTS)
     held = [result.extra["optimizer_state"], *result.extra["compared_optimizer_state"]]
     print(
         f"\noptimizer sharding: default plan on {nproc} processes, float32, the three variants "
@@ -128,15 +134,9 @@ LEVER_VARIANTS = (
 def _levers(graph, plan, nproc: int, steps: int) -> None:
     """The default plan with the memory levers the runtime carries out, stepped in turn on the
     same processes: step time and measured peak memory per rank."""
-    from spindle_dsl.backends.base import RunConfig
-    from spindle_dsl.backends.torch import TorchBackend
-
-    (_, first), *rest = LEVER_VARIANTS
-    config = RunConfig(steps=steps, progress=False, micro_batches=1, zero_stage=1, **first)
-    result = TorchBackend().train(
-        graph, plan, config, nproc=nproc, compare=tuple((plan, c) for _, c in rest)
+    result, runs = _side_by_side(
+        graph, plan, nproc, steps, LEVER_VARIANTS, micro_batches=1, zero_stage=1
     )
-    runs = [result.steps, *result.extra["compared"]]
     peaks = [result.extra["measured_peak_bytes"], *result.extra["compared_peak_bytes"]]
     print(
         f"\nmemory levers: default plan on {nproc} processes, float32, stepped in turn, median of "
