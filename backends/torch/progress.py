@@ -83,9 +83,8 @@ def memory_lines(result: RunResult) -> list[str]:
         return []
     predicted = result.extra.get("predicted_peak_bytes") or [None] * len(measured)
     terms = result.extra.get("peak_terms") or [{}] * len(measured)
-    out = [
-        f"{'peak memory':<14}{'measured':>14}{'predicted':>14}{'ratio':>8}  measured at the peak"
-    ]
+    head = f"{'peak memory':<14}{'measured':>14}{'predicted':>14}{'pred/meas':>10}"
+    out = [head + "  measured at the peak (MiB)"]
     for rank, (m, p, t) in enumerate(zip(measured, predicted, terms, strict=True)):
         ratio = f"{p / m:>10.2f}" if p and m else f"{'-':>10}"
         pred = _mib(p) if p else "-"
