@@ -150,6 +150,11 @@ class GradSync:
         self._pending: dict[Bucket, _Pending] = {}
         self._shards: dict[Bucket, torch.Tensor] = {}
         self._reducing = True
+        self._last = False  # in the step's last pass: a completed reduction is final
+        self._final: list[Bucket] = []  # final reductions not yet handed to ``on_final``
+        # called with each bucket of several holders whose final gradient shard is ready while
+        # the last pass's backward still runs (the sharded optimizer updates it there)
+        self.on_final: Callable[[Bucket], None] | None = None
 
     # --- the executor's calls -------------------------------------------------------------------
     def begin_pass(self, index: int, count: int) -> None:
@@ -161,6 +166,7 @@ class GradSync:
         # live on through this pass's forward
         for bucket in list(self._pending):
             self._complete(bucket)
+        self._last = index == count - 1
 
     def backward_done(self, tick: int) -> None:
         """Backward tick ``tick`` of the pass is over: issue every bucket it made ready, in
@@ -170,6 +176,8 @@ class GradSync:
         for bucket, pending in list(self._pending.items()):  # free what is done already
             if pending.work.is_completed():
                 self._complete(bucket)
+        while self._final and self.on_final is not None:
+            self.on_final(self._final.pop(0))
         for holders, queue in self.queues.items():
             i = self._next.get(holders, 0)
             while i < len(queue) and queue[i].ready_on(self.rank) <= tick:
@@ -183,6 +191,8 @@ class GradSync:
         self._reducing = True
         self.backward_done(1 << 30)
         self._next = {}
+        self._last = False
+        self._final.clear()
 
     # --- what the optimizer takes -------------------------------------------------------------
     def shard(self, bucket: Bucket) -> torch.Tensor:
@@ -196,11 +206,6 @@ class GradSync:
         """Wait for every collective (unsharded optimizer: the gradients are then summed)."""
         for bucket in list(self._pending):
             self._complete(bucket)
-
-    def order(self) -> list[Bucket]:
-        """Buckets in the order the optimizer should take them: those without communication
-        first (their update overlaps the others' collectives), then by ready tick."""
-        return sorted(self.buckets, key=lambda b: (len(b.holders) > 1, b.ready_on(self.rank)))
 
     # --- inside -------------------------------------------------------------------------------
     def _issue(self, bucket: Bucket) -> None:
@@ -277,6 +282,8 @@ class GradSync:
             self._shards[bucket] = mine
         else:
             have.add_(mine)
+        if self._last:
+            self._final.append(bucket)
 
 
 def _fill_rows(

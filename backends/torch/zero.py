@@ -13,8 +13,14 @@ flattened parameters (``shards.py``). A step, bucket by bucket:
    every pass into the gradient shard and frees the full gradients at once;
 2. each steps AdamW on its shard alone, with torch's fused AdamW (``optim.adamw_step``), whose
    update is elementwise, so a shard gets what the whole tensor would;
-3. an all-gather of the updated shards (asynchronous, one per bucket, waited for together)
-   gives every holder the same new weights.
+3. an all-gather of the updated shards (asynchronous, one per bucket, waited for together at
+   the end of the step) gives every holder the same new weights.
+
+Steps 2 and 3 of a bucket run as soon as its final gradient shard is there and the earlier
+buckets of its group (in the order all holders issue their collectives) are done: often while
+the last pass's backward is still running on this rank's other parts, so a holder whose
+backward ends early does not wait for this rank's whole backward before it gets its weights.
+The weights themselves change only when the step copies the gathered rows in.
 
 A bucket with one holder needs none of this: its parts step in place, tensor by tensor, on
 their own gradients, with the state shard (the whole part) viewed tensor by tensor. So the step
@@ -136,27 +142,30 @@ class ShardedAdamW:
         self.shard_of = self.sync.shard_of
         self.state: dict[Part, _Shard] = {}
         self.steps: dict[Part, int] = dict.fromkeys(self.shard_of, 0)
+        # Buckets of several holders are updated and gathered in their group's order (the order
+        # all holders issue collectives in), each as soon as its final gradient shard is there
+        # and the group's earlier ones are done: during the backward when it comes early.
+        self._final: set[Bucket] = set()  # final gradient shard complete, not yet updated
+        self._next: dict[tuple[int, ...], int] = {}  # per group: buckets updated this step
+        self._gathers: list[tuple[Bucket, dist.Work, torch.Tensor]] = []
+        self.sync.on_final = self._update_early
 
     # --- the step -----------------------------------------------------------------------------
     def step(self) -> None:
         """Sum gradients over each part's holders, step the owned shards, gather the weights."""
         self.sync.finish()
-        gathers = []
         with torch.no_grad():
-            for bucket in self.sync.order():
+            for bucket in self.buckets:  # no communication: overlaps the others' collectives
                 if len(bucket.holders) == 1:
                     with self.tracer.span("optimizer", "optimizer"):
                         self._step_in_place(bucket)
-                    continue
-                mine = self.sync.shard(bucket)
-                with self.tracer.span("optimizer", "optimizer"):
-                    own = self._update(bucket, mine)
-                del mine  # the gradient shard, freed before the gather's buffer comes
-                gathers.append(self._gather(bucket, own))
+            self._advance(everything=True)
+            gathers, self._gathers = self._gathers, []
+            self._final.clear()
+            self._next.clear()
             for bucket, work, rows in gathers:
-                if work is not None:
-                    with self.tracer.span("gather parameters", "reduce"):
-                        work.wait()
+                with self.tracer.span("gather parameters", "reduce"):
+                    work.wait()
                 for ps in bucket.parts:
                     flat = _gather_rows(rows, ps)
                     for t, v in zip(self._tensors(ps.part), _views(flat, self._tensors(ps.part)),
@@ -164,6 +173,33 @@ class ShardedAdamW:
                         t.copy_(v)
         for _, _, t in self.store.trainable():
             t.grad = None
+
+    def _update_early(self, bucket: Bucket) -> None:
+        """A bucket whose final gradient shard arrived while the backward still runs: update
+        its shard and start the gather now, so the other holders need not wait for the rest
+        of this rank's backward (the weights change only when the step copies them in)."""
+        self._final.add(bucket)
+        with torch.no_grad():
+            self._advance(everything=False)
+
+    def _advance(self, *, everything: bool) -> None:
+        """Update and gather, group by group in the group's order, every bucket whose final
+        shard is known complete (``everything``: all the rest, waiting for each)."""
+        for holders, queue in self.sync.queues.items():
+            if len(holders) == 1:
+                continue
+            i = self._next.get(holders, 0)
+            while i < len(queue) and (everything or queue[i] in self._final):
+                self._update_and_gather(queue[i])
+                i += 1
+            self._next[holders] = i
+
+    def _update_and_gather(self, bucket: Bucket) -> None:
+        mine = self.sync.shard(bucket)
+        with self.tracer.span("optimizer", "optimizer"):
+            own = self._update(bucket, mine)
+        del mine  # the gradient shard, freed before the gather's buffer comes
+        self._gathers.append(self._gather(bucket, own))
 
     def _tensors(self, part: Part) -> list[torch.nn.Parameter]:
         return [t for _, t in self.params[part]]
@@ -226,9 +262,7 @@ class ShardedAdamW:
             own[ps.offset : ps.offset + master.numel()].copy_(master)
         return own
 
-    def _gather(
-        self, bucket: Bucket, own: torch.Tensor
-    ) -> tuple[Bucket, dist.Work | None, torch.Tensor]:
+    def _gather(self, bucket: Bucket, own: torch.Tensor) -> tuple[Bucket, dist.Work, torch.Tensor]:
         """Start gathering every holder's updated row (the caller waits and copies)."""
         rows = own.new_empty(len(bucket.holders), bucket.chunk)
         self.keep(rows, "buffers")
