@@ -4,6 +4,7 @@ step (nothing leaks into the next), and that the peak is the sum of its terms.""
 from __future__ import annotations
 
 import handgraph as h
+import pytest
 import torch
 
 from spindle_dsl.backends.base import RunConfig
@@ -62,3 +63,19 @@ def test_gradients_count_until_freed_and_saved_tensors_until_backward():
         t.grad = None
     assert meter.live["gradients"] == 0
     assert meter.peak_terms()["gradients"] <= grads
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_peak_is_the_allocators():
+    graph = h.tiny_mm(1)
+    part = Part("lm", "layer.0")
+    device = torch.device("cuda", 0)
+    store = PartStore(graph, [part], seed=0, dtype=torch.float32, device=device)
+    meter = MemoryMeter(store, device)
+    params = sum(t.numel() * 4 for t in store.parameters())
+    x = torch.randn(8, 12, 96, device=device, requires_grad=True)
+    with meter.saving():
+        store[part](x).sum().backward()
+    assert meter.peak_bytes() >= params + x.numel() * 4
+    assert meter.peak_terms() == {}  # the allocator knows only the total
