@@ -24,6 +24,12 @@ reduce-scatter the bucket's rows (or, on a backend without reduce-scatter, all-r
 keep their own row) and get this rank's shard of the summed gradient, the one slice of it
 their optimizer shard needs. Stage 1 keeps full gradients until the last pass (they
 accumulate there), stage 2 only until the pass's bucket is issued.
+
+Bucket buffers are allocated when a bucket is issued and freed when its reduction has been
+used, not kept from step to step as DDP keeps its buckets: a persistent buffer would hold a
+copy of the gradients through the forward, where a step's memory peaks. What that costs is the
+first touch of fresh pages: filling a fresh 16 MiB buffer took 4.0 ms against 2.9 ms for a
+reused one on this machine (one thread), about 1 ms per step for cpu_medium's shared parts.
 """
 
 from __future__ import annotations
