@@ -164,9 +164,11 @@ class StepExecutor:
             self._receive(self.flows[m][wave], wave, outputs, leaves, pool=self.pool)
             stage = self.my_stage[wave]
             if stage is not None:
+                before = self.meter.live["activations"]
                 with self._span("F", "forward", stage, step):
                     out = self._forward(stage, step, m, leaves)
                 self.meter.keep(out, "activations")
+                self.meter.note_stage(f"{stage.metaop} [{stage.first},{stage.end})", before)
                 outputs[(stage.metaop, stage.index)] = out
         self.beat(f"{label} loss")
         with self.tracer.span("loss", "loss"):

@@ -77,6 +77,9 @@ class MemoryMeter:
         self.live = dict.fromkeys(TERMS, 0)
         self.peak = 0
         self.at_peak: dict[str, int] = dict(self.live)
+        # per stage (MetaOp, stage index): the most activation bytes its forward added and
+        # kept for the backward (what autograd saved and the stage's output), over passes
+        self.stage_kept: dict[str, int] = {}
         self._storages: dict[int, list[Any]] = {}  # data_ptr -> [references, bytes, term]
         self._param_ptrs: set[int] = set()
         if not enabled:
@@ -111,6 +114,13 @@ class MemoryMeter:
             return
         with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
             yield
+
+    def note_stage(self, key: str, before: int) -> None:
+        """Record what a stage's forward kept: activations now less ``before`` (the count
+        taken before it ran)."""
+        if self.enabled and not self.cuda:
+            added = self.live["activations"] - before
+            self.stage_kept[key] = max(self.stage_kept.get(key, 0), added)
 
     # --- what it reports -----------------------------------------------------------------------
     def peak_bytes(self) -> int:

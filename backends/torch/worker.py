@@ -243,10 +243,7 @@ def _train(
             trace_path = config.trace
     # What each rank holds of the optimizer state, and its measured peak memory, for the
     # result (memory accounting, tests).
-    held = [
-        (t.opt.state_elements(), t.opt.state_bytes(), t.meter.peak_bytes(), t.meter.peak_terms())
-        for t in (trainer, *others)
-    ]
+    held = [_memory_report(t) for t in (trainer, *others)]
     every: list[Any] = [None] * world_size if lead else []
     dist.gather_object(held, every if lead else None, dst=0)
     beat("done")
@@ -273,10 +270,24 @@ def _train(
             "measured_peak_bytes": [r[0][2] for r in every],
             "predicted_peak_bytes": _predicted_peaks(plan, world_size),
             "peak_terms": [r[0][3] for r in every],
+            "kept_by_stage": [r[0][4] for r in every],  # activation bytes each stage kept
             "compared_peak_bytes": [[r[i][2] for r in every] for i in range(1, len(held))],
             "micro_batches": trainer.micro_batches,
             "zero_stage": trainer.zero_stage,
         },
+    )
+
+
+def _memory_report(trainer: Trainer) -> tuple:
+    """What one rank reports of a trainer's memory: optimizer-state elements by part and bytes,
+    the measured peak, its terms, and the activations each stage kept."""
+    meter = trainer.meter
+    return (
+        trainer.opt.state_elements(),
+        trainer.opt.state_bytes(),
+        meter.peak_bytes(),
+        meter.peak_terms(),
+        meter.stage_kept,
     )
 
 
