@@ -147,7 +147,6 @@ class GradSync:
             ready,
         )
         self.shard_of: dict[Part, PartShard] = {ps.part: ps for b in self.buckets for ps in b.parts}
-        self.bucket_of: dict[Part, Bucket] = {ps.part: b for b in self.buckets for ps in b.parts}
         # per group, its buckets in the order every holder issues them
         self.queues: dict[tuple[int, ...], list[Bucket]] = {}
         for b in self.buckets:
