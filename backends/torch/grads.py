@@ -315,22 +315,17 @@ def _fill_rows(
             dest[hi - lo :].zero_()
 
 
-def _scatter_rows(rows: torch.Tensor, ps: PartShard, flat: torch.Tensor) -> None:
-    """Lay a flattened part into its slot of every row: row ``i`` gets shard ``i`` (and zeros
-    where the last shards are short)."""
-    s, n = ps.slot, ps.numel
-    q, r = divmod(n, s)
-    block = rows[:, ps.offset : ps.offset + s]
-    block[:q] = flat[: q * s].view(q, s)
-    if q < block.shape[0]:
-        block[q:].zero_()
-        if r:
-            block[q, :r] = flat[q * s :]
-
-
-def _gather_rows(rows: torch.Tensor, ps: PartShard) -> torch.Tensor:
-    """The flattened part back from its slots (inverse of ``_scatter_rows``)."""
-    s, n = ps.slot, ps.numel
-    q, r = divmod(n, s)
-    whole = rows[:q, ps.offset : ps.offset + s].reshape(-1)
-    return torch.cat([whole, rows[q, ps.offset : ps.offset + r]]) if r else whole
+def _read_rows(rows: torch.Tensor, ps: PartShard, tensors: list[torch.Tensor]) -> None:
+    """The inverse of ``_fill_rows``: copy the part's slots of every row into ``tensors`` (the
+    part's parameters, in order), each element once and straight into place."""
+    s = ps.slot
+    for i in range(len(ps.holders)):
+        lo, hi = min(i * s, ps.numel), min((i + 1) * s, ps.numel)
+        source = rows[i, ps.offset : ps.offset + s]
+        start = 0
+        for t in tensors:
+            n = t.numel()
+            a, b = max(lo, start), min(hi, start + n)
+            if a < b:
+                t.view(-1)[a - start : b - start].copy_(source[a - lo : b - lo])
+            start += n

@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from spindle_dsl.errors import ExecutionError
 
-from .grads import GradSync, _gather_rows
+from .grads import GradSync, _read_rows
 from .optim import adamw_step
 from .params import PartStore
 from .parts import Part
@@ -166,11 +166,9 @@ class ShardedAdamW:
             for bucket, work, rows in gathers:
                 with self.tracer.span("gather parameters", "reduce"):
                     work.wait()
-                for ps in bucket.parts:
-                    flat = _gather_rows(rows, ps)
-                    for t, v in zip(self._tensors(ps.part), _views(flat, self._tensors(ps.part)),
-                                    strict=True):  # fmt: skip
-                        t.copy_(v)
+                with self.tracer.span("copy parameters", "optimizer"):
+                    for ps in bucket.parts:
+                        _read_rows(rows, ps, self._tensors(ps.part))
         for _, _, t in self.store.trainable():
             t.grad = None
 
