@@ -55,6 +55,14 @@ class RunConfig:
     # how sharded gradients are summed: reduce-scatter where the backend has it ("auto"), or an
     # all-reduce of which each holder keeps its shard (benchmarks and tests pick one)
     grad_collective: GradCollective = "auto"
+    # micro-batch passes per step (gradient accumulation, one optimizer step): None runs the
+    # plan's micro_batches
+    micro_batches: int | None = None
+    # ZeRO stage: 0 shards nothing, 1 each part's AdamW state over its holders, 2 its gradients
+    # too; None runs the plan's zero_stage (optimizer_sharding=False means 0 whatever it says)
+    zero_stage: int | None = None
+    # measure each rank's peak tensor bytes (``backends/torch/memory.py``)
+    measure_memory: bool = True
 
     def __post_init__(self) -> None:
         problems = []
@@ -79,6 +87,20 @@ class RunConfig:
             problems.append(
                 f"grad_collective must be auto, all_reduce or reduce_scatter, "
                 f"got {self.grad_collective!r}"
+            )
+        if self.micro_batches is not None and self.micro_batches < 1:
+            problems.append(f"micro_batches must be at least 1, got {self.micro_batches}")
+        if self.zero_stage is not None and self.zero_stage not in (0, 1, 2):
+            problems.append(f"zero_stage must be 0, 1 or 2, got {self.zero_stage}")
+        elif self.zero_stage and not self.optimizer_sharding:
+            problems.append(
+                f"zero_stage {self.zero_stage} (--zero-stage) shards the optimizer, but optimizer "
+                f"sharding is off (--optimizer-sharding off); drop one of the two"
+            )
+        elif self.zero_stage == 0 and self.dtype == "bfloat16":
+            problems.append(
+                "bfloat16 training keeps fp32 master weights in the sharded optimizer; "
+                "use zero_stage 1 or 2, or train in float32"
             )
         if self.hang_timeout_s <= 0 or self.collective_timeout_s <= 0:
             problems.append("timeouts must be positive")

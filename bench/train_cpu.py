@@ -10,10 +10,13 @@ the median step time of each beside its prediction. ``--exactness`` also trains 
 plan in float32 and in float64 and prints how far its losses and parameters are from the
 single-process oracle. ``--optimizer-sharding`` also steps the default plan with the sharded
 optimizer (reduce-scatter, and the all-reduce fallback) and unsharded, side by side on the same
-processes, and prints each one's step time and optimizer-state bytes per rank.
+processes, and prints each one's step time and optimizer-state bytes per rank. ``--levers``
+also steps the default plan with 2 micro-batches and with ZeRO-2, alone and together, side by
+side, and prints each one's step time and measured peak memory per rank. Every table shows the
+measured peak memory of the largest rank beside the plan's prediction.
 
     .venv/bin/python bench/train_cpu.py [SPEC] [--nproc 4] [--steps 30] [--exactness]
-                                        [--optimizer-sharding]
+                                        [--optimizer-sharding] [--levers]
 """
 
 from __future__ import annotations
@@ -90,18 +93,24 @@ SHARDING_VARIANTS = (
 )
 
 
-def _sharding(graph, plan, nproc: int, steps: int) -> None:
-    """The default plan three times on the same processes (fresh models stepped in turn), once
-    per optimizer variant: step time and what each rank holds of the optimizer state."""
+def _side_by_side(graph, plan, nproc: int, steps: int, variants, **base):
+    """The plan once per variant (RunConfig changes) on the same processes, fresh models
+    stepped in turn; returns the result and each variant's step records."""
     from spindle_dsl.backends.base import RunConfig
     from spindle_dsl.backends.torch import TorchBackend
 
-    (_, first), *rest = SHARDING_VARIANTS
-    config = RunConfig(steps=steps, progress=False, **first)
+    (_, first), *rest = variants
+    config = RunConfig(steps=steps, progress=False, **{**base, **first})
     result = TorchBackend().train(
         graph, plan, config, nproc=nproc, compare=tuple((plan, c) for _, c in rest)
     )
-    runs = [result.steps, *result.extra["compared"]]
+    return result, [result.steps, *result.extra["compared"]]
+
+
+def _sharding(graph, plan, nproc: int, steps: int) -> None:
+    """The default plan three times on the same processes, once per optimizer variant: step
+    time and what each rank holds of the optimizer state."""
+    result, runs = _side_by_side(graph, plan, nproc, steps, SHARDING_VARIANTS)
     held = [result.extra["optimizer_state"], *result.extra["compared_optimizer_state"]]
     print(
         f"\noptimizer sharding: default plan on {nproc} processes, float32, the three variants "
@@ -112,6 +121,31 @@ def _sharding(graph, plan, nproc: int, steps: int) -> None:
         mib = [4 * sum(r.values()) / 2**20 for r in per_rank]  # float32 state
         m = statistics.median(r.seconds for r in run[1:])
         print(f"{name:<26}{m:>9.4f}{min(mib):>15.2f} - {max(mib):<9.2f}{sum(mib):>11.2f}")
+
+
+LEVER_VARIANTS = (
+    ("k=1, ZeRO-1", {}),
+    ("k=2, ZeRO-1", {"micro_batches": 2}),
+    ("k=1, ZeRO-2", {"zero_stage": 2}),
+    ("k=2, ZeRO-2", {"micro_batches": 2, "zero_stage": 2}),
+)
+
+
+def _levers(graph, plan, nproc: int, steps: int) -> None:
+    """The default plan with the memory levers the runtime carries out, stepped in turn on the
+    same processes: step time and measured peak memory per rank."""
+    result, runs = _side_by_side(
+        graph, plan, nproc, steps, LEVER_VARIANTS, micro_batches=1, zero_stage=1
+    )
+    peaks = [result.extra["measured_peak_bytes"], *result.extra["compared_peak_bytes"]]
+    print(
+        f"\nmemory levers: default plan on {nproc} processes, float32, stepped in turn, median of "
+        f"steps 2..{steps}; measured peak tensor MiB per rank"
+    )
+    print(f"{'variant':<14}{'step s':>9}  peak MiB per rank")
+    for (name, _), run, peak in zip(LEVER_VARIANTS, runs, peaks, strict=True):
+        m = statistics.median(r.seconds for r in run[1:])
+        print(f"{name:<14}{m:>9.4f}  " + " ".join(f"{b / 2**20:.1f}" for b in peak))
 
 
 def main() -> int:
@@ -126,6 +160,11 @@ def main() -> int:
         "--optimizer-sharding",
         action="store_true",
         help="also time the default plan with the optimizer sharded and unsharded",
+    )
+    ap.add_argument(
+        "--levers",
+        action="store_true",
+        help="also time the default plan with 2 micro-batches and with ZeRO-2",
     )
     args = ap.parse_args()
 
@@ -161,6 +200,8 @@ def main() -> int:
         times = {
             shape: [r.seconds for r in run[1:]] for shape, run in zip(order, runs, strict=True)
         }
+        peaks = [result.extra["measured_peak_bytes"], *result.extra["compared_peak_bytes"]]
+        peak_of = {shape: max(p) for shape, p in zip(order, peaks, strict=True)}
     except SpindleError as exc:
         print(exc.render(), file=sys.stderr)
         return 1
@@ -173,18 +214,20 @@ def main() -> int:
     )
     print(
         f"{'plan':<12}{'cost model':<12}{'waves':>6}{'predicted s':>13}{'measured s':>12}"
-        f"{'measured/pred':>15}"
+        f"{'measured/pred':>15}{'peak MiB pred':>15}{'measured':>10}"
     )
-    measured = {}
+    measured, peak = {}, {}
     for shape, keys in shapes.items():
         m = statistics.median(times[shape])
         for key in keys:
-            measured[key] = m
+            measured[key], peak[key] = m, peak_of[shape]
     for (scheduler, cost), plan in plans.items():
         m = measured[(scheduler, cost)]
+        predicted_peak = max(plan.memory_bytes) / 2**20 if plan.memory_bytes else float("nan")
+        measured_peak = peak[(scheduler, cost)] / 2**20
         print(
             f"{scheduler:<12}{cost:<12}{len(plan.waves):>6}{plan.iteration_s:>13.4f}{m:>12.4f}"
-            f"{m / plan.iteration_s:>15.2f}"
+            f"{m / plan.iteration_s:>15.2f}{predicted_peak:>15.1f}{measured_peak:>10.1f}"
         )
     for cost in ("profile", "analytic"):
         if ("default", cost) not in plans:
@@ -199,9 +242,11 @@ def main() -> int:
     if args.exactness:
         key = ("default", "profile") if ("default", "profile") in plans else ("default", "analytic")
         _exactness(graph, plans[key], args.nproc, 5)
+    key = ("default", "profile") if ("default", "profile") in plans else ("default", "analytic")
     if args.optimizer_sharding:
-        key = ("default", "profile") if ("default", "profile") in plans else ("default", "analytic")
         _sharding(graph, plans[key], args.nproc, args.steps)
+    if args.levers:
+        _levers(graph, plans[key], args.nproc, args.steps)
     return 0
 
 

@@ -13,12 +13,36 @@ producer along the mirrored moves, and the producer adds it to its output gradie
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
 from .schedule import Flow, moves, shard_bounds
+
+
+class ReceivePool:
+    """Persistent forward receive buffers, one per flow key, grown to the most rows asked."""
+
+    def __init__(self, keep: Callable[[torch.Tensor, str], None] | None = None):
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._keep = keep or (lambda _t, _what: None)
+
+    def get(
+        self, key: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """A tensor of ``shape`` (a fresh leaf, no autograd history) on the flow's buffer."""
+        buf = self._buffers.get(key)
+        if (
+            buf is None
+            or buf.shape[0] < shape[0]
+            or buf.shape[1:] != shape[1:]
+            or (buf.dtype, buf.device) != (dtype, device)
+        ):
+            buf = torch.empty(shape, dtype=dtype, device=device)
+            self._keep(buf, "buffers")
+            self._buffers[key] = buf
+        return buf[: shape[0]].detach()
 
 
 def exchange(
@@ -29,12 +53,14 @@ def exchange(
     reverse: bool = False,
     dtype: torch.dtype,
     device: torch.device,
+    pool: ReceivePool | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run one phase's flows; return this rank's assembled shard of each flow it receives.
 
     ``send[key]`` is this rank's shard of the flow's source (forward: the producer's output
     shard; ``reverse``: the consumer's input-gradient shard). ``flows`` must be the whole
-    phase, identical on every rank, even the flows this rank takes no part in.
+    phase, identical on every rank, even the flows this rank takes no part in. ``pool`` gives
+    the receive buffers (forward only).
     """
     ops: list[dist.P2POp] = []
     received: dict[str, torch.Tensor] = {}
@@ -52,7 +78,11 @@ def exchange(
         dst_lo = 0
         if rank in dst:
             dst_lo, dst_hi = shard_bounds(flow.batch, len(dst))[dst.index(rank)]
-            buf = torch.empty((dst_hi - dst_lo, *flow.tail), dtype=dtype, device=device)
+            shape = (dst_hi - dst_lo, *flow.tail)
+            if pool is not None and not reverse:
+                buf = pool.get(flow.key, shape, dtype, device)
+            else:
+                buf = torch.empty(shape, dtype=dtype, device=device)
             received[flow.key] = buf
         source = send[flow.key].detach() if rank in src else None
         for mv in flow_moves:

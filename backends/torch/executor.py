@@ -1,15 +1,30 @@
-"""One training step on one rank: forward wave by wave, the losses, backward in reverse.
+"""One training step on one rank: ``k`` micro-batch passes of forward, losses and backward.
 
-Forward, for each wave in order: run the wave's exchange phase (every flow whose consumer is in
-this wave; the rows of each arrive as a leaf tensor), then the stage this rank runs in the wave
-on its data-parallel shard. The losses follow (a contrastive task first gathers its readouts).
-Backward, for each wave in reverse: back-propagate this rank's stage from the gradient its
-output collected, then send each received leaf's gradient back along its flow, where the
-producer adds it to its own output gradient. Parameter gradients accumulate in ``.grad`` over
-every stage and task; reducing and stepping them is the caller's business.
+A pass runs on micro-batch ``m`` of every task: rows ``shard_bounds(B, k)[m]`` of a task's batch
+``B``, which each stage splits over its devices as it would a whole batch (``k = 1``: the whole
+batch). Forward, for each wave in order: run the wave's exchange phase (every flow whose
+consumer is in this wave; the rows of each arrive as a leaf tensor), then the stage this rank
+runs in the wave on its data-parallel shard. The losses follow (a contrastive task first gathers
+its readouts). Backward, for each wave in reverse: back-propagate this rank's stage from the
+gradient its output collected, then send each received leaf's gradient back along its flow,
+where the producer adds it to its own output gradient. Parameter gradients accumulate in
+``.grad`` over every stage, task and pass. After the loss and after each wave's backward the
+executor tells the gradient synchroniser (``grads.GradSync``) which backward tick is over, so
+it can start reducing the buckets that are final.
 
 A stage's autograd graph spans only its own layers (inputs are leaves), so backward of a wave
 needs nothing from any other rank beyond the output gradients already delivered.
+
+Micro-batches keep the losses' whole-batch normalisation (an ``lm`` or ``mse`` shard divides its
+sum by the task's whole batch), so the passes' gradients add up to the one-pass gradient. A
+contrastive loss couples every pair of the batch, so with ``k > 1`` the step first caches it,
+as OpenCLIP's ``accum_freq`` and GradCache do: one forward without autograd of the contrastive
+tasks' MetaOps over all ``k`` micro-batches, the readouts gathered on the loss device, the
+loss and its gradient with respect to the whole batch's readouts computed there; each pass then
+runs those MetaOps with autograd, sends every sink its micro-batch's cached readout gradient
+back along the loss flows, and back-propagates it. The extra cost per step is that one
+forward of the contrastive tasks' MetaOps (on the whole batch, as ``k`` micro-batch passes)
+and ``k`` more readout gathers.
 
 Activation recompute: the layers of a MetaOp in ``recompute`` run one by one under
 ``torch.utils.checkpoint`` (non-reentrant) whenever they build a graph, so only each layer's
@@ -20,7 +35,9 @@ are bit for bit those without recompute; input stages and LM heads always run pl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -30,13 +47,33 @@ from spindle_dsl.metagraph import MetaGraph
 
 from . import losses as L
 from .data import TaskData
-from .exchange import exchange
+from .exchange import ReceivePool, exchange
+from .memory import MemoryMeter
 from .params import PartStore
 from .parts import Part, head_module
-from .schedule import Schedule, Stage, layer_module, shape_after
+from .schedule import Flow, Schedule, Stage, layer_module, shape_after, shard_bounds
 from .trace import Tracer
 
 StageKey = tuple[str, int]
+
+
+class BackwardListener:
+    """What the executor reports during a step (``grads.GradSync`` listens); does nothing."""
+
+    def begin_pass(self, index: int, count: int) -> None:
+        pass
+
+    def backward_done(self, tick: int) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class ContrastiveCache:
+    """A step's contrastive losses, computed on the whole batch before the passes: each task's
+    loss (on its loss device) and the gradient of each readout flow's whole batch there."""
+
+    losses: dict[str, float]
+    grads: dict[str, torch.Tensor]
 
 
 class StepExecutor:
@@ -55,12 +92,21 @@ class StepExecutor:
         tracer: Tracer | None = None,
         heartbeat: Callable[[str], None] | None = None,
         recompute: frozenset[str] = frozenset(),
+        micro_batches: int = 1,
+        listener: BackwardListener | None = None,
+        meter: MemoryMeter | None = None,
     ):
+        if micro_batches < 1:
+            raise ExecutionError(f"micro_batches must be at least 1, got {micro_batches}")
         self.graph, self.schedule, self.rank = graph, schedule, rank
         self.recompute = recompute
         self.store, self.data, self.dtype, self.device = store, data, dtype, device
         self.tracer = tracer or Tracer(rank, enabled=False)
         self.beat = heartbeat or (lambda _what: None)
+        self.k = micro_batches
+        self.listener = listener or BackwardListener()
+        self.meter = meter or MemoryMeter(store, device, enabled=False)
+        self.pool = ReceivePool(self.meter.keep)
         self.tasks = [t for t in graph.tasks if t.batch > 0]
         for task in self.tasks:
             L.check_task(graph, task)
@@ -69,72 +115,126 @@ class StepExecutor:
         }
         self.my_stage = {w: schedule.stage_of(rank, w) for w in range(schedule.n_waves)}
         self.flow_by_key = {f.key: f for f in schedule.flows}
+        # each pass's flows: the same moves, on the micro-batch's rows
+        self.flows = [
+            [
+                tuple(_micro_flow(f, self.k, m) for f in schedule.flows_into(phase))
+                for phase in range(schedule.n_waves + 1)
+            ]
+            for m in range(self.k)
+        ]
+        self.contrastive = {t.name for t in self.tasks if t.loss == "contrastive"}
+
+    def task_of_flow(self, flow: Flow) -> str:
+        return self.graph.op(flow.source[0]).task
+
+    def micro_rows(self, batch: int, m: int) -> tuple[int, int]:
+        """Rows ``[lo, hi)`` of a batch of ``batch`` in micro-batch ``m``."""
+        return shard_bounds(batch, self.k)[m]
+
+    def rows(self, stage: Stage, batch: int, m: int) -> tuple[int, int]:
+        """The rows of the whole batch (of ``batch``) this rank holds in ``stage`` in pass
+        ``m``: its shard of the micro-batch, numbered as in the whole batch."""
+        base, end = self.micro_rows(batch, m)
+        lo, hi = stage.rows(end - base, self.rank)
+        return base + lo, base + hi
 
     # --- one step -------------------------------------------------------------------------------
     def run(self, step: int) -> dict[str, float]:
-        """Forward and backward of step ``step`` (0-based); returns this rank's share of each
-        task's loss (the shares of all ranks add up to the task's mean loss)."""
+        """Forward and backward of step ``step`` (0-based), all passes; returns this rank's
+        share of each task's loss (the shares of all ranks add up to the task's mean loss)."""
+        cache = self._contrastive_cache(step) if self.k > 1 and self.contrastive else None
+        shares = {t.name: 0.0 for t in self.tasks}
+        for m in range(self.k):
+            self.listener.begin_pass(m, self.k)
+            with self.meter.saving():
+                for task, value in self._pass(step, m, cache).items():
+                    shares[task] += value
+        if cache is not None:
+            for task, value in cache.losses.items():
+                shares[task] += value
+        return shares
+
+    def _pass(self, step: int, m: int, cache: ContrastiveCache | None) -> dict[str, float]:
+        label = f"step {step + 1}" + (f" pass {m + 1}/{self.k}" if self.k > 1 else "")
         outputs: dict[StageKey, torch.Tensor] = {}
         leaves: dict[str, torch.Tensor] = {}
         for wave in range(self.schedule.n_waves):
-            self.beat(f"step {step + 1} wave {wave} forward")
-            self._receive(wave, outputs, leaves)
+            self.beat(f"{label} wave {wave} forward")
+            self._receive(self.flows[m][wave], wave, outputs, leaves, pool=self.pool)
             stage = self.my_stage[wave]
             if stage is not None:
-                with self.tracer.span(
-                    f"F {stage.metaop} [{stage.first},{stage.end})",
-                    "forward",
-                    step=step + 1,
-                    metaop=stage.metaop,
-                    stage=stage.index,
-                    wave=wave,
-                ):
-                    outputs[(stage.metaop, stage.index)] = self._forward(stage, step, leaves)
-        self.beat(f"step {step + 1} loss")
+                before = self.meter.live["activations"]
+                with self._span("F", "forward", stage, step):
+                    out = self._forward(stage, step, m, leaves)
+                self.meter.keep(out, "activations")
+                self.meter.note_stage(f"{stage.metaop} [{stage.first},{stage.end})", before)
+                outputs[(stage.metaop, stage.index)] = out
+        self.beat(f"{label} loss")
         with self.tracer.span("loss", "loss"):
-            shares, out_grads = self._losses(step, outputs)
-        for wave in reversed(range(self.schedule.n_waves)):
-            self.beat(f"step {step + 1} wave {wave} backward")
+            shares, out_grads = self._losses(step, m, outputs, cache)
+        self.listener.backward_done(0)
+        n = self.schedule.n_waves
+        for wave in reversed(range(n)):
+            self.beat(f"{label} wave {wave} backward")
             stage = self.my_stage[wave]
             if stage is not None:
                 key = (stage.metaop, stage.index)
                 out = outputs.pop(key)
                 if out.requires_grad:
-                    with self.tracer.span(
-                        f"B {stage.metaop} [{stage.first},{stage.end})",
-                        "backward",
-                        step=step + 1,
-                        metaop=stage.metaop,
-                        stage=stage.index,
-                        wave=wave,
-                    ):
+                    with self._span("B", "backward", stage, step):
                         grad = out_grads.pop(key, None)
                         torch.autograd.backward(
                             out, grad if grad is not None else torch.zeros_like(out)
                         )
-            self._send_back(wave, leaves, out_grads)
+                del out
+            self.listener.backward_done(n - wave)
+            self._send_back(self.flows[m][wave], wave, leaves, out_grads)
         return shares
+
+    def _span(self, what: str, cat: str, stage: Stage, step: int, **args):
+        """The trace span of a stage's forward or backward (the trace's flow arrows find the
+        stages by these arguments)."""
+        return self.tracer.span(
+            f"{what} {stage.metaop} [{stage.first},{stage.end})",
+            cat,
+            step=step + 1,
+            metaop=stage.metaop,
+            stage=stage.index,
+            wave=stage.wave,
+            **args,
+        )
 
     # --- forward ------------------------------------------------------------------------------
     def _receive(
-        self, phase: int, outputs: dict[StageKey, torch.Tensor], leaves: dict[str, torch.Tensor]
+        self,
+        flows: tuple[Flow, ...],
+        phase: int,
+        outputs: dict[StageKey, torch.Tensor],
+        leaves: dict[str, torch.Tensor],
+        *,
+        pool: ReceivePool | None,
     ) -> None:
-        flows = self.schedule.flows_into(phase)
         if not any(f.involves(self.rank) for f in flows):
             return
         send = {f.key: outputs[f.source] for f in flows if self.rank in f.src}
         with self.tracer.span(f"exchange {phase}", "exchange"):
-            got = exchange(self.rank, flows, send, dtype=self.dtype, device=self.device)
+            got = exchange(self.rank, flows, send, dtype=self.dtype, device=self.device, pool=pool)
         for key, tensor in got.items():
-            leaves[key] = tensor.requires_grad_(self.flow_by_key[key].backward)
+            leaves[key] = tensor.requires_grad_(
+                self.flow_by_key[key].backward and torch.is_grad_enabled()
+            )
+            self.meter.keep(tensor, "activations")
 
-    def _forward(self, stage: Stage, step: int, leaves: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _forward(
+        self, stage: Stage, step: int, m: int, leaves: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
         op = self.graph.op(stage.metaop)
-        lo, hi = stage.rows(op.batch, self.rank)
+        lo, hi = self.rows(stage, op.batch, m)
         want = (hi - lo, *shape_after(self.graph, op, stage.end - 1))
         if hi == lo:
             return torch.zeros(want, dtype=self.dtype, device=self.device)
-        with torch.set_grad_enabled(op.needs_backward):
+        with torch.set_grad_enabled(op.needs_backward and torch.is_grad_enabled()):
             if stage.index == 0:
                 raw = self.data.rows(op.task, step, lo, hi) if _reads_raw(op) else {}
                 pieces = []
@@ -162,7 +262,11 @@ class StepExecutor:
 
     # --- losses -------------------------------------------------------------------------------
     def _losses(
-        self, step: int, outputs: dict[StageKey, torch.Tensor]
+        self,
+        step: int,
+        m: int,
+        outputs: dict[StageKey, torch.Tensor],
+        cache: ContrastiveCache | None,
     ) -> tuple[dict[str, float], dict[StageKey, torch.Tensor]]:
         shares: dict[str, float] = {}
         seeds: list[torch.Tensor] = []  # loss tensors to back-propagate
@@ -177,7 +281,7 @@ class StepExecutor:
                 key = (sink_id, last.index)
                 y = outputs[key].detach().requires_grad_(outputs[key].requires_grad)
                 sink_leaves.append((key, y))
-                lo, hi = last.rows(task.batch, self.rank)
+                lo, hi = self.rows(last, task.batch, m)
                 if task.loss == "contrastive":
                     with torch.set_grad_enabled(y.requires_grad):
                         readouts[f"loss:{task.name}:{i}"] = L.readout(y)
@@ -194,24 +298,33 @@ class StepExecutor:
                 shares[task.name] += float(part.detach())
                 if part.requires_grad:
                     seeds.append(part)
-        # Contrastive tasks: gather both readouts of the whole batch on the task's loss device.
-        phase = self.schedule.n_waves
-        flows = self.schedule.flows_into(phase)
-        gathered: dict[str, torch.Tensor] = {}
-        if any(f.involves(self.rank) for f in flows):
-            got = exchange(self.rank, flows, readouts, dtype=self.dtype, device=self.device)
-            gathered = {k: v.requires_grad_(self.flow_by_key[k].backward) for k, v in got.items()}
-        for task in self.tasks:
-            if task.loss == "contrastive" and f"loss:{task.name}:0" in gathered:
-                a, b = gathered[f"loss:{task.name}:0"], gathered[f"loss:{task.name}:1"]
-                loss = L.infonce(a, b)
-                shares[task.name] += float(loss.detach())
-                if loss.requires_grad:
-                    seeds.append(loss)
+        flows = self.flows[m][self.schedule.n_waves]
+        if cache is None:
+            # Contrastive tasks: gather both readouts of the whole batch on the loss device.
+            gathered: dict[str, torch.Tensor] = {}
+            if any(f.involves(self.rank) for f in flows):
+                got = exchange(self.rank, flows, readouts, dtype=self.dtype, device=self.device)
+                gathered = {
+                    k: v.requires_grad_(self.flow_by_key[k].backward) for k, v in got.items()
+                }
+            for task in self.tasks:
+                if task.loss == "contrastive" and f"loss:{task.name}:0" in gathered:
+                    a, b = gathered[f"loss:{task.name}:0"], gathered[f"loss:{task.name}:1"]
+                    loss = L.infonce(a, b)
+                    shares[task.name] += float(loss.detach())
+                    if loss.requires_grad:
+                        seeds.append(loss)
         if seeds:
             torch.autograd.backward(seeds)
         if any(f.involves(self.rank) and f.backward for f in flows):
-            grads = {k: _grad_of(v) for k, v in gathered.items()}
+            if cache is None:
+                grads = {k: _grad_of(v) for k, v in gathered.items()}
+            else:  # this micro-batch's rows of the cached whole-batch readout gradients
+                grads = {
+                    f.key: cache.grads[f.key][slice(*self.micro_rows(f.batch_whole, m))]
+                    for f in flows
+                    if f.key in cache.grads
+                }
             back = exchange(
                 self.rank, flows, grads, reverse=True, dtype=self.dtype, device=self.device
             )
@@ -225,12 +338,72 @@ class StepExecutor:
                 _accumulate(out_grads, key, y.grad)
         return shares, out_grads
 
+    def _contrastive_cache(self, step: int) -> ContrastiveCache:
+        """The contrastive losses of the whole batch and their readout gradients, from a
+        forward without autograd of the contrastive tasks' MetaOps, micro-batch by
+        micro-batch (each rank runs its stages of those tasks and their flows only)."""
+        n = self.schedule.n_waves
+        pieces: dict[str, list[torch.Tensor]] = {}
+        with torch.no_grad():
+            for m in range(self.k):
+                outputs: dict[StageKey, torch.Tensor] = {}
+                leaves: dict[str, torch.Tensor] = {}
+                for wave in range(n):
+                    flows = tuple(
+                        f for f in self.flows[m][wave] if self.task_of_flow(f) in self.contrastive
+                    )
+                    self._receive(flows, wave, outputs, leaves, pool=None)
+                    stage = self.my_stage[wave]
+                    if stage is None or self.graph.op(stage.metaop).task not in self.contrastive:
+                        continue
+                    with self._span("F (no grad)", "forward", stage, step, cache=True):
+                        outputs[(stage.metaop, stage.index)] = self._forward(stage, step, m, leaves)
+                readouts = {}
+                for task in self.tasks:
+                    if task.loss != "contrastive":
+                        continue
+                    for i, sink_id in enumerate(task.sinks):
+                        last = self.schedule.chain(sink_id)[-1]
+                        if self.rank in last.devices:
+                            readouts[f"loss:{task.name}:{i}"] = L.readout(
+                                outputs[(sink_id, last.index)]
+                            )
+                flows = self.flows[m][n]
+                if any(f.involves(self.rank) for f in flows):
+                    with self.tracer.span(f"exchange {n} (cache)", "exchange"):
+                        got = exchange(
+                            self.rank, flows, readouts, dtype=self.dtype, device=self.device
+                        )
+                    for key, rows in got.items():
+                        pieces.setdefault(key, []).append(rows)
+        losses: dict[str, float] = {}
+        grads: dict[str, torch.Tensor] = {}
+        for task in self.tasks:
+            keys = [f"loss:{task.name}:{i}" for i in range(2)]
+            if task.loss != "contrastive" or keys[0] not in pieces:
+                continue
+            a, b = (torch.cat(pieces[k]).requires_grad_(self.flow_by_key[k].backward) for k in keys)
+            with torch.enable_grad(), self.tracer.span("loss (cache)", "loss"):
+                loss = L.infonce(a, b)
+                if loss.requires_grad:
+                    torch.autograd.backward(loss)
+            losses[task.name] = float(loss.detach())
+            for key, t in zip(keys, (a, b), strict=True):
+                if t.requires_grad:
+                    grads[key] = _grad_of(t)
+        return ContrastiveCache(losses, grads)
+
     # --- backward -----------------------------------------------------------------------------
     def _send_back(
-        self, phase: int, leaves: dict[str, torch.Tensor], out_grads: dict[StageKey, torch.Tensor]
+        self,
+        flows: tuple[Flow, ...],
+        phase: int,
+        leaves: dict[str, torch.Tensor],
+        out_grads: dict[StageKey, torch.Tensor],
     ) -> None:
-        flows = self.schedule.flows_into(phase)
         if not any(f.involves(self.rank) and f.backward for f in flows):
+            for f in flows:
+                leaves.pop(f.key, None)
             return
         send = {f.key: _grad_of(leaves[f.key]) for f in flows if f.backward and self.rank in f.dst}
         with self.tracer.span(f"exchange {phase} (grad)", "exchange"):
@@ -241,6 +414,20 @@ class StepExecutor:
             _accumulate(out_grads, self.flow_by_key[key].source, grad)
         for f in flows:
             leaves.pop(f.key, None)
+
+
+@dataclass(frozen=True)
+class MicroFlow(Flow):
+    """A flow of one micro-batch pass: ``batch`` is the micro-batch, ``batch_whole`` the
+    task's batch it was cut from."""
+
+    batch_whole: int = 0
+
+
+def _micro_flow(flow: Flow, k: int, m: int) -> MicroFlow:
+    lo, hi = shard_bounds(flow.batch, k)[m]
+    fields = {f.name: getattr(flow, f.name) for f in dataclasses.fields(Flow)}
+    return MicroFlow(**{**fields, "batch": hi - lo}, batch_whole=flow.batch)
 
 
 def _reads_raw(op) -> bool:

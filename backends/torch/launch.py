@@ -66,11 +66,24 @@ class Heartbeat:
 
     def __init__(self, path: Path):
         self.path = path
+        try:  # what the parent wrote first ("starting") is covered too
+            self._width = path.stat().st_size
+        except OSError:
+            self._width = 0
 
     def beat(self, what: str) -> None:
+        # Overwritten in place, never truncated: on ext4 a truncate-then-write pushes the data
+        # to disk at close (auto_da_alloc), 3.2 ms per beat on this machine against 7 us in
+        # place, at some twenty beats a step. Spaces cover a longer previous text.
+        data = what.encode().ljust(self._width)
+        self._width = len(data)
         # OSError: the run folder went away, so the parent is gone and PDEATHSIG follows.
         with contextlib.suppress(OSError):
-            self.path.write_text(what)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -192,7 +205,7 @@ def _watch(
         for r, (p, b) in enumerate(zip(procs, beats, strict=True)):
             if p.poll() is None:
                 try:
-                    ages.append((now - b.stat().st_mtime, r, b.read_text()))
+                    ages.append((now - b.stat().st_mtime, r, b.read_text().strip()))
                 except OSError:
                     ages.append((0.0, r, "?"))
         if ages:

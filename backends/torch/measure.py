@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.optim.adamw import adamw
 
 from spindle_dsl.cost.profiler import TimingBudget, planned_batches, time_layer
 from spindle_dsl.cost.step_parts import SinkLoss
@@ -31,9 +30,11 @@ from spindle_dsl.metagraph import MetaGraph, MetaOp
 
 from . import losses as L
 from .data import TaskData
+from .grads import _reduce_scatter
+from .optim import adamw_step
 from .params import build_part
 from .parts import Part
-from .zero import _all_gather, _reduce_scatter
+from .zero import _all_gather
 
 Beat = Callable[[str], None]
 # Every rank of a collective must run it as often as the others: a fixed count, never "until
@@ -239,17 +240,15 @@ def exchange_seconds(probe: Probe, nbytes: int) -> float | None:
 
 def optimizer_seconds(probe: Probe, nbytes: int) -> float | None:
     """AdamW on a flat shard of ``nbytes`` of parameters, as the sharded optimizer steps it
-    (torch's functional AdamW, per tensor, fp32 state)."""
+    (the runtime's own step, ``optim.adamw_step``: torch's fused AdamW, fp32 state)."""
     elem = torch.tensor([], dtype=probe.dtype).element_size()
     n = max(1, nbytes // elem)
     sdtype = probe.dtype if torch.finfo(probe.dtype).bits >= 32 else torch.float32
     w, g, m, v = (torch.rand(n, dtype=sdtype, device=probe.device) for _ in range(4))
-    step_t = torch.tensor(0.0)
     hyper = dict(lr=1e-3, weight_decay=0.01, beta1=0.9, beta2=0.999, eps=1e-8)
 
     def step() -> None:
-        adamw([w], [g], [m], [v], [], [step_t], foreach=False, amsgrad=False, maximize=False,
-              **hyper)  # fmt: skip
+        adamw_step([w], [g], [m], [v], [1], hyper)
 
     return probe.compute(f"optimizer {nbytes} bytes", step)
 

@@ -74,8 +74,26 @@ def summary(result: RunResult, sequential_s: float | None = None) -> str:
             f"optimizer state per rank: {_mib(min(held))} to {_mib(max(held))}, "
             f"{_mib(sum(held))} in all"
         )
+    lines += memory_lines(result)
     if result.checkpoint:
         lines.append(f"checkpoint: {result.checkpoint}")
     if result.trace:
         lines.append(f"measured trace: {result.trace}")
     return "\n".join(lines)
+
+
+def memory_lines(result: RunResult) -> list[str]:
+    """Each rank's measured peak tensor bytes beside the plan's prediction."""
+    measured = result.extra.get("measured_peak_bytes") or []
+    if not any(measured):
+        return []
+    predicted = result.extra.get("predicted_peak_bytes") or [None] * len(measured)
+    terms = result.extra.get("peak_terms") or [{}] * len(measured)
+    head = f"{'peak memory':<14}{'measured':>14}{'predicted':>14}{'pred/meas':>10}"
+    out = [head + "  measured at the peak (MiB)"]
+    for rank, (m, p, t) in enumerate(zip(measured, predicted, terms, strict=True)):
+        ratio = f"{p / m:>10.2f}" if p and m else f"{'-':>10}"
+        pred = _mib(p) if p else "-"
+        parts = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in t.items() if v)
+        out.append(f"{'  rank ' + str(rank):<14}{_mib(m):>14}{pred:>14}{ratio}  {parts}")
+    return out

@@ -1,11 +1,13 @@
 """One plan's model on one rank, and one optimizer step of it.
 
 A ``Trainer`` owns what a plan decides on a rank: the compiled schedule, the parts the rank
-holds, their AdamW state (sharded over each part's holders unless ``optimizer_sharding`` is
-off), the gradient groups, which MetaOps recompute activations, and the step executor.
-Keeping it apart from the run loop lets one set of worker processes hold several plans of the
-same spec side by side (each with its own fresh model) and step them in turn, which is how the
-benchmark compares plans on the very same processes, under the same machine load.
+holds, their AdamW state (sharded over each part's holders at ZeRO stage 1, with the gradients
+too at stage 2, nothing at stage 0), the gradient groups and their buckets, which MetaOps
+recompute activations, how many micro-batch passes a step runs, the step executor and the
+memory meter. Keeping it apart from the run loop lets one set of worker processes hold several
+plans of the same spec side by side (each with its own fresh model) and step them in turn,
+which is how the benchmark compares plans on the very same processes, under the same machine
+load.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from spindle_dsl.plan.model import Plan
 from ..base import RecomputeMode, RunConfig, StepRecord
 from .data import TaskData
 from .executor import StepExecutor
-from .grads import holder_groups
+from .grads import holder_groups, ready_ticks
+from .memory import MemoryMeter
 from .optim import RankOptimizer, ReplicatedAdamW
 from .params import DTYPES, PartStore
-from .schedule import build_schedule
+from .schedule import Schedule, build_schedule
 from .trace import Tracer
 from .zero import ShardedAdamW, gloo_has_reduce_scatter
 
@@ -40,18 +43,41 @@ def recompute_set(plan: Plan, mode: RecomputeMode) -> frozenset[str]:
     return frozenset(m.id for m in plan.metaops if mode == "all" or m.recompute)
 
 
+def zero_stage(plan: Plan, config: RunConfig) -> int:
+    """The ZeRO stage a run uses: the config's, else the plan's; 0 with sharding off."""
+    if not config.optimizer_sharding:
+        return 0
+    stage = config.zero_stage if config.zero_stage is not None else plan.zero_stage
+    if stage == 0 and config.dtype == "bfloat16":
+        raise ExecutionError(
+            "the plan asks for zero_stage 0, but bfloat16 training keeps fp32 master weights in "
+            "the sharded optimizer; run with --zero-stage 1 or 2, or train in float32"
+        )
+    return stage
+
+
+def micro_batches(plan: Plan, config: RunConfig) -> int:
+    """Micro-batch passes per step: the config's, else the plan's."""
+    return config.micro_batches if config.micro_batches is not None else plan.micro_batches
+
+
 def make_rank_optimizer(
     config: RunConfig,
-    schedule,
+    schedule: Schedule,
     rank: int,
     store: PartStore,
     tracer: Tracer,
+    *,
+    stage: int = 1,
+    ready: Mapping | None = None,
+    keep: Callable[[torch.Tensor, str], None] | None = None,
 ) -> RankOptimizer:
-    """The optimizer ``config`` asks for (a collective: it creates the holder groups)."""
+    """The optimizer of ZeRO ``stage`` (a collective: it creates the holder groups)."""
     groups = holder_groups(schedule, rank)
     hyper = dict(lr=config.lr, weight_decay=config.weight_decay, betas=config.betas, eps=config.eps)
-    if not config.optimizer_sharding:
-        return ReplicatedAdamW(schedule, rank, store, groups, tracer=tracer, **hyper)
+    common = dict(tracer=tracer, ready=ready, keep=keep)
+    if stage == 0:
+        return ReplicatedAdamW(schedule, rank, store, groups, **common, **hyper)
     gloo_only = dist.get_backend() == "gloo" and not gloo_has_reduce_scatter()
     if config.grad_collective == "auto":
         scatter = not gloo_only
@@ -63,7 +89,7 @@ def make_rank_optimizer(
     else:
         scatter = config.grad_collective == "reduce_scatter"
     return ShardedAdamW(
-        schedule, rank, store, groups, reduce_scatter=scatter, tracer=tracer, **hyper
+        schedule, rank, store, groups, reduce_scatter=scatter, stage=stage, **common, **hyper
     )
 
 
@@ -102,7 +128,19 @@ class Trainer:
         self.store = store or PartStore(
             graph, self.schedule.parts_of(rank), config.seed, dtype, device
         )
-        self.opt = make_rank_optimizer(config, self.schedule, rank, self.store, tracer)
+        self.meter = MemoryMeter(self.store, device, enabled=config.measure_memory)
+        self.zero_stage = zero_stage(plan, config)
+        self.micro_batches = micro_batches(plan, config)
+        self.opt = make_rank_optimizer(
+            config,
+            self.schedule,
+            rank,
+            self.store,
+            tracer,
+            stage=self.zero_stage,
+            ready=ready_ticks(graph, self.schedule),
+            keep=self.meter.keep,
+        )
         data = TaskData(graph, config.seed, datasets, dtype, device, positions)
         self.executor = StepExecutor(
             graph,
@@ -115,12 +153,16 @@ class Trainer:
             tracer=tracer,
             heartbeat=beat,
             recompute=recompute_set(plan, config.recompute),
+            micro_batches=self.micro_batches,
+            listener=self.opt.sync,
+            meter=self.meter,
         )
         self.tasks = [t.name for t in graph.tasks if t.batch > 0]
 
     def step(self, step: int) -> StepRecord:
-        """Forward, backward, gradient reduction and AdamW for step ``step`` (0-based); the
-        record carries each task's loss summed over all ranks, and this rank's wall time."""
+        """Forward and backward of every micro-batch pass (the gradient reduction overlapping
+        the backward), then AdamW, for step ``step`` (0-based); the record carries each task's
+        loss summed over all ranks, and this rank's wall time."""
         t0 = time.perf_counter()
         with self.tracer.span(f"step {step + 1}", "step"):
             shares = self.executor.run(step)

@@ -62,7 +62,7 @@ def compare_item(item: Plan | tuple[Plan, Mapping[str, Any]]) -> tuple[Plan, dic
     if isinstance(item, Plan):
         return item, {}
     plan, changes = item
-    allowed = {"recompute", "optimizer_sharding", "grad_collective"}
+    allowed = {"recompute", "optimizer_sharding", "grad_collective", "micro_batches", "zero_stage"}
     if set(changes) - allowed:
         raise ExecutionError(
             f"a compared plan may change only {', '.join(sorted(allowed))}, "
@@ -300,8 +300,9 @@ def _train(
         views: list[Any] = [None] * world_size if lead else []
         dist.gather_object(switches, views if lead else None, dst=0)
         switches = [{**s, "per_rank": [v[i] for v in views]} for i, s in enumerate(switches)]
-    # What each rank holds of the optimizer state, for the result (memory accounting, tests).
-    held = [(t.opt.state_elements(), t.opt.state_bytes()) for t in (trainer, *others)]
+    # What each rank holds of the optimizer state, and its measured peak memory, for the
+    # result (memory accounting, tests).
+    held = [_memory_report(t) for t in (trainer, *others)]
     every: list[Any] = [None] * world_size if lead else []
     dist.gather_object(held, every if lead else None, dst=0)
     beat("done")
@@ -330,6 +331,14 @@ def _train(
             "optimizer_state": [r[0][0] for r in every],
             "optimizer_state_bytes": [r[0][1] for r in every],
             "compared_optimizer_state": [[r[i][0] for r in every] for i in range(1, len(held))],
+            # per rank: measured peak tensor bytes, the plan's prediction, the terms at the peak
+            "measured_peak_bytes": [r[0][2] for r in every],
+            "predicted_peak_bytes": _predicted_peaks(trainer.plan, world_size),
+            "peak_terms": [r[0][3] for r in every],
+            "kept_by_stage": [r[0][4] for r in every],  # activation bytes each stage kept
+            "compared_peak_bytes": [[r[i][2] for r in every] for i in range(1, len(held))],
+            "micro_batches": trainer.micro_batches,
+            "zero_stage": trainer.zero_stage,
         },
     )
 
@@ -355,3 +364,22 @@ def _predicted(phases: tuple[RunPhase, ...], records: list[StepRecord]) -> float
     """The plans' predicted step time, averaged over the steps this run took."""
     times = [phases[phase_index(phases, r.step - 1)].plan.iteration_s for r in records]
     return sum(times) / len(times)
+
+
+def _memory_report(trainer: Trainer) -> tuple:
+    """What one rank reports of a trainer's memory: optimizer-state elements by part and bytes,
+    the measured peak, its terms, and the activations each stage kept."""
+    meter = trainer.meter
+    return (
+        trainer.opt.state_elements(),
+        trainer.opt.state_bytes(),
+        meter.peak_bytes(),
+        meter.peak_terms(),
+        meter.stage_kept,
+    )
+
+
+def _predicted_peaks(plan: Plan, world_size: int) -> list[int | None]:
+    """The plan's predicted peak bytes per rank (None where the plan predicts none)."""
+    predicted = list(plan.memory_bytes)
+    return [predicted[r] if r < len(predicted) else None for r in range(world_size)]

@@ -1,39 +1,51 @@
-"""The distributed optimizer (ZeRO-1): AdamW state sharded over the ranks that hold each part.
+"""The distributed optimizer (ZeRO-1 and ZeRO-2): AdamW state, and optionally gradients,
+sharded over the ranks that hold each part.
 
-Every holder of a part keeps the part's weights and gradients whole (it runs the part), but the
-fp32 optimizer state (Adam's ``exp_avg`` and ``exp_avg_sq``, plus fp32 master weights when the
-training dtype is narrower than fp32) exists once over the holders: each owns a contiguous shard
-of the part's flattened parameters (``shards.py``). A step, bucket by bucket:
+Every holder of a part keeps the part's weights whole (it runs the part), but the fp32 optimizer
+state (Adam's ``exp_avg`` and ``exp_avg_sq``, plus fp32 master weights when the training dtype is
+narrower than fp32) exists once over the holders: each owns a contiguous shard of the part's
+flattened parameters (``shards.py``). A step, bucket by bucket:
 
-1. the holders sum their gradients and each keeps the sum over its own shard: one
-   reduce-scatter, or on a backend without one, an all-reduce of which each keeps its rows;
-2. each steps AdamW on its shard alone, with torch's own functional AdamW
-   (``torch.optim.adamw.adamw``, per tensor: ``foreach=False``, as ``make_optimizer`` asks of
-   ``torch.optim.AdamW``), whose update is elementwise, so a shard gets bit for bit what the whole
-   tensor would;
-3. one all-gather of the updated shards gives every holder the same new weights.
+1. the holders sum their gradients and each keeps the sum over its own shard (``grads.py``: one
+   reduce-scatter per bucket, or on a backend without one an all-reduce of which each keeps its
+   row, issued during the backward as soon as the bucket is ready). Stage 1 keeps full
+   gradients through the micro-batch passes and reduces in the last; stage 2 reduce-scatters
+   every pass into the gradient shard and frees the full gradients at once;
+2. each steps AdamW on its shard alone, with torch's fused AdamW (``optim.adamw_step``), whose
+   update is elementwise, so a shard gets what the whole tensor would;
+3. an all-gather of the updated shards (asynchronous, one per bucket, waited for together at
+   the end of the step) gives every holder the same new weights.
 
-So the step equals the unsharded one element by element, while a rank allocates state only for
-the elements it owns. Checkpoints stay per part: ``part_state`` gathers a part's shards onto its
+Steps 2 and 3 of a bucket run as soon as its final gradient shard is there and the earlier
+buckets of its group (in the order all holders issue their collectives) are done: often while
+the last pass's backward is still running on this rank's other parts, so a holder whose
+backward ends early does not wait for this rank's whole backward before it gets its weights.
+The weights themselves change only when the step copies the gathered rows in.
+
+A bucket with one holder needs none of this: its parts step in place, tensor by tensor, on
+their own gradients, with the state shard (the whole part) viewed tensor by tensor. So the step
+equals the unsharded one element by element, while a rank allocates state only for the
+elements it owns. Checkpoints stay per part: ``part_state`` gathers a part's shards onto its
 first holder in the per-parameter form the unsharded optimizer writes, and ``load_part_state``
 cuts a holder's shard back out of it, whatever plan or world size wrote it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.optim.adamw import adamw
 
 from spindle_dsl.errors import ExecutionError
 
+from .grads import GradSync, _read_rows
+from .optim import adamw_step
 from .params import PartStore
 from .parts import Part
 from .schedule import Schedule
-from .shards import MAX_BUCKET_ELEMENTS, Bucket, PartShard, plan_buckets
+from .shards import MAX_BUCKET_ELEMENTS, Bucket, PartShard
 from .trace import Tracer
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
@@ -51,7 +63,6 @@ def gloo_has_reduce_scatter() -> bool:
     )
 
 
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
@@ -62,7 +73,6 @@ class _Shard:
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
     master: torch.Tensor | None  # fp32 weights of the shard when the model trains in bf16/fp16
-    step: torch.Tensor  # a CPU scalar, as torch keeps it
 
 
 def _copy_range(tensors: Sequence[torch.Tensor], lo: int, hi: int, out: torch.Tensor) -> None:
@@ -75,25 +85,18 @@ def _copy_range(tensors: Sequence[torch.Tensor], lo: int, hi: int, out: torch.Te
         start += t.numel()
 
 
-def _scatter_rows(rows: torch.Tensor, ps: PartShard, flat: torch.Tensor) -> None:
-    """Lay a flattened part into its slot of every row: row ``i`` gets shard ``i``."""
-    s, n = ps.slot, ps.numel
-    q, r = divmod(n, s)
-    rows[:q, ps.offset : ps.offset + s] = flat[: q * s].view(q, s)
-    if r:
-        rows[q, ps.offset : ps.offset + r] = flat[q * s :]
-
-
-def _gather_rows(rows: torch.Tensor, ps: PartShard) -> torch.Tensor:
-    """The flattened part back from its slots (inverse of ``_scatter_rows``)."""
-    s, n = ps.slot, ps.numel
-    q, r = divmod(n, s)
-    whole = rows[:q, ps.offset : ps.offset + s].reshape(-1)
-    return torch.cat([whole, rows[q, ps.offset : ps.offset + r]]) if r else whole
+def _views(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``flat`` (a whole part) viewed as tensors of the shapes of ``tensors``."""
+    out, start = [], 0
+    for t in tensors:
+        out.append(flat[start : start + t.numel()].view_as(t))
+        start += t.numel()
+    return out
 
 
 class ShardedAdamW:
-    """AdamW over the parts ``rank`` holds, with each part's state sharded over its holders."""
+    """AdamW over the parts ``rank`` holds, with each part's state (stage 1) and gradients
+    (stage 2) sharded over its holders."""
 
     def __init__(
         self,
@@ -107,72 +110,134 @@ class ShardedAdamW:
         betas: tuple[float, float],
         eps: float,
         reduce_scatter: bool,
+        stage: int = 1,
+        ready: Mapping[Part, tuple[int, ...]] | None = None,
         tracer: Tracer | None = None,
+        keep: Callable[[torch.Tensor, str], None] | None = None,
         max_bucket_elements: int = MAX_BUCKET_ELEMENTS,
     ):
+        if stage not in (1, 2):
+            raise ExecutionError(f"the sharded optimizer runs ZeRO stage 1 or 2, not {stage}")
         self.rank, self.store, self.groups = rank, store, groups
         self.hyper = dict(lr=lr, weight_decay=weight_decay, beta1=betas[0], beta2=betas[1], eps=eps)
-        self.reduce_scatter = reduce_scatter
         self.tracer = tracer or Tracer(rank, enabled=False)
+        self.keep = keep or (lambda _t, _what: None)
         self.params: dict[Part, list[tuple[str, torch.nn.Parameter]]] = {}
         for part, name, t in store.trainable():
             self.params.setdefault(part, []).append((name, t))
-        self.holders = holders = schedule.holder_map
-        self.buckets: tuple[Bucket, ...] = plan_buckets(
-            (
-                (p, holders[p], sum(t.numel() for _, t in self.params[p]))
-                for p in store.parts
-                if p in self.params
-            ),
-            max_bucket_elements,
+        self.holders = schedule.holder_map
+        self.sync = GradSync(
+            schedule,
+            rank,
+            store,
+            groups,
+            stage=stage,
+            reduce_scatter=reduce_scatter,
+            tracer=self.tracer,
+            ready=ready,
+            keep=self.keep,
+            max_bucket_elements=max_bucket_elements,
         )
-        self.shard_of = {ps.part: ps for b in self.buckets for ps in b.parts}
+        self.buckets: tuple[Bucket, ...] = self.sync.buckets
+        self.shard_of = self.sync.shard_of
         self.state: dict[Part, _Shard] = {}
         self.steps: dict[Part, int] = dict.fromkeys(self.shard_of, 0)
+        # Buckets of several holders are updated and gathered in their group's order (the order
+        # all holders issue collectives in), each as soon as its final gradient shard is there
+        # and the group's earlier ones are done: during the backward when it comes early.
+        self._final: set[Bucket] = set()  # final gradient shard complete, not yet updated
+        self._next: dict[tuple[int, ...], int] = {}  # per group: buckets updated this step
+        self._gathers: list[tuple[Bucket, dist.Work, torch.Tensor]] = []
+        self.sync.on_final = self._update_early
 
     # --- the step -----------------------------------------------------------------------------
     def step(self) -> None:
         """Sum gradients over each part's holders, step the owned shards, gather the weights."""
-        self.store.fill_missing_grads()
+        self.sync.finish()
         with torch.no_grad():
-            for bucket in self.buckets:
-                self._step_bucket(bucket)
+            for bucket in self.buckets:  # no communication: overlaps the others' collectives
+                if len(bucket.holders) == 1:
+                    with self.tracer.span("optimizer", "optimizer"):
+                        self._step_in_place(bucket)
+            self._advance(everything=True)
+            gathers, self._gathers = self._gathers, []
+            self._final.clear()
+            self._next.clear()
+            for bucket, work, rows in gathers:
+                with self.tracer.span("gather parameters", "reduce"):
+                    work.wait()
+                with self.tracer.span("copy parameters", "optimizer"):
+                    for ps in bucket.parts:
+                        _read_rows(rows, ps, self._tensors(ps.part))
         for _, _, t in self.store.trainable():
             t.grad = None
+
+    def _update_early(self, bucket: Bucket) -> None:
+        """A bucket whose final gradient shard arrived while the backward still runs: update
+        its shard and start the gather now, so the other holders need not wait for the rest
+        of this rank's backward (the weights change only when the step copies them in)."""
+        self._final.add(bucket)
+        with torch.no_grad():
+            self._advance(everything=False)
+
+    def _advance(self, *, everything: bool) -> None:
+        """Update and gather, group by group in the group's order, every bucket whose final
+        shard is known complete (``everything``: all the rest, waiting for each)."""
+        for holders, queue in self.sync.queues.items():
+            if len(holders) == 1:
+                continue
+            i = self._next.get(holders, 0)
+            while i < len(queue) and (everything or queue[i] in self._final):
+                self._update_and_gather(queue[i])
+                i += 1
+            self._next[holders] = i
+
+    def _update_and_gather(self, bucket: Bucket) -> None:
+        mine = self.sync.shard(bucket)
+        with self.tracer.span("optimizer", "optimizer"):
+            own = self._update(bucket, mine)
+        del mine  # the gradient shard, freed before the gather's buffer comes
+        self._gathers.append(self._gather(bucket, own))
 
     def _tensors(self, part: Part) -> list[torch.nn.Parameter]:
         return [t for _, t in self.params[part]]
 
-    def _step_bucket(self, bucket: Bucket) -> None:
-        some = self._tensors(bucket.parts[0].part)[0]
-        rows = torch.zeros(len(bucket.holders), bucket.chunk, dtype=some.dtype, device=some.device)
+    def _step_in_place(self, bucket: Bucket) -> None:
+        """A bucket of one holder: every part is whole here; step its tensors where they are."""
+        lists: tuple[list[torch.Tensor], ...] = ([], [], [], [])
+        steps: list[int] = []
+        masters = []
         for ps in bucket.parts:
-            _scatter_rows(rows, ps, torch.cat([t.grad.reshape(-1) for t in self._tensors(ps.part)]))
-        with self.tracer.span("reduce gradients", "reduce"):
-            mine = self._reduce(bucket, rows)
-        del rows  # the bucket's gradients, a transient copy
-        with self.tracer.span("optimizer", "optimizer"):
-            own = self._update(bucket, mine)
-        with self.tracer.span("gather parameters", "reduce"):
-            self._gather(bucket, own)
-
-    def _reduce(self, bucket: Bucket, rows: torch.Tensor) -> torch.Tensor:
-        """This rank's row of the holders' summed gradient rows."""
-        if len(bucket.holders) == 1:
-            return rows[0]
-        group = self.groups[bucket.holders]
-        if self.reduce_scatter:
-            mine = rows.new_empty(bucket.chunk)
-            _reduce_scatter(mine, rows.view(-1), group=group)
-            return mine
-        dist.all_reduce(rows, group=group)
-        return rows[bucket.holders.index(self.rank)].clone()
+            self.steps[ps.part] += 1
+            tensors = self._tensors(ps.part)
+            shard = self._shard(ps)
+            if shard.master is not None:  # step the fp32 masters, then round into the weights
+                grad = torch.cat([t.grad.reshape(-1) for t in tensors]).to(shard.master.dtype)
+                items = [(shard.master, grad, shard.exp_avg, shard.exp_avg_sq)]
+                masters.append((tensors, shard.master))
+            else:
+                items = zip(
+                    tensors,
+                    [t.grad for t in tensors],
+                    _views(shard.exp_avg, tensors),
+                    _views(shard.exp_avg_sq, tensors),
+                    strict=True,
+                )
+            for item in items:
+                for out, t in zip(lists, item, strict=True):
+                    out.append(t)
+                steps.append(self.steps[ps.part])
+        adamw_step(*lists, steps, self.hyper)
+        for tensors, master in masters:
+            for t, v in zip(tensors, _views(master, tensors), strict=True):
+                t.copy_(v)
 
     def _update(self, bucket: Bucket, mine: torch.Tensor) -> torch.Tensor:
         """AdamW on every owned shard of the bucket, in one call; returns this rank's row of
         updated weights (in the training dtype) for the all-gather."""
         own = torch.empty_like(mine)
-        lists: tuple[list[torch.Tensor], ...] = ([], [], [], [], [])
+        lists: tuple[list[torch.Tensor], ...] = ([], [], [], [])
+        steps: list[int] = []
         masters = []
         for ps in bucket.parts:
             lo, hi = ps.bounds(self.rank)
@@ -187,31 +252,20 @@ class ShardedAdamW:
             else:
                 weights = own[ps.offset : ps.offset + hi - lo]
                 _copy_range(self._tensors(ps.part), lo, hi, weights)
-            shard.step.fill_(float(self.steps[ps.part] - 1))  # adamw counts it up itself
-            for out, t in zip(
-                lists, (weights, grad, shard.exp_avg, shard.exp_avg_sq, shard.step), strict=True
-            ):
+            for out, t in zip(lists, (weights, grad, shard.exp_avg, shard.exp_avg_sq), strict=True):
                 out.append(t)
-        if lists[0]:
-            adamw(*lists[:4], [], lists[4], foreach=False, amsgrad=False, maximize=False,
-                  **self.hyper)  # fmt: skip
+            steps.append(self.steps[ps.part])
+        adamw_step(*lists, steps, self.hyper)
         for ps, master in masters:
             own[ps.offset : ps.offset + master.numel()].copy_(master)
         return own
 
-    def _gather(self, bucket: Bucket, own: torch.Tensor) -> None:
-        """Every holder's updated row, back into the parameters of every holder."""
-        k = len(bucket.holders)
-        if k == 1:
-            rows = own.view(1, -1)
-        else:
-            rows = own.new_empty(k, bucket.chunk)
-            _all_gather(rows.view(-1), own, group=self.groups[bucket.holders])
-        for ps in bucket.parts:
-            flat, start = _gather_rows(rows, ps), 0
-            for t in self._tensors(ps.part):
-                t.copy_(flat[start : start + t.numel()].view_as(t))
-                start += t.numel()
+    def _gather(self, bucket: Bucket, own: torch.Tensor) -> tuple[Bucket, dist.Work, torch.Tensor]:
+        """Start gathering every holder's updated row (the caller waits and copies)."""
+        rows = own.new_empty(len(bucket.holders), bucket.chunk)
+        self.keep(rows, "buffers")
+        work = _all_gather(rows.view(-1), own, group=self.groups[bucket.holders], async_op=True)
+        return bucket, work, rows
 
     def _shard(self, ps: PartShard) -> _Shard:
         """The part's state shard, allocated at its first step (as torch's AdamW does)."""
@@ -225,12 +279,15 @@ class ShardedAdamW:
                 master = torch.empty(hi - lo, dtype=tensors[0].dtype, device=device)
                 _copy_range(tensors, lo, hi, master)
                 master = master.to(sdtype)
-            self.state[ps.part] = _Shard(
+            shard = _Shard(
                 torch.zeros(hi - lo, dtype=sdtype, device=device),
                 torch.zeros(hi - lo, dtype=sdtype, device=device),
                 master,
-                torch.tensor(0.0, dtype=torch.float32),
             )
+            for t in (shard.exp_avg, shard.exp_avg_sq, master):
+                if t is not None:
+                    self.keep(t, "optimizer")
+            self.state[ps.part] = shard
         return self.state[ps.part]
 
     # --- checkpoints --------------------------------------------------------------------------

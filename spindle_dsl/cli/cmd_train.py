@@ -78,6 +78,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "planner's memory model assumes; off keeps it whole on every holder (default: on)",
     )
     parser.add_argument("--data", action="append", metavar="DIR|TASK=PATH", help=DATA_HELP)
+    parser.add_argument(
+        "--micro-batches",
+        type=int,
+        metavar="K",
+        help="run each step as K micro-batch passes (gradient accumulation, one optimizer "
+        "step; every task's batch split into K contiguous parts) instead of the plan's",
+    )
+    parser.add_argument(
+        "--zero-stage",
+        type=int,
+        choices=(0, 1, 2),
+        help="ZeRO stage instead of the plan's: 0 shards nothing (as --optimizer-sharding off), "
+        "1 each part's AdamW state over its holders, 2 its gradients too",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument(
@@ -155,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
         collective_timeout_s=max(args.hang_timeout + 5.0, 10.0),
         recompute=args.recompute,
         optimizer_sharding=args.optimizer_sharding == "on",
+        micro_batches=args.micro_batches,
+        zero_stage=args.zero_stage,
     )
     datasets = bind_data(args.data, graph)
     if env is None or env[0] == 0:
@@ -238,4 +254,11 @@ def summary_json(result: Any) -> dict[str, Any]:
         "optimizer_state_bytes": result.extra.get("optimizer_state_bytes", []),  # per rank
         # a schedule's phases (first step, mix, predicted step time) and the switches made
         **{k: result.extra[k] for k in ("phases", "switches") if k in result.extra},
+        "micro_batches": result.extra.get("micro_batches"),
+        "zero_stage": result.extra.get("zero_stage"),
+        # per rank: measured peak tensor bytes (backends/torch/memory.py says what counts),
+        # the plan's predicted peak (null where it has none), and the measured terms at the peak
+        "measured_peak_bytes": result.extra.get("measured_peak_bytes", []),
+        "predicted_peak_bytes": result.extra.get("predicted_peak_bytes", []),
+        "measured_peak_terms": result.extra.get("peak_terms", []),
     }

@@ -28,11 +28,11 @@ GRAD_COLLECTIVES = ("reduce_scatter", "all_reduce")
 #   backward, and waited for before the optimizer step (the all-gather after the update is
 #   never hidden).
 # - BUCKET_BYTES: the most gradient bytes one bucket carries; overlap works at this
-#   granularity. Today 2**25 fp32 elements (backends/torch/shards.py MAX_BUCKET_ELEMENTS).
+#   granularity. Today 2**22 fp32 elements (backends/torch/shards.py MAX_BUCKET_ELEMENTS).
 # - GRAD_COLLECTIVE: how ZeRO-1 sums a bucket: "reduce_scatter" (torch 2.13's gloo has it, so
 #   the runtime's "auto" picks it) or "all_reduce" (the fallback keeping each holder's rows).
-REDUCTION_OVERLAP = False
-BUCKET_BYTES = float(2**25 * 4)
+REDUCTION_OVERLAP = True
+BUCKET_BYTES = float(2**22 * 4)
 GRAD_COLLECTIVE = "reduce_scatter"
 
 

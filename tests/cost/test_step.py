@@ -177,5 +177,5 @@ def test_a_plan_breakdown_adds_up_and_the_plan_is_valid() -> None:
     assert sum(parts.values()) == pytest.approx(plan.iteration_s)
     assert validate_plan(plan) == []
     record = plan.extra["step_model"]
-    assert record["cores"] == 2 and record["reduction_overlap"] is False
+    assert record["cores"] == 2 and record["reduction_overlap"] is True
     assert len(record["wave_extra_s"]) == len(plan.waves)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -20,3 +21,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_rank():
+    """A one-rank gloo group in this process (a Trainer sums its losses over the ranks)."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield
+    dist.destroy_process_group()

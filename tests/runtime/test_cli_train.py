@@ -17,7 +17,8 @@ def test_train_writes_log_trace_checkpoint_and_summary(tmp_path, shared_dir, cap
     code = main(
         ["train", spec, "--nproc", "2", "--steps", "2", "--log-json", str(log),
          "--trace", str(trace), "--checkpoint-dir", str(ckpt), "--scheduler", "paper",
-         "--recompute", "all"]
+         "--recompute", "all", "--micro-batches", "2", "--zero-stage", "2",
+         "--summary-json", str(tmp_path / "s.json")]
     )  # fmt: skip
     out, err = capfd.readouterr()
     assert code == 0, err
@@ -30,6 +31,13 @@ def test_train_writes_log_trace_checkpoint_and_summary(tmp_path, shared_dir, cap
     assert "plan: paper" in out and "measured" in out and "predicted" in out
     assert "optimizer state per rank:" in out
     assert "where the time goes" in out and "largest misses" in out  # predicted vs measured
+    assert "peak memory" in out and "rank 1" in out
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["micro_batches"] == 2 and summary["zero_stage"] == 2
+    assert len(summary["measured_peak_bytes"]) == len(summary["predicted_peak_bytes"]) == 2
+    assert all(m > 0 for m in summary["measured_peak_bytes"])
+    assert all(p > 0 for p in summary["predicted_peak_bytes"])  # the planner predicts them
+    assert summary["measured_peak_terms"][0]["parameters"] > 0
     assert "step 2/2" in err  # the progress line
     events = json.loads(trace.read_text())
     assert check_trace(events) == []
@@ -52,6 +60,16 @@ def test_a_plan_for_other_devices_is_refused_before_spawning(tmp_path, shared_di
     err = capfd.readouterr().err
     assert "the plan is for 4 devices but 3 processes run it" in err
     assert "Traceback" not in err
+
+
+def test_conflicting_memory_flags_are_refused_before_spawning(shared_dir, capfd):
+    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+    args = ["train", spec, "--nproc", "2", "--steps", "1", "--no-progress"]
+    assert main([*args, "--zero-stage", "2", "--optimizer-sharding", "off"]) == 1
+    err = capfd.readouterr().err
+    assert "--zero-stage" in err and "--optimizer-sharding off" in err and "Traceback" not in err
+    assert main([*args, "--micro-batches", "0"]) == 1
+    assert "micro_batches must be at least 1" in capfd.readouterr().err
 
 
 def test_a_gpu_spec_without_a_launcher_says_how_to_start(shared_dir, capfd):

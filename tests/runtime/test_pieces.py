@@ -138,3 +138,16 @@ def test_checkpoint_round_trip_restores_parameters_and_adamw_state(tmp_path):
         assert float(opt.opt.state[a]["step"]) == float(other_opt.opt.state[b]["step"]) == 1.0
     with pytest.raises(ExecutionError, match="written with dtype = float32"):
         ck.check_compatible(info, {"dtype": "float64"})
+
+
+def test_a_heartbeat_overwrites_its_file_in_place(tmp_path):
+    from spindle_dsl.backends.torch.launch import Heartbeat
+
+    path = tmp_path / "heartbeat-0"
+    path.write_text("starting")  # as the parent writes it
+    beat = Heartbeat(path)
+    beat.beat("step 12 wave 3 backward")
+    assert path.read_text().strip() == "step 12 wave 3 backward"
+    beat.beat("done")  # shorter: spaces cover the rest, nothing is truncated
+    assert path.read_text().strip() == "done"
+    assert len(path.read_text()) == len("step 12 wave 3 backward")

@@ -61,3 +61,21 @@ def test_tiny_mm_on_4_processes_matches_plain_pytorch(tmp_path, graph, oracle, s
     assert loss_errors(history, result.steps) < 1e-9
     worst, where = worst_relative(state, checkpoint_state(tmp_path))
     assert worst < 1e-9, f"{where}: {worst}"
+
+
+def test_tiny_mm_with_two_micro_batches_trains_as_with_one_in_float32(graph):
+    """Issue 10's check: the default plan on 4 processes, float32, ``micro_batches`` 2 beside
+    1 on the same processes: the same losses up to float32 reassociation."""
+    from spindle_dsl.cost import make_cost_model
+    from spindle_dsl.planner import make_plan
+
+    plan = make_plan(graph, make_cost_model(graph.cluster), scheduler="default")
+    config = RunConfig(steps=STEPS, progress=False)
+    result = TorchBackend().train(
+        graph, plan, config, nproc=4, compare=((plan, {"micro_batches": 2}),)
+    )
+    (halves,) = result.extra["compared"]
+    assert len(halves) == len(result.steps) == STEPS
+    for one, two in zip(result.steps, halves, strict=True):
+        for (task, a), (_, b) in zip(one.losses, two.losses, strict=True):
+            assert b == pytest.approx(a, rel=1e-4), (one.step, task)
