@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from spindle_dsl.planner.listsched import Span, waveify
 from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
 
@@ -98,19 +100,34 @@ def _task_time(ops: list[OpSpec], n: int) -> float:
 
 
 def optimus_allocation(groups: list[list[OpSpec]], devices: int) -> list[int]:
-    """Greedy marginal gain: one device at a time to the task it speeds up the most."""
+    """Greedy marginal gain: one device at a time to the task it speeds up the most.
+
+    Where no task gets faster with one more device, the device goes to the slowest task (a
+    larger step may still pay off: curves are flat between listed allocations); that task
+    stays the slowest until its next listed allocation, so those steps are taken at once.
+    """
     alloc = [max(o.ns[0] for o in g) for g in groups]
-    for _ in range(devices - sum(alloc)):
+    left = devices - sum(alloc)
+    while left > 0:
         gains = [
             _task_time(g, a) - _task_time(g, a + 1) for g, a in zip(groups, alloc, strict=True)
         ]
         best = max(range(len(groups)), key=lambda i: gains[i])
+        step = 1
         if gains[best] <= 0:
-            # no task gets faster with one more device; give it to the slowest task anyway,
-            # a larger step may still pay off (curves can be flat between valid points)
             best = max(range(len(groups)), key=lambda i: _task_time(groups[i], alloc[i]))
-        alloc[best] += 1
+            # every step before the task's next listed allocation changes nothing
+            above = [m for o in groups[best] if (m := _next_listed(o, alloc[best])) is not None]
+            step = max(1, min(left, min(above) - alloc[best] - 1)) if above else left
+        alloc[best] += step
+        left -= step
     return alloc
+
+
+def _next_listed(op: OpSpec, n: int) -> int | None:
+    """The least listed allocation of ``op`` above ``n``, if any."""
+    i = bisect_right(op.ns, n)
+    return op.ns[i] if i < len(op.ns) else None
 
 
 def _chain_spans(chains: list[tuple[list[OpSpec], int]]) -> list[Span]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from spindle_dsl.planner.placement import Placement
 
@@ -116,21 +117,28 @@ def grad_sync_seconds(placement: Placement, flows: Flows, allreduce: AllreduceFn
     where: dict[str, list[tuple[int, int, tuple[int, ...]]]] = {}
     for wave in placement.waves:
         for p in wave:
-            where.setdefault(p.op, []).append((p.first, p.end, p.devices))
+            where.setdefault(p.op, []).append((p.first, p.end, tuple(sorted(p.devices))))
     load: dict[int, float] = {}
     for mod in flows.shared:
         groups: dict[tuple[tuple[int, ...], ...], int] = {}  # holder groups -> layers
-        for j in range(mod.layers):
+        # the module's layers split into runs at every piece boundary of every holder: within
+        # a run each holder runs every layer on the same devices (no loop over layers)
+        cuts = {0, mod.layers}
+        for op, offset in mod.holders:
+            for first, end, _ in where.get(op, []):
+                cuts.update(min(max(x - offset, 0), mod.layers) for x in (first, end))
+        bounds = sorted(cuts)
+        for lo, hi in pairwise(bounds):
             sets = []
             for op, offset in mod.holders:
-                layer = offset + j
+                layer = offset + lo
                 for first, end, devs in where.get(op, []):
                     if first <= layer < end:
-                        sets.append(tuple(sorted(devs)))
+                        sets.append(devs)
                         break
             if len(set(sets)) > 1:
                 key = tuple(sorted(sets))
-                groups[key] = groups.get(key, 0) + 1
+                groups[key] = groups.get(key, 0) + hi - lo
         for sets, count in groups.items():
             nbytes = count * mod.bytes_per_layer
             union = tuple(sorted(set().union(*sets)))
