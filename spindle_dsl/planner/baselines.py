@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
+from fractions import Fraction
 
 from spindle_dsl.planner.listsched import Span, waveify
 from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
@@ -134,10 +135,9 @@ def _chain_spans(chains: list[tuple[list[OpSpec], int]]) -> list[Span]:
     """Each chain's ops back to back on its ``n`` devices, all chains from time 0."""
     spans: list[Span] = []
     for ops, n in chains:
-        t = 0.0
+        t = Fraction(0)
         for o in ops:
-            m = _largest(o, n)
-            spans.append(Span(o, m, t, t + o.layers * o.t(m)))
+            spans.append(Span.after(o, _largest(o, n), t))
             t = spans[-1].end
     return spans
 
