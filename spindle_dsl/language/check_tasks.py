@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spindle_dsl.kinds import get_kind
+from spindle_dsl.language import limits
 from spindle_dsl.language.ast import Ident, Loc, Path, Setting, TaskDecl
 from spindle_dsl.language.check_modules import modality_problem
 from spindle_dsl.language.reporter import Reporter
@@ -102,7 +103,9 @@ class TaskChecker:
             elif key == "batch":
                 seen.add(key)
                 t.batch_setting = s
-                t.batch = self.r.integer(s.value, f"batch of task '{t.name}'", at=s.loc)
+                t.batch = self.r.integer(
+                    s.value, f"batch of task '{t.name}'", at=s.loc, limit=limits.BATCH
+                )
             else:
                 seen.add(key)
                 t.loss_setting = s
@@ -135,7 +138,9 @@ class TaskChecker:
                     path.first_tokens.loc,
                 )
             else:
-                n = self.r.integer(path.first_tokens, f"token count of '{head.name}'")
+                n = self.r.integer(
+                    path.first_tokens, f"token count of '{head.name}'", limit=limits.TOKENS
+                )
                 if n is not None:
                     earlier = counts.setdefault(head.name, (n, path.first_tokens.loc))
                     if earlier[0] != n:
