@@ -109,19 +109,22 @@ def optimus_allocation(groups: list[list[OpSpec]], devices: int) -> list[int]:
     """
     alloc = [max(o.ns[0] for o in g) for g in groups]
     left = devices - sum(alloc)
+    # each task's time now and with one more device; only the task that grows changes
+    now = [_task_time(g, a) for g, a in zip(groups, alloc, strict=True)]
+    gains = [t - _task_time(g, a + 1) for g, a, t in zip(groups, alloc, now, strict=True)]
     while left > 0:
-        gains = [
-            _task_time(g, a) - _task_time(g, a + 1) for g, a in zip(groups, alloc, strict=True)
-        ]
-        best = max(range(len(groups)), key=lambda i: gains[i])
+        best = max(range(len(groups)), key=gains.__getitem__)
         step = 1
         if gains[best] <= 0:
-            best = max(range(len(groups)), key=lambda i: _task_time(groups[i], alloc[i]))
+            best = max(range(len(groups)), key=now.__getitem__)
             # every step before the task's next listed allocation changes nothing
             above = [m for o in groups[best] if (m := _next_listed(o, alloc[best])) is not None]
             step = max(1, min(left, min(above) - alloc[best] - 1)) if above else left
         alloc[best] += step
         left -= step
+        g = groups[best]
+        now[best] = _task_time(g, alloc[best])
+        gains[best] = now[best] - _task_time(g, alloc[best] + 1)
     return alloc
 
 

@@ -110,21 +110,29 @@ class PartLedger:
     number of distinct piece boundaries, not the layer count: a module's rows tile the layers
     some slice holds, split where a new slice starts or ends inside one (the split rows copy
     what each device holds, per layer, so the sums stay exact).
+
+    Columns are *classes* of devices rather than devices: devices that have held exactly the
+    same slices are in one class (at first, all of them), and a class splits when a piece
+    takes some of its devices but not all. Pieces take contiguous groups, so a plan on 65,536
+    devices has a few hundred classes, and pricing a piece costs that, not 65,536 per row.
     """
 
     def __init__(self, devices: int, slice_memory: SliceFn):
         self.fn = slice_memory
         self.devices = devices
         self.cache: dict[tuple[str, int, int, int], _Slice] = {}
-        self.kept = np.zeros(devices)
-        self.working = np.zeros(devices)
         self.kept_log: list[tuple[str, np.ndarray, int]] = []  # (op, devices, kept bytes)
         self.tiles: dict[str, list[tuple[int, int, int]]] = {}  # family -> (first, end, row)
         self.length: list[int] = []  # layers per row
         self.sharded: list[float] = []  # optimizer bytes per layer, per row
-        rows = 64
-        self.held = np.zeros((rows, devices), dtype=bool)
-        self.rep = np.zeros((rows, devices))  # replicated bytes per layer held, per device
+        self.cls = np.zeros(devices, dtype=int)  # each device's class
+        self.size = np.zeros(16, dtype=int)  # devices per class
+        self.size[0] = devices
+        self.classes = 1
+        self.kept = np.zeros(16)  # per class
+        self.working = np.zeros(16)
+        self.held = np.zeros((64, 16), dtype=bool)  # row x class
+        self.rep = np.zeros((64, 16))  # replicated bytes per layer held, row x class
 
     def _slice(self, piece: Piece) -> _Slice:
         key = (piece.op, piece.n, piece.first, piece.end)
@@ -135,13 +143,28 @@ class PartLedger:
 
     def _new_row(self, length: int, sharded: float, like: int | None = None) -> int:
         row = len(self.length)
-        self._grow(row + 1)
+        if row == len(self.held):
+            self.held = _grown(self.held, 0)
+            self.rep = _grown(self.rep, 0)
         self.length.append(length)
         self.sharded.append(sharded)
         if like is not None:
             self.held[row] = self.held[like]
             self.rep[row] = self.rep[like]
         return row
+
+    def _new_class(self, like: int) -> int:
+        c = self.classes
+        if c == len(self.size):
+            self.size, self.kept, self.working = (
+                _grown(a, 0) for a in (self.size, self.kept, self.working)
+            )
+            self.held = _grown(self.held, 1)
+            self.rep = _grown(self.rep, 1)
+        self.kept[c], self.working[c] = self.kept[like], self.working[like]
+        self.held[:, c], self.rep[:, c] = self.held[:, like], self.rep[:, like]
+        self.classes += 1
+        return c
 
     def _tile(self, run: _Run) -> list[int]:
         """The rows exactly covering ``run``'s layers, splitting or adding rows as needed."""
@@ -186,55 +209,77 @@ class PartLedger:
         shard = np.array([self.sharded[r] for r in rows], dtype=float)
         return idx, lengths, np.array(rep, dtype=float), shard
 
-    def _grow(self, rows: int) -> None:
-        if rows <= len(self.held):
-            return
-        extra = max(rows, 2 * len(self.held)) - len(self.held)
-        pad = ((0, extra), (0, 0))
-        self.held = np.pad(self.held, pad)
-        self.rep = np.pad(self.rep, pad)
-
     def need(self, piece: Piece) -> np.ndarray:
         s = self._slice(piece)
-        out = s.kept + np.maximum(0.0, s.working - self.working)
+        k = self.classes
+        out = s.kept + np.maximum(0.0, s.working - self.working[:k])
         if s.runs:
             rows, lengths, rep, shard = self._rows(s)
             w = lengths[:, None]
-            rep_gain = (w * np.maximum(0.0, rep[:, None] - self.rep[rows])).sum(axis=0)
+            rep_gain = (w * np.maximum(0.0, rep[:, None] - self.rep[rows, :k])).sum(axis=0)
             share = (shard / piece.n)[:, None]
-            share_gain = (w * np.where(self.held[rows], 0.0, share)).sum(axis=0)
+            share_gain = (w * np.where(self.held[rows, :k], 0.0, share)).sum(axis=0)
             out = out + rep_gain + share_gain
+        return out[self.cls]
+
+    def _whole_classes(self, ds: np.ndarray) -> np.ndarray:
+        """Split classes so that ``ds`` is a union of whole classes; those classes."""
+        of = self.cls[ds]
+        order = np.argsort(of, kind="stable")
+        uniq, start, count = np.unique(of[order], return_index=True, return_counts=True)
+        out = uniq.copy()
+        for i in np.nonzero(count < self.size[uniq])[0]:
+            c = int(uniq[i])
+            members = ds[order[start[i] : start[i] + count[i]]]
+            new = self._new_class(c)
+            self.cls[members] = new
+            self.size[c] -= len(members)
+            self.size[new] = len(members)
+            out[i] = new
         return out
 
     def add(self, piece: Piece, devices: Iterable[int], need: np.ndarray) -> None:
         s = self._slice(piece)
-        ds = np.fromiter(devices, dtype=int)
+        ds = np.asarray(devices if isinstance(devices, np.ndarray) else list(devices), dtype=int)
         if not len(ds):
             return
-        self.kept[ds] += s.kept
-        self.working[ds] = np.maximum(self.working[ds], s.working)
+        cl = self._whole_classes(ds)
+        self.kept[cl] += s.kept
+        self.working[cl] = np.maximum(self.working[cl], s.working)
         self.kept_log.append((piece.op, ds, s.kept))
         if s.runs:
             rows, _, rep, _ = self._rows(s)
-            grid = np.ix_(rows, ds)
+            grid = np.ix_(rows, cl)
             self.rep[grid] = np.maximum(self.rep[grid], rep[:, None])
             self.held[grid] = True
 
     def _state(self) -> np.ndarray:
-        rows = len(self.length)
-        held = self.held[:rows]
-        holders = np.maximum(held.sum(axis=1), 1)
+        """Parameter bytes per class: each row's replicated bytes where held, and its share of
+        the optimizer state, split over every device holding it."""
+        rows, k = len(self.length), self.classes
+        held = self.held[:rows, :k]
+        holders = np.maximum((held * self.size[:k]).sum(axis=1), 1)
         lengths = np.array(self.length, dtype=float)[:, None]
         share = (np.array(self.sharded, dtype=float) / holders)[:, None]
-        return (lengths * (self.rep[:rows] + held * share)).sum(axis=0)
+        return (lengths * (self.rep[:rows, :k] + held * share)).sum(axis=0)
 
     def memory(self) -> tuple[int, ...]:
-        total = self.kept + self.working + self._state()
-        return tuple(int(x) for x in np.ceil(total))
+        k = self.classes
+        total = self.kept[:k] + self.working[:k] + self._state()
+        per_class = [int(x) for x in np.ceil(total)]  # Python ints: no int64 to overflow
+        return tuple(map(per_class.__getitem__, self.cls.tolist()))
 
     def breakdown(self, device: int) -> DeviceBreakdown:
         kept: dict[str, int] = {}
         for op, ds, nbytes in self.kept_log:
             if device in ds:
                 kept[op] = kept.get(op, 0) + nbytes
-        return DeviceBreakdown(kept, int(self._state()[device]), int(self.working[device]))
+        c = int(self.cls[device])
+        return DeviceBreakdown(kept, int(self._state()[c]), int(self.working[c]))
+
+
+def _grown(a: np.ndarray, axis: int) -> np.ndarray:
+    """``a`` twice as long along ``axis``, zero-filled."""
+    pad = [(0, 0)] * a.ndim
+    pad[axis] = (0, a.shape[axis])
+    return np.pad(a, pad)

@@ -62,6 +62,10 @@ class Topology:
     weight: dict[str, float] = field(default_factory=dict)  # bytes a move of the op costs
 
 
+SMALL = 1024  # preferred devices up to which anchoring runs in plain Python
+_IDS = list(range(1 << 16))  # one int object per device id (see ``place_wave``)
+
+
 class _Placer:
     """Places one schedule wave by wave. Per-device state is held in numpy arrays and every
     step works per node or per group, never per device in Python, so a wave on 65,536
@@ -77,39 +81,47 @@ class _Placer:
         self.node_of = np.arange(topo.devices) // topo.per_node
         self.free = np.ones(topo.devices, dtype=bool)  # free in the wave being placed
         self.last: dict[str, tuple[int, ...]] = {}  # devices of each op's latest piece
+        self.last_ids: dict[str, np.ndarray] = {}  # the same as arrays
         self.pushed: dict[int, str] = {}  # op that first took a device past its capacity
         self.op_names: list[str] = []
         self.last_op = np.full(topo.devices, -1)  # index into op_names of a device's last op
+        if topo.devices > len(_IDS):
+            _IDS.extend(range(len(_IDS), topo.devices))
 
     def node(self, d: int) -> int:
         return d // self.topo.per_node
 
-    def preferred(self, p: Piece) -> list[int]:
+    def preferred(self, p: Piece) -> np.ndarray:
+        """Devices to prefer, best first: the op's own last devices if it continues, else
+        its producers' then its parameter partners' (each device once, first mention)."""
         if p.op in self.last:
-            return list(self.last[p.op])
-        out: dict[int, None] = {}
-        for dep in self.problem.op(p.op).deps:
-            out.update(dict.fromkeys(self.last.get(dep, ())))
-        for other in self.topo.partners.get(p.op, ()):
-            out.update(dict.fromkeys(self.last.get(other, ())))
-        return list(out)
+            return self.last_ids[p.op]
+        sources = [*self.problem.op(p.op).deps, *self.topo.partners.get(p.op, ())]
+        seen = np.zeros(self.topo.devices, dtype=bool)
+        out = []
+        for src in sources:
+            ids = self.last_ids.get(src)
+            if ids is not None:
+                new = ids[~seen[ids]]
+                seen[new] = True
+                out.append(new)
+        return np.concatenate(out) if out else np.zeros(0, dtype=int)
 
     def fits(self, need: np.ndarray) -> np.ndarray:
         """Which devices ``need`` more bytes still fit on."""
         return self.used + need <= self.topo.capacity
 
-    def anchor(self, n: int, pref: list[int], need: np.ndarray) -> list[int]:
+    def anchor(self, n: int, pref: np.ndarray, need: np.ndarray) -> list[int]:
         """Up to ``n`` of the preferred devices that are free (and fit), from the node with the
         most of them first (ties: the node named first), in preference order within a node.
         Takes them off ``self.free``."""
-        if not pref or n <= 0:
+        if not len(pref) or n <= 0:
             return []
-        arr = np.asarray(pref, dtype=int)
-        arr = arr[self.free[arr] & self.fits(need)[arr]]
+        arr = pref[self.free[pref] & (self.used[pref] + need[pref] <= self.topo.capacity)]
         if not len(arr):
             return []
         chosen: list[int] = []
-        if len(arr) <= 1024:  # few devices: plain Python is quicker than numpy's set-up
+        if len(arr) <= SMALL:  # few devices: plain Python is quicker than numpy's set-up
             by_node: dict[int, list[int]] = {}
             for d in arr.tolist():
                 by_node.setdefault(d // self.topo.per_node, []).append(d)
@@ -120,21 +132,20 @@ class _Placer:
             self.free[chosen] = False
             return chosen
         nodes = self.node_of[arr]
-        _, first_at, counts = np.unique(nodes, return_index=True, return_counts=True)
-        # nodes in order of first appearance, then (stably) by decreasing count
+        _, first_at, inverse, counts = np.unique(
+            nodes, return_index=True, return_inverse=True, return_counts=True
+        )
+        # nodes in order of first appearance, then (stably) by decreasing count; devices
+        # grouped by that order, each node's in preference order; the first n are taken
         appear = np.argsort(first_at, kind="stable")
         order = appear[np.argsort(-counts[appear], kind="stable")]
-        grouped = np.argsort(nodes, kind="stable")  # positions of each node's devices, in order
-        starts = np.concatenate(([0], np.cumsum(counts)))
-        for i in order:
-            ds = arr[grouped[starts[i] : starts[i + 1]]]
-            chosen.extend(int(d) for d in ds[: n - len(chosen)])
-            if len(chosen) == n:
-                break
+        rank = np.empty(len(order), dtype=int)
+        rank[order] = np.arange(len(order))
+        chosen = arr[np.argsort(rank[inverse], kind="stable")][:n].tolist()
         self.free[chosen] = False
         return chosen
 
-    def complete(self, n: int, chosen: list[int], need: np.ndarray) -> list[int]:
+    def complete(self, n: int, chosen: list[int], need: np.ndarray) -> np.ndarray:
         """Add free devices to ``chosen`` until it has ``n``: first in the nodes it already
         touches, then the best-fitting node (or whole nodes for large groups)."""
         chosen = list(chosen)
@@ -145,10 +156,10 @@ class _Placer:
         room = np.bincount(
             self.node_of, weights=self.free & fits if tight else self.free, minlength=self.nodes
         ).astype(int)
-        touched = {self.node(d) for d in chosen}
+        touched = set((np.asarray(chosen, dtype=int) // per).tolist())  # in the order of chosen
         touched_live = sum(1 for k in touched if room[k] > 0)  # touched nodes with room left
         live = int(np.count_nonzero(room))
-        order: list[int] = []  # whole-node picks, best first (see below); rebuilt when stale
+        order = np.zeros(0, dtype=int)  # whole-node picks, best first (see below)
         at = 0
         while len(chosen) < n:
             want = n - len(chosen)
@@ -159,7 +170,7 @@ class _Placer:
                 tight = False  # overflow is unavoidable
                 live = int(np.count_nonzero(room))
                 touched_live = sum(1 for k in touched if room[k] > 0)
-                order, at = [], 0
+                order, at = np.zeros(0, dtype=int), 0
             k = -1
             if touched_live:
                 k = next(k for k in touched if room[k] > 0)
@@ -174,11 +185,25 @@ class _Placer:
                     at += 1
                 if at == len(order):
                     cand = np.nonzero(room)[0]
-                    order = [
-                        int(x) for x in cand[np.lexsort((cand, self.node_used[cand], -room[cand]))]
-                    ]
+                    order = cand[np.lexsort((cand, self.node_used[cand], -room[cand]))]
                     at = 0
-                k = order[at]
+                if want > per:
+                    # each node this branch picks is taken whole while more than a node's
+                    # worth is wanted: take all such nodes of the order at once
+                    ks = order[at:][room[order[at:]] > 0]
+                    before = np.concatenate(([0], np.cumsum(room[ks])[:-1]))
+                    batch = ks[want - before > per]
+                    picked = np.zeros(self.nodes, dtype=bool)
+                    picked[batch] = True
+                    sel = picked[self.node_of] & self.free & (fits if tight else True)
+                    devs = np.nonzero(sel)[0]
+                    chosen.extend(devs.tolist())
+                    self.free[devs] = False
+                    room[batch] = 0
+                    live -= len(batch)
+                    touched.update(batch.tolist())
+                    continue
+                k = int(order[at])
             lo = k * per
             pool = (
                 lo
@@ -197,7 +222,7 @@ class _Placer:
             else:
                 touched.add(k)
                 touched_live += int(after)
-        return sorted(chosen)
+        return np.sort(np.asarray(chosen, dtype=int))
 
     @staticmethod
     def _contiguous(ds: list[int], want: int) -> list[int]:
@@ -219,16 +244,18 @@ class _Placer:
         placed: dict[str, PlacedPiece] = {}
         for p in sorted(wave, key=lambda p: -p.n):
             need = needs[p.op]
-            ds = self.complete(p.n, anchored[p.op], need)
-            self.ledger.add(p, ds, need)
-            idx = np.asarray(ds, dtype=int)
+            idx = self.complete(p.n, anchored[p.op], need)  # sorted device ids
+            self.ledger.add(p, idx, need)
             self.used[idx] += need[idx]
             np.add.at(self.node_used, self.node_of[idx], need[idx])
             self.op_names.append(p.op)
             self.last_op[idx] = len(self.op_names) - 1
             for d in idx[self.used[idx] > self.topo.capacity]:
                 self.pushed.setdefault(int(d), p.op)
-            placed[p.op] = PlacedPiece(p.op, p.first, p.end, tuple(ds))
+            # device ids shared by every tuple: a plan on 65,536 devices holds millions of them
+            devices = tuple(map(_IDS.__getitem__, idx.tolist()))
+            placed[p.op] = PlacedPiece(p.op, p.first, p.end, devices)
+            self.last_ids[p.op] = idx
         for p in wave:
             self.last[p.op] = placed[p.op].devices
         return tuple(placed[p.op] for p in wave)
