@@ -28,6 +28,7 @@ from spindle_dsl.plan.model import Plan
 
 from ..base import Backend, RunConfig, RunResult
 from .data import DictDataset
+from .launch import LaunchTopology, check_topology, launched_topology
 from .reference import ReferenceModel
 
 __all__ = ["DictDataset", "ReferenceModel", "TorchBackend", "torchrun_env"]
@@ -82,7 +83,23 @@ class TorchBackend(Backend):
                 preflight(graph, p, nproc, datasets)
             job = Job(graph, plan, config, dict(datasets or {}), tuple(compare))
             return spawn(job, nproc, hang_timeout_s=config.hang_timeout_s)
-        job = Job(graph, plan, config, dict(datasets or {}), tuple(compare))
         env = torchrun_env()
         rank, world, local = env if env is not None else (0, 1, 0)
+        launched = launched_topology() if env is not None else None
+        if launched is not None:  # the plans must be for the node layout torchrun started
+            for p in (plan, *(compare_item(c)[0] for c in compare)):
+                if p is not None:
+                    check_topology(p.cluster, launched)
+            if planner is not None:
+                planner = _checked(planner, launched)
+        job = Job(graph, plan, config, dict(datasets or {}), tuple(compare))
         return run_rank(job, rank, world, local, planner=planner)
+
+
+def _checked(planner: Callable[[], Plan], launched: LaunchTopology) -> Callable[[], Plan]:
+    def plan() -> Plan:
+        made = planner()
+        check_topology(made.cluster, launched, "the plan just made")
+        return made
+
+    return plan

@@ -28,11 +28,13 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from spindle_dsl.atomic import write_atomic
 from spindle_dsl.errors import ExecutionError, SpindleError
+from spindle_dsl.plan.model import ClusterRef
 
 from ..base import RunResult
 
@@ -223,6 +225,54 @@ def _watch(
                     f"stopped every rank (raise --hang-timeout if a wave legitimately takes longer)"
                 )
         time.sleep(poll_s)
+
+
+@dataclass(frozen=True)
+class LaunchTopology:
+    """The processes a launcher (torchrun) started: ``world`` in all, ``per_node`` on each
+    node (``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``)."""
+
+    world: int
+    per_node: int
+
+    @property
+    def nodes(self) -> int:
+        return self.world // self.per_node
+
+
+def launched_topology(env: Mapping[str, str] | None = None) -> LaunchTopology | None:
+    """The launch's topology, or None where the launcher does not say (no LOCAL_WORLD_SIZE:
+    the check below then cannot run). Nodes of different sizes are an error."""
+    env = os.environ if env is None else env
+    if "WORLD_SIZE" not in env or "LOCAL_WORLD_SIZE" not in env:
+        return None
+    try:
+        world, per_node = int(env["WORLD_SIZE"]), int(env["LOCAL_WORLD_SIZE"])
+    except ValueError:
+        raise ExecutionError("WORLD_SIZE and LOCAL_WORLD_SIZE must be integers") from None
+    if world < 1 or per_node < 1 or world % per_node:
+        raise ExecutionError(
+            f"the launcher started {world} processes, {per_node} on this node: the planner "
+            f"assumes nodes of one size, so launch the same --nproc-per-node on every node"
+        )
+    return LaunchTopology(world, per_node)
+
+
+def check_topology(cluster: ClusterRef, launched: LaunchTopology, what: str = "the plan") -> None:
+    """Refuse to run a plan made for another node layout than the one launched: its placement
+    keeps groups inside nodes and its prices assume which links are NVLink and which the
+    network, so a silent run would train fine but not as planned."""
+    plan_nodes = -(-cluster.devices // cluster.devices_per_node)
+    if (cluster.devices, cluster.devices_per_node) == (launched.world, launched.per_node):
+        return
+    raise ExecutionError(
+        f"{what} is for {cluster.devices} devices, {cluster.devices_per_node} per node "
+        f"({plan_nodes} nodes), but torchrun started {launched.world} processes, "
+        f"{launched.per_node} per node ({launched.nodes} nodes): launch it with "
+        f"`torchrun --nnodes {plan_nodes} --nproc-per-node {cluster.devices_per_node} ...`, or "
+        f"plan for this launch (`spindle plan SPEC --devices {launched.world} "
+        f"--devices-per-node {launched.per_node}`, or `spindle train` without --plan)"
+    )
 
 
 def worker_main(run_dir: Path) -> int:
