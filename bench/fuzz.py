@@ -4,7 +4,9 @@
 
 Issue 12's recipe: each case takes a seed spec and applies one to three mutations: a number
 set to one of 0, 1, -1, 2, 3, 7, 65536, 1000000, 99999999999, 0.5 or 1e9 (the digits of a size
-such as ``80GB`` too), or a token deleted, duplicated or swapped with another. The result is
+such as ``80GB`` too), or a token deleted, duplicated or swapped with another; and, since most
+of those end at the checker, a number scaled by a power of two from 1/8 to 1024 (mostly still
+legal: what stresses the planner). The result is
 compiled and planned as ``spindle plan`` would (the default scheduler and time limit, memory
 enforced). Any exception but ``SpindleError`` is a *traceback*; a case past ``--slow``
 seconds is *slow*; past ``--kill`` seconds its worker process is killed and restarted and
@@ -41,14 +43,27 @@ def tokens(text: str) -> list[str]:
 
 
 def mutate(text: str, rng: random.Random, count: int | None = None) -> tuple[str, list[str]]:
-    """``text`` after ``count`` (default 1-3) mutations, and what each one did."""
+    """``text`` after ``count`` mutations (default: one, at times two or three), and what
+    each one did."""
     toks = tokens(text)
     words = [i for i, t in enumerate(toks) if not t.isspace() and not t.startswith("#")]
     done: list[str] = []
-    for _ in range(count or rng.randint(1, 3)):
+    for _ in range(rng.choice((1, 1, 1, 2, 3)) if count is None else count):
         numbers = [i for i in words if NUMBER.match(toks[i])]
-        op = rng.choice(["number", "number", "number", "delete", "duplicate", "swap"])
-        if op == "number" and numbers:
+        op = rng.choice(["number"] * 3 + ["scale"] * 2 + ["delete", "duplicate", "swap"])
+        if op == "scale" and numbers:  # a legal-looking magnitude: the planner's edge cases
+            i = rng.choice(numbers)
+            digits, unit = NUMBER.match(toks[i]).groups()  # type: ignore[union-attr]
+            factor = 2.0 ** rng.randint(-3, 10)
+            value = float(digits) * factor
+            new = (
+                str(max(1, round(value)))
+                if "." not in digits and "e" not in digits
+                else f"{value:g}"
+            )
+            done.append(f"line {_line(toks, i)}: {toks[i]} -> {new}{unit}")
+            toks[i] = new + unit
+        elif op == "number" and numbers:
             i = rng.choice(numbers)
             _, unit = NUMBER.match(toks[i]).groups()  # type: ignore[union-attr]
             new = rng.choice(NUMBERS)

@@ -192,3 +192,26 @@ def test_the_readme_documents_every_bound():
     for name, limit in limits.table():
         shown = limit._show(limit.high).replace(",", "").split()[0]
         assert shown in text, (name, shown)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "words"),
+    [
+        ("tokens = 77 ", "tokens = 99999999999 ", ["tokens", "1,048,576"]),
+        ("devices          = 32", "devices          = 99999999999", ["devices", "65,536"]),
+        ("patch = 14) <- image", "patch = 99999999999) <- image", ["patch", "1,024"]),
+        ("layers = 32, hidden = 1280", "layers = 65536, hidden = 1280", ["layers", "4,096"]),
+        ("layers = 32, hidden = 1280", "layers = 1000000, hidden = 1280", ["layers", "4,096"]),
+        ("layers = 32, hidden = 1280", "layers = 99999999999, hidden = 1280", ["layers"]),
+    ],
+)
+def test_the_issues_reproductions_are_errors_at_their_place(shared_dir, old, new, words):
+    """Issue 12's edits of multitask_clip that used to end in a KeyError, a MemoryError, an
+    OverflowError or a plan that never finished."""
+    text = (shared_dir / "spec" / "multitask_clip.spindle").read_text()
+    assert old in text
+    error = h.first_error(text.replace(old, new, 1))
+    line = next(i for i, row in enumerate(text.replace(old, new, 1).splitlines(), 1) if new in row)
+    assert error.span is not None and error.span.line == line
+    for word in words:
+        assert word in error.message
