@@ -50,3 +50,21 @@ def test_listed_thins_steps_beyond_dense_but_keeps_the_fastest() -> None:
     assert len(listed) < 250
     times = [1000.0 / n for n in listed if n > DENSE][:-1]  # the fastest is kept regardless
     assert all(b <= a * (1 - 1 / 32) + 1e-12 for a, b in itertools.pairwise(times))
+
+
+def test_pricing_does_not_grow_with_the_cluster(build_op, cluster, monkeypatch) -> None:
+    """The analytic model prices the shard breakpoints of each tensor-parallel degree: the
+    same few configurations on 4,096 devices as on 65,536 (beyond the batch nothing changes)."""
+    from spindle_dsl.cost import analytic
+
+    calls = []
+    real = analytic.price
+    monkeypatch.setattr(analytic, "price", lambda *a, **k: calls.append(1) or real(*a, **k))
+    args = {"layers": 12, "hidden": 384, "heads": 8, "patch": 14}
+    op = build_op("vit", args, batch=400, tokens=257)
+    counts = []
+    for n in (4096, 65536):
+        calls.clear()
+        analytic.step_curve(op, cluster(n))
+        counts.append(len(calls))
+    assert counts[0] == counts[1] < 4 * 2 * 40  # tp degrees x about 2 sqrt(400)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+
+import pytest
+
 from spindle_dsl.cost import make_cost_model
+from spindle_dsl.errors import PlanError
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner import make_plan
@@ -31,3 +36,41 @@ def test_a_tiny_op_behind_a_huge_one_is_planned():
     plan = make_plan(graph, make_cost_model(graph.cluster))
     assert validate_plan(plan) == []
     assert {m.id for m in plan.metaops} == {op.id for op in graph.metaops}
+
+
+LARGEST = """
+cluster { devices = 65536; device = "cpu"; devices_per_node = 1024; tflops = 100000;
+          memory = 16384GB; intra_bandwidth = 100000GB/s; inter_bandwidth = 0.001GB/s }
+modality image { tokens = 1048576 }
+modality audio { tokens = 1048576  features = 65536 }
+modality text  { tokens = 1048576  vocab = 4194304 }
+encoder vision  : vit(layers = 4096, hidden = 131072, heads = 1024, patch = 1024) <- image
+encoder hearing : transformer(layers = 4096, hidden = 131072, heads = 1024) <- audio
+module  proj    : mlp(in = 131072, out = 131072, hidden = 131072, layers = 4096)
+shared  lm : transformer(layers = 4096, hidden = 131072, heads = 1024, causal = true,
+                         vocab = 4194304)
+task caption { image -> vision -> proj -> lm; text -> lm }
+task listen  { audio -> hearing -> lm; text[1048576] -> lm }
+mix m { global_batch = 16777216; caption = 1000000; listen = 1 }
+"""
+
+
+def test_every_number_at_its_limit_ends_in_a_plan_error_not_an_overflow():
+    """Sizes of 2^80 bytes and more: exact integers, finite floats, no NaN cast (warnings
+    are errors here), and a plan error that says what does not fit."""
+    graph = compile_text(LARGEST).graph
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(PlanError, match="does not fit"):
+            make_plan(graph, make_cost_model(graph.cluster), time_limit_s=0.2)
+
+
+def test_four_thousand_layers_plan_in_a_few_waves(shared_dir):
+    """A MetaOp of 4,096 layers costs the planner what one of 4 does: waves, not layers."""
+    text = (shared_dir / "spec" / "multitask_clip.spindle").read_text()
+    text = text.replace("layers = 24, hidden = 1024", "layers = 4096, hidden = 1024")
+    graph = compile_text(text, cluster_overrides={"devices": 1024}).graph
+    plan = make_plan(graph, make_cost_model(graph.cluster), time_limit_s=0.2)
+    assert validate_plan(plan) == []
+    assert max(m.layers for m in plan.metaops) == 4096
+    assert len(plan.waves) < 60
