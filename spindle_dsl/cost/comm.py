@@ -45,8 +45,13 @@ def ring_allreduce_seconds(nbytes: float, group: int, bandwidth: float, latency:
 
 
 def allreduce_seconds(nbytes: float, devices: Sequence[int], cluster: Cluster) -> float:
-    """All-reduce over the given device ids; the slowest link (inter-node if any) bounds it."""
-    bandwidth, latency = link(cluster, cluster.spans_nodes(list(devices)))
+    """All-reduce over the given device ids; the slowest link (inter-node if any) bounds it.
+    (Nodes hold consecutive ids, so the group spans nodes iff its extremes do.)"""
+    if len(devices) == 0:
+        return 0.0
+    per = cluster.devices_per_node
+    crosses = min(devices) // per != max(devices) // per
+    bandwidth, latency = link(cluster, crosses)
     return ring_allreduce_seconds(nbytes, len(set(devices)), bandwidth, latency)
 
 

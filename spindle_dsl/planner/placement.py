@@ -20,6 +20,7 @@ activations of every forward wave are kept until the backward waves use them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -41,6 +42,11 @@ class PlacedPiece:
     @property
     def layers(self) -> int:
         return self.end - self.first
+
+    @cached_property
+    def ids(self) -> np.ndarray:
+        """``devices`` as an array (timing and transfers work on arrays)."""
+        return np.asarray(self.devices, dtype=int)
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,8 @@ class _Placer:
         self.free = np.ones(topo.devices, dtype=bool)  # free in the wave being placed
         self.last: dict[str, tuple[int, ...]] = {}  # devices of each op's latest piece
         self.last_ids: dict[str, np.ndarray] = {}  # the same as arrays
-        self.pushed: dict[int, str] = {}  # op that first took a device past its capacity
+        self.pushed = np.full(topo.devices, -1)  # op (index into op_names) that first took a
+        # device past its capacity
         self.op_names: list[str] = []
         self.last_op = np.full(topo.devices, -1)  # index into op_names of a device's last op
         if topo.devices > len(_IDS):
@@ -247,21 +254,23 @@ class _Placer:
             idx = self.complete(p.n, anchored[p.op], need)  # sorted device ids
             self.ledger.add(p, idx, need)
             self.used[idx] += need[idx]
-            np.add.at(self.node_used, self.node_of[idx], need[idx])
+            self.node_used += np.bincount(self.node_of[idx], need[idx], self.nodes)
             self.op_names.append(p.op)
             self.last_op[idx] = len(self.op_names) - 1
-            for d in idx[self.used[idx] > self.topo.capacity]:
-                self.pushed.setdefault(int(d), p.op)
+            over = idx[(self.used[idx] > self.topo.capacity) & (self.pushed[idx] < 0)]
+            self.pushed[over] = len(self.op_names) - 1
             # device ids shared by every tuple: a plan on 65,536 devices holds millions of them
             devices = tuple(map(_IDS.__getitem__, idx.tolist()))
             placed[p.op] = PlacedPiece(p.op, p.first, p.end, devices)
+            placed[p.op].__dict__["ids"] = idx  # the cached array, already at hand
             self.last_ids[p.op] = idx
         for p in wave:
             self.last[p.op] = placed[p.op].devices
         return tuple(placed[p.op] for p in wave)
 
-    def last_op_of(self, d: int) -> str:
-        i = int(self.last_op[d])
+    def blamed(self, d: int) -> str:
+        """The op that first took device ``d`` past its capacity, else the last on it."""
+        i = int(self.pushed[d]) if self.pushed[d] >= 0 else int(self.last_op[d])
         return self.op_names[i] if i >= 0 else ""
 
 
@@ -271,10 +280,6 @@ def place(problem: Problem, sched: Schedule, topo: Topology, ledger: Ledger) -> 
     placer = _Placer(problem, topo, ledger)
     waves = tuple(placer.place_wave(w) for w in sched.waves)
     memory = ledger.memory()
-    overflow = tuple(
-        (d, placer.pushed.get(d) or placer.last_op_of(d), b)
-        for d, b in enumerate(memory)
-        if b > topo.capacity
-    )
+    overflow = tuple((d, placer.blamed(d), b) for d, b in enumerate(memory) if b > topo.capacity)
     fullest = ledger.breakdown(max(range(len(memory)), key=memory.__getitem__)) if memory else None
     return Placement(waves, memory, overflow, fullest)

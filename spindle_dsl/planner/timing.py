@@ -17,7 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from spindle_dsl.planner.placement import Placement
+import numpy as np
+
+from spindle_dsl.planner.placement import PlacedPiece, Placement
 
 TransferFn = Callable[[float, Sequence[int], Sequence[int]], float]
 AllreduceFn = Callable[[float, Sequence[int]], float]
@@ -55,9 +57,31 @@ class Timing:
         return self.compute_s + self.transfer_s + self.grad_sync_s
 
 
-def _charge(load: dict[int, float], devices: Sequence[int], seconds: float) -> None:
-    for d in devices:
-        load[d] = load.get(d, 0.0) + seconds
+class _Load:
+    """Seconds charged to devices, summed per device when the busiest is asked for. Charges
+    are kept as arrays and summed in one pass, in the order they came (so each device's sum
+    is the same float a running total gives), never device by device in Python."""
+
+    def __init__(self) -> None:
+        self.charges: list[tuple[np.ndarray, float]] = []
+
+    def charge(self, devices: np.ndarray, seconds: float) -> None:
+        self.charges.append((devices, seconds))
+
+    def busiest(self) -> float:
+        if not self.charges:
+            return 0.0
+        ids = np.concatenate([d for d, _ in self.charges])
+        weights = np.concatenate([np.full(len(d), s) for d, s in self.charges])
+        return float(np.bincount(ids, weights=weights).max())
+
+
+def _ids(devices: Sequence[int]) -> np.ndarray:
+    return np.asarray(devices, dtype=int)
+
+
+def _same(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and (a == b or set(a) == set(b))
 
 
 def time_placement(
@@ -71,34 +95,31 @@ def time_placement(
     durations = tuple(
         max((p.layers * seconds(p.op, p.n) for p in w), default=0.0) for w in placement.waves
     )
-    last: dict[str, tuple[int, ...]] = {}
-    fwd: list[dict[int, float]] = [{} for _ in placement.waves]
-    bwd: list[dict[int, float]] = [{} for _ in placement.waves]
+    last: dict[str, PlacedPiece] = {}
+    fwd = [_Load() for _ in placement.waves]
+    bwd = [_Load() for _ in placement.waves]
     consumers: dict[str, list[tuple[str, float]]] = {}
     for src, dst, nbytes in flows.edges:
         consumers.setdefault(dst, []).append((src, nbytes))
     for wi, wave in enumerate(placement.waves):
         for p in wave:
-            moves: list[tuple[tuple[int, ...], float, bool]] = []
+            moves: list[tuple[PlacedPiece, float, bool]] = []
             if p.op in last:
                 moves.append((last[p.op], flows.carry_bytes[p.op], flows.backward[p.op]))
             else:
                 for src, nbytes in consumers.get(p.op, []):
                     if src in last:
                         moves.append((last[src], nbytes, flows.backward[src]))
-            for src_devs, nbytes, back in moves:
-                if set(src_devs) == set(p.devices):
+            for q, nbytes, back in moves:
+                if _same(q.devices, p.devices):
                     continue
-                t = transfer(nbytes, src_devs, p.devices)
-                _charge(fwd[wi], (*src_devs, *p.devices), t)
+                both = np.concatenate((q.ids, p.ids))
+                fwd[wi].charge(both, transfer(nbytes, q.devices, p.devices))
                 if back:
-                    t_back = transfer(nbytes, p.devices, src_devs)
-                    _charge(bwd[wi], (*src_devs, *p.devices), t_back)
+                    bwd[wi].charge(both, transfer(nbytes, p.devices, q.devices))
         for p in wave:
-            last[p.op] = p.devices
-    transfer_s = sum(max(x.values(), default=0.0) for x in fwd) + sum(
-        max(x.values(), default=0.0) for x in bwd
-    )
+            last[p.op] = p
+    transfer_s = sum(x.busiest() for x in fwd) + sum(x.busiest() for x in bwd)
     return Timing(
         sum(durations), transfer_s, grad_sync_seconds(placement, flows, allreduce), durations
     )
@@ -118,7 +139,7 @@ def grad_sync_seconds(placement: Placement, flows: Flows, allreduce: AllreduceFn
     for wave in placement.waves:
         for p in wave:
             where.setdefault(p.op, []).append((p.first, p.end, tuple(sorted(p.devices))))
-    load: dict[int, float] = {}
+    load = _Load()
     for mod in flows.shared:
         groups: dict[tuple[tuple[int, ...], ...], int] = {}  # holder groups -> layers
         # the module's layers split into runs at every piece boundary of every holder: within
@@ -144,5 +165,5 @@ def grad_sync_seconds(placement: Placement, flows: Flows, allreduce: AllreduceFn
             union = tuple(sorted(set().union(*sets)))
             extra = allreduce(nbytes, union) - sum(allreduce(nbytes, s) for s in sets)
             if extra > 0:
-                _charge(load, union, extra)
-    return max(load.values(), default=0.0)
+                load.charge(_ids(union), extra)
+    return load.busiest()
