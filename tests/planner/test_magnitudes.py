@@ -8,7 +8,7 @@ import pytest
 
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.errors import PlanError
-from spindle_dsl.language import compile_text
+from spindle_dsl.language import compile_file, compile_text
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner import make_plan
 
@@ -74,3 +74,18 @@ def test_four_thousand_layers_plan_in_a_few_waves(shared_dir):
     assert validate_plan(plan) == []
     assert max(m.layers for m in plan.metaops) == 4096
     assert len(plan.waves) < 60
+
+
+@pytest.mark.parametrize("scheduler", ["default", "paper", "sequential", "distmm", "optimus"])
+def test_on_a_large_cluster_every_entry_uses_a_listed_allocation(shared_dir, scheduler):
+    """Curves list a few hundred of the 4,096 allocations; every scheduler allocates only
+    those (``validate_plan`` checks each entry's device count against its curve)."""
+    graph = compile_file(
+        shared_dir / "spec" / "multitask_clip.spindle", cluster_overrides={"devices": 4096}
+    ).graph
+    plan = make_plan(graph, make_cost_model(graph.cluster), scheduler=scheduler, time_limit_s=0.3)
+    assert validate_plan(plan) == []
+    for m in plan.metaops:
+        assert len(m.seconds_per_layer) < 600
+    listed = {m.id: dict(m.seconds_per_layer) for m in plan.metaops}
+    assert all(len(e.devices) in listed[e.metaop] for w in plan.waves for e in w.entries)
