@@ -51,6 +51,10 @@ class Curve:
         """T_m(n); KeyError if n is not a valid allocation."""
         return self._by_n[n]
 
+    def lists(self, n: int) -> bool:
+        """Whether ``n`` is one of the allocations this curve lists."""
+        return n in self._by_n
+
     def items(self) -> Iterator[tuple[int, float]]:
         return iter(zip(self.ns, self.seconds, strict=True))
 
