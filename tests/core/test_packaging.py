@@ -111,3 +111,14 @@ def test_a_plain_install_trains_from_the_repository_root(wheel, tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "final loss (step 2)" in done.stdout
+    # `python -m spindle_dsl` from the root (how torchrun starts it) imports the checkout's
+    # source folder, which finds grammar/ and backends/ beside it
+    done = subprocess.run(
+        [str(python), "-c", "import runpy, sys; sys.argv[1:] = ['check', sys.argv[1]]; "
+         "import spindle_dsl.backends.torch, spindle_dsl; print(spindle_dsl.__file__); "
+         "runpy.run_module('spindle_dsl', run_name='__main__')", "examples/tiny_mm.spindle"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(str(REPO / "spindle_dsl"))
+    assert "examples/tiny_mm.spindle: ok" in done.stdout
