@@ -20,8 +20,9 @@ the issue's targets: never slower than a baseline or the paper's plan, compute a
 iteration time, compute ratio and planning time), each the median of ``--repeat`` runs, the
 spread in brackets: the MILPs are time-limited, so a plan can vary with machine load.
 
-Table 2: planning time of the default scheduler on generated specs up to 1,024 devices and
-50 tasks (``bench/synthetic_spec.py``).
+Table 2: planning time of the default scheduler on generated specs up to 65,536 devices and
+50 tasks (``bench/synthetic_spec.py``); ``bench/scale.py`` adds peak memory and the 7-task
+OFASys-like job.
 
 Table 3: the same workloads planned as ``spindle plan`` plans them, with memory enforced: the
 distributed optimizer and per-MetaOp activation recompute where needed. It prints the default
@@ -64,7 +65,9 @@ OWN_SPECS = HERE / "specs"
 CONFIGS = [("multitask_clip", None, n) for n in (8, 16, 32, 64)] + [
     ("qwen_val", mix, n) for mix in ("pretrain", "audio_heavy") for n in (16, 32, 64)
 ]
-SWEEP = [(64, 10), (128, 20), (256, 30), (512, 40), (1024, 50)]
+SWEEP = [
+    (64, 10), (128, 20), (256, 30), (512, 40), (1024, 50), (4096, 50), (16384, 50), (65536, 50)
+]  # fmt: skip
 PAPER = (
     "paper (arXiv 2409.03365): up to 1.71x over DeepSpeed and 1.67x over Megatron-LM; "
     "QWen-VAL 1.16x at 32 and 1.63x at 64 GPUs"
@@ -206,6 +209,7 @@ def solver_table(solvers: list[str], time_limit: float, repeat: int) -> None:
 
 def table2(time_limit: float, solver: str | None) -> None:
     print("\nTable 2: planning time of the default scheduler on generated specs")
+    sys.stdout.flush()
     print(
         f"{'devices':>8} {'tasks':>6} {'MetaOps':>8} {'plan s':>8} {'default ms':>11}"
         f" {'paper ms':>9} {'x seq':>6} {'it/LP':>6} {'LP ms':>6}  chosen"

@@ -1,4 +1,4 @@
-"""A generator of large multi-task specs for planning-time sweeps (up to 1,024 devices, 50 tasks).
+"""A generator of large multi-task specs for planning-time sweeps (up to 65,536 devices, 50 tasks).
 
 Tasks route one or two modality encoders through a per-task adapter into one of two shared
 language models, the shape of the paper's workloads scaled out. Sizes are drawn from a fixed

@@ -30,6 +30,7 @@ from spindle_dsl.plan.model import Plan
 
 from ..base import Backend, RunConfig, RunResult
 from .data import DictDataset
+from .launch import LaunchTopology, check_topology, launched_topology
 from .reference import ReferenceModel
 
 __all__ = ["DictDataset", "ReferenceModel", "TorchBackend", "torchrun_env"]
@@ -94,7 +95,35 @@ class TorchBackend(Backend):
                 preflight(graph, p, nproc, datasets)
             job = Job(graph, plan, config, dict(datasets or {}), tuple(compare), schedule)
             return spawn(job, nproc, hang_timeout_s=config.hang_timeout_s)
-        job = Job(graph, plan, config, dict(datasets or {}), tuple(compare), schedule)
         env = torchrun_env()
         rank, world, local = env if env is not None else (0, 1, 0)
+        launched = launched_topology() if env is not None else None
+        if launched is not None:  # the plans must be for the node layout torchrun started
+            for p in (plan, *(compare_item(c)[0] for c in compare)):
+                for one in _plans_in(p):
+                    check_topology(one.cluster, launched)
+            if planner is not None:
+                planner = _checked(planner, launched)
+        job = Job(graph, plan, config, dict(datasets or {}), tuple(compare), schedule)
         return run_rank(job, rank, world, local, planner=planner)
+
+
+def _plans_in(plan: Plan | PlanBundle | None) -> tuple[Plan, ...]:
+    """The plans a run may execute: one, a bundle's phases, or none yet."""
+    if plan is None:
+        return ()
+    if isinstance(plan, PlanBundle):
+        return tuple(phase.plan for phase in plan.phases)
+    return (plan,)
+
+
+def _checked(
+    planner: Callable[[], Plan | PlanBundle], launched: LaunchTopology
+) -> Callable[[], Plan | PlanBundle]:
+    def plan() -> Plan | PlanBundle:
+        made = planner()
+        for one in _plans_in(made):
+            check_topology(one.cluster, launched, "the plan just made")
+        return made
+
+    return plan

@@ -2,7 +2,8 @@
 
 The parent hosts the rendezvous store on a free loopback port (the OS picks it, so two runs on
 one machine never race for a port), pickles the job into a private run folder and starts the
-workers as ``python -m spindle_dsl.backends.torch.launch RUN_DIR``. Then it watches:
+workers (``worker_command``: the parent's own ``spindle_dsl``, whatever the current directory
+holds). Then it watches:
 
 - a worker that exits non-zero has failed; the parent waits a moment for the others' exits,
   picks the root cause (a rank killed by a signal, or one whose error is not merely "my peer
@@ -17,6 +18,7 @@ workers as ``python -m spindle_dsl.backends.torch.launch RUN_DIR``. Then it watc
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import shutil
@@ -26,11 +28,13 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from spindle_dsl.atomic import write_atomic
 from spindle_dsl.errors import ExecutionError, SpindleError
+from spindle_dsl.plan.model import ClusterRef
 
 from ..base import RunResult
 
@@ -97,6 +101,22 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     os.setpgrp()  # a terminal's Ctrl-C reaches the parent only; it stops the workers itself
 
 
+# A worker must import the very spindle_dsl its parent runs. ``python -m`` (and ``-c``) put the
+# current directory first on sys.path, so from a checkout's root the source folder
+# ``spindle_dsl/`` would shadow an installed package, and it lacks ``spindle_dsl.backends``
+# (setup.py maps ``backends/`` into the package only when installing). The worker therefore
+# starts with ``-c``, takes the parent's sys.path as its own, and only then imports.
+_BOOT = (
+    "import json, os, sys; sys.path[:] = json.loads(os.environ['SPINDLE_SYS_PATH']); "
+    "from spindle_dsl.backends.torch.launch import worker_entry; worker_entry()"
+)
+
+
+def worker_command(run_dir: Path) -> list[str]:
+    """The command line of a spawned worker (its environment carries the parent's sys.path)."""
+    return [sys.executable, "-c", _BOOT, str(run_dir)]
+
+
 def _worker_env(rank: int, world: int, port: int, run_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     path = [p for p in sys.path if p]
@@ -111,6 +131,7 @@ def _worker_env(rank: int, world: int, port: int, run_dir: Path) -> dict[str, st
         MASTER_PORT=str(port),
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
         PYTHONPATH=os.pathsep.join(path),
+        SPINDLE_SYS_PATH=json.dumps(sys.path),
         SPINDLE_RUN_DIR=str(run_dir),
     )
     return env
@@ -166,7 +187,7 @@ def spawn(job, nproc: int, *, hang_timeout_s: float, poll_s: float = 0.1) -> Run
             beats[r].write_text("starting")
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "spindle_dsl.backends.torch.launch", str(run_dir)],
+                    worker_command(run_dir),
                     env=_worker_env(r, nproc, store.port, run_dir),
                     preexec_fn=_die_with_parent,
                 )
@@ -219,6 +240,54 @@ def _watch(
         time.sleep(poll_s)
 
 
+@dataclass(frozen=True)
+class LaunchTopology:
+    """The processes a launcher (torchrun) started: ``world`` in all, ``per_node`` on each
+    node (``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``)."""
+
+    world: int
+    per_node: int
+
+    @property
+    def nodes(self) -> int:
+        return self.world // self.per_node
+
+
+def launched_topology(env: Mapping[str, str] | None = None) -> LaunchTopology | None:
+    """The launch's topology, or None where the launcher does not say (no LOCAL_WORLD_SIZE:
+    the check below then cannot run). Nodes of different sizes are an error."""
+    env = os.environ if env is None else env
+    if "WORLD_SIZE" not in env or "LOCAL_WORLD_SIZE" not in env:
+        return None
+    try:
+        world, per_node = int(env["WORLD_SIZE"]), int(env["LOCAL_WORLD_SIZE"])
+    except ValueError:
+        raise ExecutionError("WORLD_SIZE and LOCAL_WORLD_SIZE must be integers") from None
+    if world < 1 or per_node < 1 or world % per_node:
+        raise ExecutionError(
+            f"the launcher started {world} processes, {per_node} on this node: the planner "
+            f"assumes nodes of one size, so launch the same --nproc-per-node on every node"
+        )
+    return LaunchTopology(world, per_node)
+
+
+def check_topology(cluster: ClusterRef, launched: LaunchTopology, what: str = "the plan") -> None:
+    """Refuse to run a plan made for another node layout than the one launched: its placement
+    keeps groups inside nodes and its prices assume which links are NVLink and which the
+    network, so a silent run would train fine but not as planned."""
+    plan_nodes = -(-cluster.devices // cluster.devices_per_node)
+    if (cluster.devices, cluster.devices_per_node) == (launched.world, launched.per_node):
+        return
+    raise ExecutionError(
+        f"{what} is for {cluster.devices} devices, {cluster.devices_per_node} per node "
+        f"({plan_nodes} nodes), but torchrun started {launched.world} processes, "
+        f"{launched.per_node} per node ({launched.nodes} nodes): launch it with "
+        f"`torchrun --nnodes {plan_nodes} --nproc-per-node {cluster.devices_per_node} ...`, or "
+        f"plan for this launch (`spindle plan SPEC --devices {launched.world} "
+        f"--devices-per-node {launched.per_node}`, or `spindle train` without --plan)"
+    )
+
+
 def worker_main(run_dir: Path) -> int:
     """The body of a spawned worker: run the job, leave a result or an error file."""
     rank = int(os.environ["RANK"])
@@ -258,8 +327,13 @@ def worker_main(run_dir: Path) -> int:
         return 1
 
 
-if __name__ == "__main__":
+def worker_entry() -> None:
+    """A spawned worker's main: ``sys.argv[1]`` is the run folder."""
     code = worker_main(Path(sys.argv[1]))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # skip interpreter teardown: torch's atexit hooks can abort after a failure
+
+
+if __name__ == "__main__":
+    worker_entry()

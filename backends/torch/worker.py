@@ -1,7 +1,7 @@
 """One rank of a training run, from process-group setup to the final checkpoint.
 
-``run_rank`` is what every rank runs, whether ``--nproc`` spawned it (``python -m
-spindle_dsl.backends.torch.worker RUN_DIR``), ``torchrun`` started it, or it is the only rank.
+``run_rank`` is what every rank runs, whether ``--nproc`` spawned it (``launch.worker_command``),
+``torchrun`` started it, or it is the only rank.
 It builds the rank's parts, resumes from a checkpoint if there is one, runs the steps, reduces
 gradients inside each part's device group and steps AdamW, and on rank 0 logs, shows progress
 and writes the measured trace. A spec with a schedule of mixes runs as phases, each with its

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         speedup = curve.at(1) / curve.at(cluster.devices)
         rows.append(
             [op.id, op.kind, str(op.layers), str(op.batch), str(op.tokens)]
-            + [format_seconds(curve.at(n)) for n in cols]
+            + [format_seconds(curve.at(n)) if curve.lists(n) else "-" for n in cols]
             + [f"{speedup:.1f}x"]
         )
     print(
@@ -95,4 +95,10 @@ def run(args: argparse.Namespace) -> int:
         f"speedup = T(1) / T({cluster.devices})"
     )
     print(render_table(headers, rows))
+    if any("-" in r[5:-1] for r in rows):
+        print(
+            "-: not an allocation the planner lists for this MetaOp (curves list every n up to "
+            "64, the steps of T(n), powers of two, divisors of the device count and whole "
+            "nodes; `--json` has them all)"
+        )
     return 0

@@ -121,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     if world is not None and args.devices is None and args.plan is None:
         args.devices = world  # plan for as many devices as there are ranks
     compiled = load_compiled(args, show_warnings=env is None or env[0] == 0)
+    if env is not None and args.plan is None and args.devices_per_node is None:
+        compiled = _for_launched_nodes(args, compiled, lead=env[0] == 0)
     graph, schedule = compiled.graph, compiled.schedule
     if world is None:
         if graph.cluster.device.name != "cpu":
@@ -237,6 +239,27 @@ def _where_the_time_goes(plan: Any, trace: str) -> str:
     except SpindleError as exc:
         return f"(no comparison with the prediction: {exc})"
     return summary_text(rows, largest_misses(rows))
+
+
+def _for_launched_nodes(args: argparse.Namespace, compiled: Any, lead: bool) -> Any:
+    """Under torchrun, plan for the node layout it launched (LOCAL_WORLD_SIZE per node), and
+    say so where the spec's ``devices_per_node`` differs; a plan given with --plan is checked
+    against the launch instead (``launch.check_topology``)."""
+    from spindle_dsl.backends.torch.launch import launched_topology
+
+    launched = launched_topology()
+    graph = compiled.graph
+    if launched is None or graph.cluster.devices_per_node == launched.per_node:
+        return compiled
+    if lead:
+        print(
+            f"note: planning for the launched topology, {launched.nodes} node(s) x "
+            f"{launched.per_node} devices (the spec says {graph.cluster.devices_per_node} "
+            f"per node)",
+            file=sys.stderr,
+        )
+    args.devices_per_node = launched.per_node
+    return load_compiled(args, show_warnings=False)
 
 
 def summary_json(result: Any) -> dict[str, Any]:

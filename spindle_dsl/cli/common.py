@@ -8,6 +8,7 @@ cost model. Keeping that here means the commands agree on flags and on what they
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -52,8 +53,9 @@ def cluster_overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["device"] = args.device
     if args.tflops is not None:
         out["peak_flops"] = args.tflops * 1e12
-    if args.memory_gb is not None:
-        out["memory_bytes"] = int(args.memory_gb * GiB)
+    if args.memory_gb is not None:  # not finite: left for the checker to refuse
+        gib = args.memory_gb * GiB
+        out["memory_bytes"] = int(gib) if math.isfinite(gib) else gib
     if args.intra_bandwidth is not None:
         out["intra_bandwidth"] = args.intra_bandwidth * GB_PER_S
     if args.inter_bandwidth is not None:

@@ -1,13 +1,14 @@
 """The analytic cost model: T_m(n) from FLOPs, datasheet peaks and link bandwidths.
 
-For each n from 1 to the cluster size, every way of running one layer of a MetaOp on n devices
-is priced and the fastest kept:
+T_m(n) is the fastest way of running one layer of a MetaOp on n devices, of these:
 - data parallelism over ``dp`` replicas: the batch is split as evenly as possible and the
   largest shard (``ceil(batch / dp)``) sets the time, so no n is ever forbidden;
 - tensor parallelism of degree ``tp`` inside one node (``tp`` divides the heads, or the output
   width of an mlp, and ``n``), paying its activation all-reduces (Megatron-style);
 - using fewer than n devices and leaving the rest idle, which is always possible, so T_m(n)
   never rises with n.
+Only the configurations that can be fastest are priced, and the curve lists the allocations
+that matter rather than every n (``cost.allocations``).
 Compute time is a fixed per-layer overhead plus the per-device FLOPs at an efficiency that
 falls as per-device work shrinks (``eff(w) = max_eff * w / (w + half_work)``, never above 1,
 so T(n) >= FLOPs / (n * peak) always holds). A trainable layer adds the ring all-reduce of its
@@ -23,14 +24,14 @@ the forward's activation all-reduces. Memory is priced in ``cost.memory``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-import numpy as np
-
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost import comm
-from spindle_dsl.cost.base import Curve, Curves, SliceMemory
+from spindle_dsl.cost.allocations import StepCurve, curve_of, listed, shard_breakpoints
+from spindle_dsl.cost.base import Curves, SliceMemory
 from spindle_dsl.cost.memory import (
     MemoryInfoCache,
     dtype_bytes,
@@ -148,26 +149,25 @@ def price(op: MetaOp, dp: int, tp: int, cluster: Cluster, recompute: bool = Fals
 
 
 @lru_cache(maxsize=4096)
-def best_configs(op: MetaOp, cluster: Cluster, recompute: bool = False) -> tuple[Config, ...]:
-    """The fastest config for every n in 1..devices (index n - 1), idle devices allowed."""
-    best: list[Config] = []
-    for n in range(1, cluster.devices + 1):
-        exact = [
-            price(op, n // tp, tp, cluster, recompute)
-            for tp in tp_degrees(op, cluster)
-            if n % tp == 0
-        ]
-        fastest = min(exact, key=lambda c: c.seconds)
-        if best and best[-1].seconds <= fastest.seconds:
-            fastest = Config(n, *_tail(best[-1]))
-        else:
-            fastest = Config(n, *_tail(fastest))
-        best.append(fastest)
-    return tuple(best)
+def step_curve(op: MetaOp, cluster: Cluster, recompute: bool = False) -> StepCurve[Config]:
+    """T(n) for every n, from the configurations worth pricing (``allocations``): for each
+    tensor-parallel degree, the data-parallel degrees at the batch's shard breakpoints."""
+    priced = []
+    for tp in tp_degrees(op, cluster):
+        for dp in shard_breakpoints(op.batch, cluster.devices // tp):
+            c = price(op, dp, tp, cluster, recompute)
+            priced.append((c.used, c.seconds, c))
+    return StepCurve.of(priced)
 
 
 def _tail(c: Config) -> tuple[int, int, float, float, float]:
     return (c.dp, c.tp, c.compute_s, c.tp_comm_s, c.grad_sync_s)
+
+
+def best_config(op: MetaOp, cluster: Cluster, n: int, recompute: bool = False) -> Config:
+    """The fastest config on ``n`` devices, idle devices allowed (what T_m(n) assumes)."""
+    _, c = step_curve(op, cluster, recompute).at(n)
+    return Config(n, *_tail(c))
 
 
 class AnalyticCostModel(comm.LinkPricing):
@@ -176,44 +176,49 @@ class AnalyticCostModel(comm.LinkPricing):
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
         self._info = MemoryInfoCache()
-        # configs per op without hashing the MetaOp on every call (planning asks per n)
-        self._configs: dict[tuple[str, bool], tuple[MetaOp, tuple[Config, ...]]] = {}
+        # step curves per op without hashing the MetaOp on every call (planning asks per n)
+        self._steps: dict[tuple[str, bool], tuple[MetaOp, StepCurve[Config]]] = {}
+
+    def _step(self, op: MetaOp, recompute: bool) -> StepCurve[Config]:
+        held = self._steps.get((op.id, recompute))
+        if held is None or held[0] is not op:  # same id, another graph: price again
+            held = (op, step_curve(op, self.cluster, recompute))
+            self._steps[(op.id, recompute)] = held
+        return held[1]
 
     def config(self, op: MetaOp, n: int, recompute: bool = False) -> Config:
         """How one layer of ``op`` runs on ``n`` devices (what T_m(n) assumes)."""
         recompute = recompute and op.needs_backward
-        if n == 1:  # the only way (no need to price every n)
+        if n == 1:  # the only way
             return price(op, 1, 1, self.cluster, recompute)
-        held = self._configs.get((op.id, recompute))
-        if held is None or held[0] is not op:  # same id, another graph: price again
-            held = (op, best_configs(op, self.cluster, recompute))
-            self._configs[(op.id, recompute)] = held
-        return held[1][n - 1]
+        _, c = self._step(op, recompute).at(n)
+        return Config(n, *_tail(c))
+
+    def allocations(self, op: MetaOp, recompute: bool = False) -> tuple[int, ...]:
+        """The allocations ``op``'s curve lists (``cost.allocations``)."""
+        return listed(self._step(op, recompute and op.needs_backward), self.cluster)
 
     def curves(self, graph: MetaGraph, recompute: frozenset[str] = frozenset()) -> Curves:
-        ns = tuple(range(1, self.cluster.devices + 1))
-        curves = tuple(
-            Curve(
-                op.id,
-                ns,
-                tuple(c.seconds for c in best_configs(op, self.cluster, op.id in recompute)),
-            )
-            for op in graph.metaops
-        )
-        return Curves(curves, source="analytic")
+        steps = ((op, self._step(op, op.id in recompute and op.needs_backward)) for op in graph)
+        return Curves(tuple(curve_of(op.id, s, self.cluster) for op, s in steps), "analytic")
 
     def memory_bytes(self, op: MetaOp, n: int, layers: int) -> int:
         c = self.config(op, n)
         return slice_memory_bytes(op, layers, c.dp, c.tp, self.cluster, n)
 
     def alone_bytes(
-        self, graph: MetaGraph, op: MetaOp, first: int, end: int, recompute: bool = False
+        self,
+        graph: MetaGraph,
+        op: MetaOp,
+        first: int,
+        end: int,
+        recompute: bool = False,
+        ns: Sequence[int] | None = None,
     ) -> tuple[int, ...]:
         rc = recompute and op.needs_backward
-        configs = [self.config(op, n, rc) for n in range(1, self.cluster.devices + 1)]
-        dp = np.array([c.dp for c in configs])
-        tp = np.array([c.tp for c in configs])
-        return alone_bytes(self._info(graph, op), op, first, end, dp, tp, rc, self.cluster)
+        ns = self.allocations(op, rc) if ns is None else ns
+        configs = [(n, c.dp, c.tp) for n in ns for c in (self.config(op, n, rc),)]
+        return alone_bytes(self._info(graph, op), op, first, end, configs, rc, self.cluster)
 
     def slice_memory(
         self, graph: MetaGraph, op: MetaOp, n: int, first: int, end: int, recompute: bool = False

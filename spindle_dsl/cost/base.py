@@ -51,6 +51,10 @@ class Curve:
         """T_m(n); KeyError if n is not a valid allocation."""
         return self._by_n[n]
 
+    def lists(self, n: int) -> bool:
+        """Whether ``n`` is one of the allocations this curve lists."""
+        return n in self._by_n
+
     def items(self) -> Iterator[tuple[int, float]]:
         return iter(zip(self.ns, self.seconds, strict=True))
 
@@ -75,11 +79,34 @@ class Curves:
 
 @dataclass(frozen=True)
 class PartBytes:
-    """One parameter part a slice holds, as one device of the slice pays for it."""
+    """One parameter part a slice holds, as one device of the slice pays for it; or a run of
+    identical layer parts (``layers`` set), priced as one so that nothing counts layers.
 
-    key: str  # "module/layer.J", "module/input.MODALITY" or "module/head" (as the runtime names it)
+    A run's figures are for the whole run (per layer times ``count``); the runtime still
+    owns, reduces and shards each layer on its own, so a run's optimizer share on n devices
+    is ``count * ceil(per-layer sharded / n)`` (``on``).
+    """
+
+    key: str  # "module/layer.J", "module/input.MODALITY" or "module/head" (as the runtime names
+    # it); a run of layers [A, B) of a module is "module/layers.A-B"
     replicated: int  # on every device holding it: weights and gradients (a tensor-parallel shard)
     sharded: int  # optimizer state of the whole part, split evenly over every device holding it
+    layers: tuple[int, int] | None = None  # a run: layers [A, B) of module ``key``'s prefix
+
+    @property
+    def count(self) -> int:
+        """Layer parts in this run (1 for a single part)."""
+        return 1 if self.layers is None else self.layers[1] - self.layers[0]
+
+    @property
+    def module(self) -> str:
+        return self.key.rsplit("/", 1)[0]
+
+    def on(self, n: int) -> int:
+        """Bytes one of ``n`` devices holding it pays: weights, gradients and its share of
+        the optimizer state (each layer's state split over the n devices, rounded up)."""
+        k = self.count
+        return self.replicated + k * -(-(self.sharded // k) // max(n, 1))
 
 
 @dataclass(frozen=True)
@@ -98,7 +125,7 @@ class SliceMemory:
 
     def alone(self, n: int) -> int:
         """Peak bytes per device when this slice is all its ``n`` devices hold."""
-        state = sum(p.replicated + -(-p.sharded // max(n, 1)) for p in self.parts)
+        state = sum(p.on(n) for p in self.parts)
         return state + self.kept + self.working
 
 
@@ -106,7 +133,8 @@ class CostModel(Protocol):
     """Prices compute, memory and communication for one MetaGraph on one cluster."""
 
     def curves(self, graph: MetaGraph) -> Curves:
-        """T_m(n) for every MetaOp and every valid n from 1 to the cluster size.
+        """T_m(n) for every MetaOp at the allocations that matter (``cost.allocations``):
+        the planner allocates only the n a curve lists.
 
         A ``SliceMemoryModel`` also takes ``recompute``: the ids of MetaOps that recompute
         their activations, whose curves then include the extra forward pass."""
@@ -144,10 +172,17 @@ class SliceMemoryModel(CostModel, Protocol):
         ...
 
     def alone_bytes(
-        self, graph: MetaGraph, op: MetaOp, first: int, end: int, recompute: bool = False
+        self,
+        graph: MetaGraph,
+        op: MetaOp,
+        first: int,
+        end: int,
+        recompute: bool = False,
+        ns: Sequence[int] | None = None,
     ) -> Sequence[int]:
-        """``slice_memory(graph, op, n, first, end, recompute).alone(n)`` for every n from 1
-        to the cluster size, at once (the planner checks every allocation of every op)."""
+        """``slice_memory(graph, op, n, first, end, recompute).alone(n)`` for every n of
+        ``ns`` (default: the allocations ``op``'s curve lists), at once (the planner checks
+        every allocation of every op)."""
         ...
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+import numpy as np
+
 from spindle_dsl.cluster import Cluster
 
 # Seconds per point-to-point step of a collective (assumed; typical small-message latencies).
@@ -43,8 +45,13 @@ def ring_allreduce_seconds(nbytes: float, group: int, bandwidth: float, latency:
 
 
 def allreduce_seconds(nbytes: float, devices: Sequence[int], cluster: Cluster) -> float:
-    """All-reduce over the given device ids; the slowest link (inter-node if any) bounds it."""
-    bandwidth, latency = link(cluster, cluster.spans_nodes(list(devices)))
+    """All-reduce over the given device ids; the slowest link (inter-node if any) bounds it.
+    (Nodes hold consecutive ids, so the group spans nodes iff its extremes do.)"""
+    if len(devices) == 0:
+        return 0.0
+    per = cluster.devices_per_node
+    crosses = min(devices) // per != max(devices) // per
+    bandwidth, latency = link(cluster, crosses)
     return ring_allreduce_seconds(nbytes, len(set(devices)), bandwidth, latency)
 
 
@@ -95,6 +102,8 @@ def transfer_seconds(
     """
     if not src or not dst or nbytes <= 0:
         return 0.0
+    if len(src) + len(dst) > LARGE_GROUPS:
+        return _transfer_seconds_large(nbytes, src, dst, cluster)
     moves = _shard_moves(list(src), list(dst))
     if not moves:
         return 0.0
@@ -107,6 +116,34 @@ def transfer_seconds(
         busy[("recv", d)] = busy.get(("recv", d), 0.0) + seconds
         worst_latency = max(worst_latency, latency)
     return worst_latency + max(busy.values())
+
+
+LARGE_GROUPS = 512  # devices in both groups above which the transfer is priced with numpy
+
+
+def _transfer_seconds_large(
+    nbytes: float, src: Sequence[int], dst: Sequence[int], cluster: Cluster
+) -> float:
+    """``transfer_seconds`` for large groups: the same walk over the breakpoints of both
+    splits, as arrays (each (src, dst) device pair meets in one stretch of samples)."""
+    S, D = len(src), len(dst)
+    cuts = np.union1d(np.arange(S + 1) / S, np.arange(D + 1) / D)
+    lo, hi = cuts[:-1], cuts[1:]
+    mid = (lo + hi) / 2
+    s = np.asarray(src)[np.minimum((mid * S).astype(int), S - 1)]
+    d = np.asarray(dst)[np.minimum((mid * D).astype(int), D - 1)]
+    moving = s != d
+    if not moving.any():
+        return 0.0
+    s, d, fraction = s[moving], d[moving], (hi - lo)[moving]
+    crosses = s // cluster.devices_per_node != d // cluster.devices_per_node
+    intra, inter = link(cluster, False), link(cluster, True)
+    bandwidth = np.where(crosses, inter[0], intra[0])
+    latency = max(inter[1] if crosses.any() else 0.0, intra[1] if not crosses.all() else 0.0)
+    seconds = fraction * nbytes / bandwidth
+    send = np.bincount(s, weights=seconds)
+    recv = np.bincount(d, weights=seconds)
+    return latency + float(max(send.max(), recv.max()))
 
 
 def ceil_div(a: int, b: int) -> int:

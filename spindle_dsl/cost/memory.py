@@ -70,14 +70,18 @@ def _part(key: str, params: float, tp: int, cluster: Cluster, trainable: bool) -
 
 
 def layer_parts(op: MetaOp, first: int, end: int, tp: int, cluster: Cluster) -> list[PartBytes]:
-    """The layer parts of op layers ``[first, end)``, named by module and layer index."""
+    """The layer parts of op layers ``[first, end)``: one run per module it crosses
+    (``PartBytes.layers``), named by module and layer range, so that nothing here or in the
+    planner counts layers one by one."""
     out: list[PartBytes] = []
     offset = 0
     for module, count in op.segments:
-        lo, hi = max(first, offset), min(end, offset + count)
-        for j in range(lo - offset, hi - offset):
-            key = f"{module}/layer.{j}"
-            out.append(_part(key, op.params_per_layer, tp, cluster, not op.frozen))
+        lo, hi = max(first, offset) - offset, min(end, offset + count) - offset
+        if hi > lo:
+            one = _part("", op.params_per_layer, tp, cluster, not op.frozen)
+            k = hi - lo
+            key = f"{module}/layers.{lo}-{hi}"
+            out.append(PartBytes(key, one.replicated * k, one.sharded * k, (lo, hi)))
         offset += count
     return out
 

@@ -1,17 +1,19 @@
-"""``SliceMemory.alone(n)`` for every n at once, for the planner's per-allocation fit check.
+"""``SliceMemory.alone(n)`` for many allocations at once, for the planner's fit check.
 
-The planner asks, for every MetaOp and every allocation n, whether one layer fits on n
-devices (thousands of allocations on a large cluster). Pricing each through ``slice_memory``
-builds the same parts over and over; this computes the same integers with numpy over arrays
-of the data- and tensor-parallel degrees the cost model picks for each n. It must agree with
-``memory.slice_memory(...).alone(n)`` exactly (the tests compare them).
+The planner asks, for every MetaOp and every allocation its curve lists, whether one layer
+fits on n devices. Pricing each through ``slice_memory`` builds the same parts over and over;
+this reads the parts once per tensor-parallel degree and prices every allocation from their
+sums. Figures are Python integers, exact at any magnitude the language allows (no int64 to
+overflow, no float to round), and must agree with ``memory.slice_memory(...).alone(n)``
+exactly (the tests compare them).
 """
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Sequence
 
 from spindle_dsl.cluster import Cluster
+from spindle_dsl.cost.base import PartBytes
 from spindle_dsl.cost.memory import OpMemoryInfo, dtype_bytes, layer_parts
 from spindle_dsl.metagraph import MetaOp
 
@@ -21,43 +23,41 @@ def alone_bytes(
     op: MetaOp,
     first: int,
     end: int,
-    dp: np.ndarray,
-    tp: np.ndarray,
+    configs: Sequence[tuple[int, int, int]],
     recompute: bool,
     cluster: Cluster,
 ) -> tuple[int, ...]:
-    """Peak bytes per device of layers ``[first, end)`` alone on ``n = 1..len(dp)`` devices,
-    where n runs as ``dp[n - 1]`` replicas of ``tp[n - 1]``-way layers."""
-    n = np.arange(1, len(dp) + 1, dtype=np.int64)
-    dp, tp = np.asarray(dp, dtype=np.int64), np.asarray(tp, dtype=np.int64)
-    state = np.zeros(len(n), dtype=np.int64)
-    for degree in np.unique(tp):  # a layer part's replicated bytes depend on the TP degree
-        parts = layer_parts(op, first, end, int(degree), cluster)
-        state[tp == degree] += sum(p.replicated for p in parts)
-    shards = [p.sharded for p in layer_parts(op, first, end, 1, cluster)]
-    edges = list(info.inputs if first == 0 else ())
+    """Peak bytes per device of layers ``[first, end)`` alone on each ``(n, dp, tp)`` of
+    ``configs``: n devices running ``dp`` replicas of ``tp``-way layers."""
+    edges: list[PartBytes] = list(info.inputs if first == 0 else ())
     if end == op.layers and info.head is not None:
         edges.append(info.head)
-    state += sum(p.replicated for p in edges)
-    for s in [*shards, *(p.sharded for p in edges)]:
-        state += -(-s // n)
-    kept = np.zeros(len(n), dtype=np.int64)
-    working = np.zeros(len(n), dtype=np.int64)
+    by_tp: dict[int, list[PartBytes]] = {}
     layers = end - first
-    if layers > 0 and op.batch > 0:
+    dt = dtype_bytes(cluster)
+    text = info.text_tokens if end == op.layers and op.batch > 0 else 0
+    out = []
+    for n, dp, tp in configs:
+        parts = by_tp.get(tp)
+        if parts is None:
+            parts = by_tp[tp] = layer_parts(op, first, end, tp, cluster) + edges
+        state = sum(p.on(n) for p in parts)
+        kept = working = 0
         rows = -(-op.batch // dp)
-        per_device = rows * dtype_bytes(cluster) / tp
-        full = np.trunc(info.activations * per_device).astype(np.int64)
-        if not op.needs_backward:
-            working = full
-        elif recompute:
-            kept = np.trunc(info.layer_input * per_device * layers).astype(np.int64)
-            working = full
-        else:
-            kept = np.trunc(info.activations * per_device * layers).astype(np.int64)
-    if end == op.layers and info.text_tokens >= 2 and op.batch > 0:
-        head_rows = -(-op.batch // dp) * (info.text_tokens - 1) * dtype_bytes(cluster)
-        if op.needs_backward:
-            kept = kept + head_rows * (info.vocab + 2 * op.out_width)
-        working = np.maximum(working, head_rows * info.vocab)
-    return tuple(int(x) for x in state + kept + working)
+        if layers > 0 and op.batch > 0:
+            per_device = rows * dt / tp
+            full = int(info.activations * per_device)
+            if not op.needs_backward:
+                working = full
+            elif recompute:
+                kept = int(info.layer_input * per_device * layers)
+                working = full
+            else:
+                kept = int(info.activations * per_device * layers)
+        if text >= 2:
+            head_rows = rows * (text - 1) * dt
+            if op.needs_backward:
+                kept += head_rows * (info.vocab + 2 * op.out_width)
+            working = max(working, head_rows * info.vocab)
+        out.append(state + kept + working)
+    return tuple(out)

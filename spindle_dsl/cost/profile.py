@@ -40,11 +40,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
-
 from spindle_dsl.atomic import write_atomic
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost import comm
+from spindle_dsl.cost.allocations import StepCurve, curve_of, listed, shard_breakpoints
 from spindle_dsl.cost.analytic import backward_multiplier
 from spindle_dsl.cost.base import Curve, Curves, SliceMemory
 from spindle_dsl.cost.fit import PiecewiseFit, Segment
@@ -233,6 +232,13 @@ def first_layer_saving(graph: MetaGraph, op: MetaOp) -> float:
     return (3 * op.layers - 1) / (3 * op.layers)
 
 
+def _scaled(curve: Curve, factor: float) -> Curve:
+    """``curve`` with every time multiplied by ``factor``."""
+    if factor == 1.0:
+        return curve
+    return Curve(curve.metaop, curve.ns, tuple(t * factor for t in curve.seconds))
+
+
 class ProfiledCostModel(comm.LinkPricing):
     """T_m(n) from measured layer times (data parallelism, idle devices allowed); the rest of
     the step (gradient reduction, exchange, losses, optimizer) from the profile's measured
@@ -243,7 +249,7 @@ class ProfiledCostModel(comm.LinkPricing):
         self.profile = profile
         self.source = source
         self.overheads = profile.overheads or analytic_overheads(cluster)
-        self._best_memo: dict[tuple[MetaOp, bool], list[tuple[int, float]]] = {}
+        self._best_memo: dict[tuple[MetaOp, bool], StepCurve[int]] = {}
         self._info = MemoryInfoCache()
 
     def step_model(self, graph: MetaGraph) -> StepModel:
@@ -286,31 +292,34 @@ class ProfiledCostModel(comm.LinkPricing):
         per_sample = mult * op.forward_flops_per_layer / max(op.batch, 1)
         return max(entry.fit.predict(per_sample * shard), 1e-9)
 
-    def _best(self, op: MetaOp, recompute: bool = False) -> list[tuple[int, float]]:
-        """(dp, seconds) for every n: the fastest dp <= n (idle devices allowed)."""
+    def _best(self, op: MetaOp, recompute: bool = False) -> StepCurve[int]:
+        """T(n) for every n: the fastest dp <= n (idle devices allowed), from the dp at the
+        batch's shard breakpoints only (``cost.allocations``: a fixed shard is fastest on the
+        fewest replicas, as the gradient all-reduce only grows with them)."""
         key = (op, recompute)
         if key not in self._best_memo:
-            out: list[tuple[int, float]] = []
-            for n in range(1, self.cluster.devices + 1):
-                t = self._time(op, n, recompute)
-                out.append((n, t) if not out or t < out[-1][1] else out[-1])
-            self._best_memo[key] = out
+            dps = shard_breakpoints(op.batch, self.cluster.devices)
+            self._best_memo[key] = StepCurve.of(
+                (dp, self._time(op, dp, recompute), dp) for dp in dps
+            )
         return self._best_memo[key]
+
+    def _dp(self, op: MetaOp, n: int, recompute: bool = False) -> int:
+        return self._best(op, recompute).at(n)[1]
+
+    def allocations(self, op: MetaOp, recompute: bool = False) -> tuple[int, ...]:
+        """The allocations ``op``'s curve lists (``cost.allocations``)."""
+        return listed(self._best(op, recompute), self.cluster)
 
     def curves(self, graph: MetaGraph, recompute: frozenset[str] = frozenset()) -> Curves:
         missing = [op for op in graph.metaops if self.profile.lookup(op) is None]
         if missing:
             raise self._missing(missing)
-        ns = tuple(range(1, self.cluster.devices + 1))
         return Curves(
             tuple(
-                Curve(
-                    op.id,
-                    ns,
-                    tuple(
-                        t * first_layer_saving(graph, op)
-                        for _, t in self._best(op, op.id in recompute)
-                    ),
+                _scaled(
+                    curve_of(op.id, self._best(op, op.id in recompute), self.cluster),
+                    first_layer_saving(graph, op),
                 )
                 for op in graph.metaops
             ),
@@ -318,20 +327,25 @@ class ProfiledCostModel(comm.LinkPricing):
         )
 
     def memory_bytes(self, op: MetaOp, n: int, layers: int) -> int:
-        dp = self._best(op)[n - 1][0]
-        return slice_memory_bytes(op, layers, dp, 1, self.cluster, n)
+        return slice_memory_bytes(op, layers, self._dp(op, n), 1, self.cluster, n)
 
     def alone_bytes(
-        self, graph: MetaGraph, op: MetaOp, first: int, end: int, recompute: bool = False
+        self,
+        graph: MetaGraph,
+        op: MetaOp,
+        first: int,
+        end: int,
+        recompute: bool = False,
+        ns: Sequence[int] | None = None,
     ) -> tuple[int, ...]:
         recompute = recompute and op.needs_backward
-        dp = np.array([d for d, _ in self._best(op, recompute)])
-        tp = np.ones(len(dp), dtype=int)
-        return alone_bytes(self._info(graph, op), op, first, end, dp, tp, recompute, self.cluster)
+        ns = self.allocations(op, recompute) if ns is None else ns
+        configs = [(n, self._dp(op, n, recompute), 1) for n in ns]
+        return alone_bytes(self._info(graph, op), op, first, end, configs, recompute, self.cluster)
 
     def slice_memory(
         self, graph: MetaGraph, op: MetaOp, n: int, first: int, end: int, recompute: bool = False
     ) -> SliceMemory:
         recompute = recompute and op.needs_backward
-        dp = 1 if n == 1 else self._best(op, recompute)[n - 1][0]
+        dp = 1 if n == 1 else self._dp(op, n, recompute)
         return slice_memory(self._info(graph, op), op, first, end, dp, 1, recompute, self.cluster)

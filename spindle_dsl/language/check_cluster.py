@@ -7,9 +7,11 @@ spec written for 4 devices gives four 8-device nodes rather than eight 4-device 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from spindle_dsl.cluster import PRESETS, Cluster
+from spindle_dsl.language import limits
 from spindle_dsl.language.ast import Setting, Spec
 from spindle_dsl.language.reporter import Reporter
 from spindle_dsl.language.suggest import did_you_mean
@@ -27,6 +29,16 @@ KEYS = (
     "intra_bandwidth",
     "inter_bandwidth",
 )
+_LIMITS = {
+    "devices": limits.DEVICES,
+    "devices_per_node": limits.DEVICES_PER_NODE,
+    "peak_flops": limits.TFLOPS,  # checked in TFLOP/s
+    "memory": limits.MEMORY,
+    "memory_bytes": limits.MEMORY,
+    "intra_bandwidth": limits.BANDWIDTH,
+    "inter_bandwidth": limits.BANDWIDTH,
+    "cores": limits.CORES,
+}
 _OVERRIDE_KEYS = (
     "devices",
     "devices_per_node",
@@ -93,7 +105,7 @@ def _read_block(settings: tuple[Setting, ...], r: Reporter) -> dict[str, Any] | 
 def _read(key: str, s: Setting, r: Reporter) -> dict[str, Any] | None:
     v = s.value
     if key in ("devices", "devices_per_node"):
-        n = r.integer(v, key, at=s.loc)
+        n = r.integer(v, key, at=s.loc, limit=_LIMITS[key])
         return None if n is None else {key: n}
     if key == "device":
         name = r.word(v, "device")
@@ -109,26 +121,32 @@ def _read(key: str, s: Setting, r: Reporter) -> dict[str, Any] | None:
             return None
         return {"device": name}
     if key == "tflops":
-        tflops = r.positive(v, "tflops (peak TFLOP/s per device)", at=s.loc)
+        tflops = r.positive(v, "tflops (peak TFLOP/s per device)", at=s.loc, limit=limits.TFLOPS)
         return None if tflops is None else {"peak_flops": tflops * 1e12}
     if v.kind != "size":
         example = "80GB" if key == "memory" else "25GB/s"
         r.error(f"{key} needs a unit, as in {key} = {example}; got {v.describe()}", v.loc)
         return None
-    if float(v.value) <= 0:
+    if not v.value > 0:
         r.error(f"{key} must be greater than 0, got {v.describe()}", s.loc)
         return None
     try:
+        number = float(v.value)
         if key == "memory":
-            return {"memory_bytes": memory_bytes(float(v.value), v.unit or "")}
-        return {key: bytes_per_second(float(v.value), v.unit or "")}
+            field, amount = "memory_bytes", memory_bytes(number, v.unit or "")
+        else:
+            field, amount = key, bytes_per_second(number, v.unit or "")
     except UnitError as exc:
         r.error(str(exc), v.loc)
         return None
+    except OverflowError:  # an integer with hundreds of digits
+        amount = math.inf
+    ok = r.within(amount, f"{key} = {v.describe()}", _LIMITS[key], s.loc)
+    return {field: amount} if ok else None
 
 
 def _check_overrides(overrides: dict[str, Any], r: Reporter) -> dict[str, Any] | None:
-    """Command-line overrides (no source location): known keys, sane values."""
+    """Command-line overrides (no source location): known keys, values within ``limits``."""
     ok = True
     for key, value in overrides.items():
         flag = "--" + key.replace("_", "-")
@@ -147,7 +165,13 @@ def _check_overrides(overrides: dict[str, Any], r: Reporter) -> dict[str, Any] |
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 r.error(f"{flag} must be a whole number of at least 1, got {value!r}")
                 ok = False
+            else:
+                ok = r.within(value, flag, _LIMITS[key], None) and ok
         elif isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
             r.error(f"cluster override {key} must be a number greater than 0, got {value!r}")
             ok = False
+        else:
+            number = value / 1e12 if key == "peak_flops" else value
+            what = "--tflops" if key == "peak_flops" else f"cluster override {key}"
+            ok = r.within(number, what, _LIMITS[key], None) and ok
     return dict(overrides) if ok else None

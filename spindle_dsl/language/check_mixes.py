@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+from spindle_dsl.language import limits
 from spindle_dsl.language.ast import MixDecl, Setting
 from spindle_dsl.language.reporter import Reporter
 from spindle_dsl.language.suggest import did_you_mean
@@ -78,7 +79,9 @@ def _resolve(d: MixDecl, r: Reporter, task_names: list[str]) -> Mix | None:
             continue
         seen[key] = s
         if key == GLOBAL_BATCH:
-            global_batch = r.integer(s.value, f"global_batch of mix '{name}'", at=s.loc)
+            global_batch = r.integer(
+                s.value, f"global_batch of mix '{name}'", at=s.loc, limit=limits.BATCH
+            )
             ok = ok and global_batch is not None
         elif key not in task_names:
             r.error(
@@ -88,7 +91,9 @@ def _resolve(d: MixDecl, r: Reporter, task_names: list[str]) -> Mix | None:
             )
             ok = False
         else:
-            weight = r.positive(s.value, f"the weight of '{key}' in mix '{name}'", at=s.loc)
+            weight = r.positive(
+                s.value, f"the weight of '{key}' in mix '{name}'", at=s.loc, limit=limits.WEIGHT
+            )
             if weight is None:
                 ok = False
             else:

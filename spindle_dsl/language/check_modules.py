@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from spindle_dsl.kinds import get_kind, kind_names
 from spindle_dsl.kinds.base import Kind
+from spindle_dsl.language import limits
 from spindle_dsl.language.ast import Loc, ModalityDecl, ModuleDecl, Setting
 from spindle_dsl.language.files import spec_relative
 from spindle_dsl.language.reporter import Reporter
@@ -23,6 +24,7 @@ from spindle_dsl.language.suggest import did_you_mean
 from spindle_dsl.metagraph import ModalityInfo
 
 MODALITY_KEYS = ("tokens", "features", "vocab")
+MODALITY_LIMITS = {"tokens": limits.TOKENS, "features": limits.FEATURES, "vocab": limits.VOCAB}
 T = TypeVar("T")
 
 
@@ -47,7 +49,12 @@ def resolve_modalities(decls: list[ModalityDecl], r: Reporter) -> dict[str, Moda
                 ok = False
             else:
                 seen[key] = s
-                n = r.integer(s.value, f"{key} of modality '{d.name.name}'", at=s.loc)
+                n = r.integer(
+                    s.value,
+                    f"{key} of modality '{d.name.name}'",
+                    at=s.loc,
+                    limit=MODALITY_LIMITS[key],
+                )
                 ok = ok and n is not None
                 if n is not None:
                     fields[key] = n
@@ -144,6 +151,7 @@ def _resolve_module(
         return None
     given, ok = _given_args(d, r)
     schema = [a.name for a in kind.schema]
+    huge = _given_within_limits(d, kind, given, r)
     problems = call_kind(r, d.kind.loc, kind, kind.check_args, given)
     if problems is None:
         return None
@@ -153,10 +161,10 @@ def _resolve_module(
         at = next((s.loc for s in d.args if s.key.name == arg), d.kind.loc)
         r.error(message, at)
     binding_ok = _check_binding_name(d, r, modality_names)
-    if problems or not ok:
+    if problems or not ok or huge:
         return None
     args = call_kind(r, d.kind.loc, kind, kind.resolve, given)
-    if args is None:
+    if args is None or not _defaults_within_limits(d, kind, given, args, r):
         return None
     widths = call_kind(r, d.kind.loc, kind, lambda a: (kind.in_width(a), kind.out_width(a)), args)
     if widths is None:
@@ -181,6 +189,37 @@ def _resolve_module(
         out_width=int(widths[1]),
         loc=d.name.loc,
     )
+
+
+def _given_within_limits(d: ModuleDecl, kind: Kind, given: dict[str, Any], r: Reporter) -> bool:
+    """Report given numeric arguments above ``limits``' bound for their name and type (the
+    kind checks names, types and its own minimums); True if any was reported."""
+    specs = {a.name: a for a in kind.schema}
+    huge = False
+    for s in d.args:
+        name, value = s.key.name, s.value.value
+        spec = specs.get(name)
+        limit = limits.arg_limit(name, value)
+        if spec is None or limit is None or given.get(name) is not value:
+            continue
+        if spec.type is int and not isinstance(value, int):
+            continue  # wrong type: the kind says so
+        huge = not r.within(value, f"'{name}' of {kind.name}()", limit, s.loc, lower=False) or huge
+    return huge
+
+
+def _defaults_within_limits(
+    d: ModuleDecl, kind: Kind, given: dict[str, Any], args: dict[str, Any], r: Reporter
+) -> bool:
+    """Defaults the kind computed (``ffn = 4 * hidden``) within their bounds, reported at the
+    kind's name; True when all are."""
+    ok = True
+    for name, value in args.items():
+        limit = limits.arg_limit(name, value)
+        if name not in given and limit is not None:
+            what = f"'{name}' of {kind.name}() (its default)"
+            ok = r.within(value, what, limit, d.kind.loc, lower=False) and ok
+    return ok
 
 
 def _given_args(d: ModuleDecl, r: Reporter) -> tuple[dict[str, Any], bool]:

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from spindle_dsl.kinds import get_kind
+from spindle_dsl.language import limits
 from spindle_dsl.language.ast import Ident, Loc, Path, Setting, TaskDecl
 from spindle_dsl.language.check_modules import modality_problem
 from spindle_dsl.language.files import is_reference, spec_relative
@@ -106,7 +107,9 @@ class TaskChecker:
             elif key == "batch":
                 seen.add(key)
                 t.batch_setting = s
-                t.batch = self.r.integer(s.value, f"batch of task '{t.name}'", at=s.loc)
+                t.batch = self.r.integer(
+                    s.value, f"batch of task '{t.name}'", at=s.loc, limit=limits.BATCH
+                )
             elif key == "data":
                 seen.add(key)
                 t.data = self._data(t, s)
@@ -166,7 +169,9 @@ class TaskChecker:
                     path.first_tokens.loc,
                 )
             else:
-                n = self.r.integer(path.first_tokens, f"token count of '{head.name}'")
+                n = self.r.integer(
+                    path.first_tokens, f"token count of '{head.name}'", limit=limits.TOKENS
+                )
                 if n is not None:
                     earlier = counts.setdefault(head.name, (n, path.first_tokens.loc))
                     if earlier[0] != n:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from spindle_dsl.errors import Diagnostic, SpecError
 from spindle_dsl.language.ast import Loc, Value
+from spindle_dsl.language.limits import Limit
 
 
 @dataclass
@@ -47,27 +48,49 @@ class Reporter:
 
     # --- reading literals -----------------------------------------------------------------
     def integer(
-        self, value: Value, what: str, minimum: int = 1, at: Loc | None = None
+        self,
+        value: Value,
+        what: str,
+        minimum: int = 1,
+        at: Loc | None = None,
+        limit: Limit | None = None,
     ) -> int | None:
-        """An integer of at least ``minimum``; a value out of range is reported at ``at`` (the
-        whole ``key = value``, where the caller has one) so the message shows its name."""
+        """An integer of at least ``minimum`` (and within ``limit``, ``limits``' bound for
+        it); a value out of range is reported at ``at`` (the whole ``key = value``, where the
+        caller has one) so the message shows its name."""
         if value.kind != "int":
             self.error(f"{what} must be a whole number, got {value.describe()}", value.loc)
             return None
         if int(value.value) < minimum:
             self.error(f"{what} must be at least {minimum}, got {value.value}", at or value.loc)
             return None
-        return int(value.value)
+        return (
+            int(value.value)
+            if self.within(int(value.value), what, limit, at or value.loc)
+            else None
+        )
 
-    def positive(self, value: Value, what: str, at: Loc | None = None) -> float | None:
-        """A number greater than zero (an integer or a float)."""
+    def positive(
+        self, value: Value, what: str, at: Loc | None = None, limit: Limit | None = None
+    ) -> float | None:
+        """A number greater than zero (an integer or a float), within ``limit``."""
         if value.kind not in ("int", "float"):
             self.error(f"{what} must be a number, got {value.describe()}", value.loc)
             return None
         if float(value.value) <= 0:
             self.error(f"{what} must be greater than 0, got {value.value}", at or value.loc)
             return None
-        return float(value.value)
+        number = float(value.value)
+        return number if self.within(number, what, limit, at or value.loc) else None
+
+    def within(
+        self, number: float, what: str, limit: Limit | None, loc: Loc | None, lower: bool = True
+    ) -> bool:
+        """Report ``number`` if ``limit`` refuses it; True when it is fine."""
+        problem = limit.problem(number, what, lower) if limit is not None else None
+        if problem:
+            self.error(problem, loc)
+        return problem is None
 
     def word(self, value: Value, what: str) -> str | None:
         """A bare word or a string (``loss = lm``, ``device = "A100-80GB"``)."""

@@ -11,6 +11,9 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from fractions import Fraction
+
 from spindle_dsl.planner.listsched import Span, waveify
 from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
 
@@ -98,29 +101,46 @@ def _task_time(ops: list[OpSpec], n: int) -> float:
 
 
 def optimus_allocation(groups: list[list[OpSpec]], devices: int) -> list[int]:
-    """Greedy marginal gain: one device at a time to the task it speeds up the most."""
+    """Greedy marginal gain: one device at a time to the task it speeds up the most.
+
+    Where no task gets faster with one more device, the device goes to the slowest task (a
+    larger step may still pay off: curves are flat between listed allocations); that task
+    stays the slowest until its next listed allocation, so those steps are taken at once.
+    """
     alloc = [max(o.ns[0] for o in g) for g in groups]
-    for _ in range(devices - sum(alloc)):
-        gains = [
-            _task_time(g, a) - _task_time(g, a + 1) for g, a in zip(groups, alloc, strict=True)
-        ]
-        best = max(range(len(groups)), key=lambda i: gains[i])
+    left = devices - sum(alloc)
+    # each task's time now and with one more device; only the task that grows changes
+    now = [_task_time(g, a) for g, a in zip(groups, alloc, strict=True)]
+    gains = [t - _task_time(g, a + 1) for g, a, t in zip(groups, alloc, now, strict=True)]
+    while left > 0:
+        best = max(range(len(groups)), key=gains.__getitem__)
+        step = 1
         if gains[best] <= 0:
-            # no task gets faster with one more device; give it to the slowest task anyway,
-            # a larger step may still pay off (curves can be flat between valid points)
-            best = max(range(len(groups)), key=lambda i: _task_time(groups[i], alloc[i]))
-        alloc[best] += 1
+            best = max(range(len(groups)), key=now.__getitem__)
+            # every step before the task's next listed allocation changes nothing
+            above = [m for o in groups[best] if (m := _next_listed(o, alloc[best])) is not None]
+            step = max(1, min(left, min(above) - alloc[best] - 1)) if above else left
+        alloc[best] += step
+        left -= step
+        g = groups[best]
+        now[best] = _task_time(g, alloc[best])
+        gains[best] = now[best] - _task_time(g, alloc[best] + 1)
     return alloc
+
+
+def _next_listed(op: OpSpec, n: int) -> int | None:
+    """The least listed allocation of ``op`` above ``n``, if any."""
+    i = bisect_right(op.ns, n)
+    return op.ns[i] if i < len(op.ns) else None
 
 
 def _chain_spans(chains: list[tuple[list[OpSpec], int]]) -> list[Span]:
     """Each chain's ops back to back on its ``n`` devices, all chains from time 0."""
     spans: list[Span] = []
     for ops, n in chains:
-        t = 0.0
+        t = Fraction(0)
         for o in ops:
-            m = _largest(o, n)
-            spans.append(Span(o, m, t, t + o.layers * o.t(m)))
+            spans.append(Span.after(o, _largest(o, n), t))
             t = spans[-1].end
     return spans
 

@@ -9,6 +9,7 @@ plan format.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from spindle_dsl.cost.base import CostModel, Curves, SliceMemory, has_slice_memory
@@ -97,22 +98,21 @@ def _gib(x: float) -> str:
 
 
 def _one_layer_bytes(
-    op: MetaOp, graph: MetaGraph, cost: CostModel, recompute: frozenset[str]
+    op: MetaOp, graph: MetaGraph, cost: CostModel, recompute: frozenset[str], ns: Sequence[int]
 ) -> list[int]:
-    """For n = 1..devices, the most one device needs for a single layer of ``op`` on ``n``
-    devices: its first layer (with the input stages) or its last (with an LM head and the
-    loss)."""
-    N = graph.cluster.devices
+    """For each n of ``ns`` (the allocations the op's curve lists, never every n up to the
+    cluster size), the most one device needs for a single layer of ``op`` on ``n`` devices:
+    its first layer (with the input stages) or its last (with an LM head and the loss)."""
     if not has_slice_memory(cost):
-        return [cost.memory_bytes(op, n, 1) for n in range(1, N + 1)]
+        return [cost.memory_bytes(op, n, 1) for n in ns]
     rc = op.id in recompute
     ends = ((0, 1), (op.layers - 1, op.layers))
     table = getattr(cost, "alone_bytes", None)
     if table is not None:
-        first, last = (table(graph, op, a, b, rc) for a, b in ends)
+        first, last = (table(graph, op, a, b, rc, ns=ns) for a, b in ends)
     else:
         first, last = (
-            [cost.slice_memory(graph, op, n, a, b, rc).alone(n) for n in range(1, N + 1)]  # type: ignore[attr-defined]
+            [cost.slice_memory(graph, op, n, a, b, rc).alone(n) for n in ns]  # type: ignore[attr-defined]
             for a, b in ends
         )
     return [max(x, y) for x, y in zip(first, last, strict=True)]
@@ -124,15 +124,15 @@ def _op_spec(
     """The op's curve, restricted to allocations on which one of its layers fits."""
     cap = graph.cluster.device.memory_bytes
     N = graph.cluster.devices
-    one = _one_layer_bytes(op, graph, cost, recompute)
     pts = [(n, s) for n, s in curves[op.id].items() if n <= N]
-    fit = [(n, s) for n, s in pts if one[n - 1] <= cap]
+    one = _one_layer_bytes(op, graph, cost, recompute, [n for n, _ in pts])
+    fit = [(n, s) for (n, s), need in zip(pts, one, strict=True) if need <= cap]
     if not fit:
-        top = max(n for n, _ in pts) if pts else N
-        need = one[top - 1]
+        top = max(range(len(pts)), key=lambda i: pts[i][0])
+        need = one[top]
         raise PlanError(
             f"MetaOp '{op.id}' does not fit: one of its layers needs {_gib(need)} per device "
-            f"even on {top} devices, and a {graph.cluster.device.name} has {_gib(cap)}; "
+            f"even on {pts[top][0]} devices, and a {graph.cluster.device.name} has {_gib(cap)}; "
             "use more devices or a larger device, a smaller global batch, or freeze the module"
         )
     return OpSpec(

@@ -19,44 +19,52 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from itertools import pairwise
+from fractions import Fraction
 
-from spindle_dsl.planner.problem import EPS, OpSpec, Piece, Problem, Schedule
+from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
 
 
 @dataclass(frozen=True)
 class Span:
-    """One MetaOp run without a break on ``n`` devices from ``start`` to ``end`` seconds."""
+    """One MetaOp run without a break on ``n`` devices from ``start`` to ``end`` seconds.
+
+    Times are exact (``Fraction``s of the float durations summed): on a time axis of 10^8 s a
+    60 us MetaOp still has an end after its start, so it still gets a wave of its own.
+    """
 
     op: OpSpec
     n: int
-    start: float
-    end: float
+    start: Fraction
+    end: Fraction
+
+    @classmethod
+    def after(cls, op: OpSpec, n: int, start: Fraction) -> Span:
+        """``op``'s whole run on ``n`` devices, starting at ``start``."""
+        return cls(op, n, start, start + Fraction(op.layers * op.t(n)))
 
 
 def waveify(spans: list[Span]) -> tuple[tuple[Piece, ...], ...]:
-    """Cut concurrent spans into waves at every span end (see the module docstring)."""
-    cuts = sorted({0.0} | {s.start for s in spans} | {s.end for s in spans})
+    """Cut concurrent spans into waves at every span end (see the module docstring).
 
-    def done(s: Span, at: float) -> int:
-        if at >= s.end - EPS * max(s.end, 1e-30):
-            return s.op.layers
-        if at <= s.start:
-            return 0
-        return min(s.op.layers, max(0, round((at - s.start) / s.op.t(s.n))))
-
-    waves: list[tuple[Piece, ...]] = []
-    for a, b in pairwise(cuts):
-        pieces = []
-        for s in spans:
-            if s.end <= a or s.start >= b:
-                continue
-            lo, hi = done(s, a), done(s, b)
+    Exact times make the cut robust at any magnitude: every span has a positive length, so
+    each of its layers lands in some wave, and a consumer's first wave comes after its
+    producer's last (no tolerance that could merge a short span into its neighbour's wave).
+    """
+    cuts = sorted({Fraction(0)} | {s.start for s in spans} | {s.end for s in spans})
+    at = {c: i for i, c in enumerate(cuts)}
+    waves: list[list[Piece]] = [[] for _ in range(len(cuts) - 1)]
+    for s in spans:
+        lo = 0
+        for i in range(at[s.start], at[s.end]):
+            end = cuts[i + 1]
+            if end >= s.end:
+                hi = s.op.layers
+            else:  # layers done by this cut, rounded (the float of an exact difference)
+                hi = min(s.op.layers, max(0, round(float(end - s.start) / s.op.t(s.n))))
             if hi > lo:
-                pieces.append(Piece(s.op.id, lo, hi, s.n))
-        if pieces:
-            waves.append(tuple(pieces))
-    return tuple(waves)
+                waves[i].append(Piece(s.op.id, lo, hi, s.n))
+                lo = hi
+    return tuple(tuple(w) for w in waves if w)
 
 
 def cpa_allocation(problem: Problem) -> dict[str, int]:
@@ -109,17 +117,17 @@ def list_schedule(problem: Problem, alloc: dict[str, int]) -> list[Span]:
         bottom[o.id] = time[o.id] + max((bottom[c] for c in consumers[o.id]), default=0.0)
     waiting = {o.id: len(o.deps) for o in problem.ops}
     ready = [o.id for o in problem.ops if not o.deps]
-    running: list[tuple[float, int, str]] = []  # (end, tiebreak, op)
+    running: list[tuple[Fraction, int, str]] = []  # (end, tiebreak, op)
     spans: list[Span] = []
-    free, now, seq = problem.devices, 0.0, 0
+    free, now, seq = problem.devices, Fraction(0), 0
     while ready or running:
         ready.sort(key=lambda i: -bottom[i])
         for i in list(ready):
             if alloc[i] <= free:
                 ready.remove(i)
                 free -= alloc[i]
-                spans.append(Span(problem.op(i), alloc[i], now, now + time[i]))
-                heapq.heappush(running, (now + time[i], seq, i))
+                spans.append(Span.after(problem.op(i), alloc[i], now))
+                heapq.heappush(running, (spans[-1].end, seq, i))
                 seq += 1
         if not running:
             raise AssertionError("list scheduling stalled: an allocation exceeds the devices")

@@ -20,6 +20,7 @@ activations of every forward wave are kept until the backward waves use them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -42,6 +43,11 @@ class PlacedPiece:
     def layers(self) -> int:
         return self.end - self.first
 
+    @cached_property
+    def ids(self) -> np.ndarray:
+        """``devices`` as an array (timing and transfers work on arrays)."""
+        return np.asarray(self.devices, dtype=int)
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -62,90 +68,168 @@ class Topology:
     weight: dict[str, float] = field(default_factory=dict)  # bytes a move of the op costs
 
 
+SMALL = 1024  # preferred devices up to which anchoring runs in plain Python
+_IDS = list(range(1 << 16))  # one int object per device id (see ``place_wave``)
+
+
 class _Placer:
+    """Places one schedule wave by wave. Per-device state is held in numpy arrays and every
+    step works per node or per group, never per device in Python, so a wave on 65,536
+    devices costs milliseconds; the choices are exactly those the rules above describe."""
+
     def __init__(self, problem: Problem, topo: Topology, ledger: Ledger):
         self.problem = problem
         self.topo = topo
         self.ledger = ledger
+        self.nodes = -(-topo.devices // topo.per_node)
         self.used = np.zeros(topo.devices)  # bytes per device (an upper bound while placing)
-        self.node_used = [0.0] * (-(-topo.devices // topo.per_node))  # bytes per node
+        self.node_used = np.zeros(self.nodes)  # bytes per node
+        self.node_of = np.arange(topo.devices) // topo.per_node
+        self.free = np.ones(topo.devices, dtype=bool)  # free in the wave being placed
         self.last: dict[str, tuple[int, ...]] = {}  # devices of each op's latest piece
-        self.pushed: dict[int, str] = {}  # op that first took a device past its capacity
-        self.last_op: dict[int, str] = {}
+        self.last_ids: dict[str, np.ndarray] = {}  # the same as arrays
+        self.pushed = np.full(topo.devices, -1)  # op (index into op_names) that first took a
+        # device past its capacity
+        self.op_names: list[str] = []
+        self.last_op = np.full(topo.devices, -1)  # index into op_names of a device's last op
+        if topo.devices > len(_IDS):
+            _IDS.extend(range(len(_IDS), topo.devices))
 
     def node(self, d: int) -> int:
         return d // self.topo.per_node
 
-    def preferred(self, p: Piece) -> list[int]:
+    def preferred(self, p: Piece) -> np.ndarray:
+        """Devices to prefer, best first: the op's own last devices if it continues, else
+        its producers' then its parameter partners' (each device once, first mention)."""
         if p.op in self.last:
-            return list(self.last[p.op])
-        out: dict[int, None] = {}
-        for dep in self.problem.op(p.op).deps:
-            out.update(dict.fromkeys(self.last.get(dep, ())))
-        for other in self.topo.partners.get(p.op, ()):
-            out.update(dict.fromkeys(self.last.get(other, ())))
-        return list(out)
+            return self.last_ids[p.op]
+        sources = [*self.problem.op(p.op).deps, *self.topo.partners.get(p.op, ())]
+        seen = np.zeros(self.topo.devices, dtype=bool)
+        out = []
+        for src in sources:
+            ids = self.last_ids.get(src)
+            if ids is not None:
+                new = ids[~seen[ids]]
+                seen[new] = True
+                out.append(new)
+        return np.concatenate(out) if out else np.zeros(0, dtype=int)
 
-    def fits(self, d: int, need: np.ndarray) -> bool:
-        return bool(self.used[d] + need[d] <= self.topo.capacity)
+    def fits(self, need: np.ndarray) -> np.ndarray:
+        """Which devices ``need`` more bytes still fit on."""
+        return self.used + need <= self.topo.capacity
 
-    def anchor(
-        self, n: int, pref: list[int], free: dict[int, set[int]], need: np.ndarray
-    ) -> list[int]:
-        """Up to ``n`` of the preferred devices that are free (and fit), fullest node first.
-
-        ``free`` maps node -> its free devices and is updated in place.
-        """
-        pref_free = [d for d in pref if d in free.get(self.node(d), ()) and self.fits(d, need)]
-        by_node: dict[int, list[int]] = {}
-        for d in pref_free:
-            by_node.setdefault(self.node(d), []).append(d)
+    def anchor(self, n: int, pref: np.ndarray, need: np.ndarray) -> list[int]:
+        """Up to ``n`` of the preferred devices that are free (and fit), from the node with the
+        most of them first (ties: the node named first), in preference order within a node.
+        Takes them off ``self.free``."""
+        if not len(pref) or n <= 0:
+            return []
+        arr = pref[self.free[pref] & (self.used[pref] + need[pref] <= self.topo.capacity)]
+        if not len(arr):
+            return []
         chosen: list[int] = []
-        for _, ds in sorted(by_node.items(), key=lambda kv: -len(kv[1])):
-            chosen.extend(ds[: n - len(chosen)])
-            if len(chosen) == n:
-                break
-        for d in chosen:
-            free[self.node(d)].discard(d)
+        if len(arr) <= SMALL:  # few devices: plain Python is quicker than numpy's set-up
+            by_node: dict[int, list[int]] = {}
+            for d in arr.tolist():
+                by_node.setdefault(d // self.topo.per_node, []).append(d)
+            for ds in sorted(by_node.values(), key=lambda ds: -len(ds)):
+                chosen.extend(ds[: n - len(chosen)])
+                if len(chosen) == n:
+                    break
+            self.free[chosen] = False
+            return chosen
+        nodes = self.node_of[arr]
+        _, first_at, inverse, counts = np.unique(
+            nodes, return_index=True, return_inverse=True, return_counts=True
+        )
+        # nodes in order of first appearance, then (stably) by decreasing count; devices
+        # grouped by that order, each node's in preference order; the first n are taken
+        appear = np.argsort(first_at, kind="stable")
+        order = appear[np.argsort(-counts[appear], kind="stable")]
+        rank = np.empty(len(order), dtype=int)
+        rank[order] = np.arange(len(order))
+        chosen = arr[np.argsort(rank[inverse], kind="stable")][:n].tolist()
+        self.free[chosen] = False
         return chosen
 
-    def complete(
-        self, n: int, chosen: list[int], free: dict[int, set[int]], need: np.ndarray
-    ) -> list[int]:
+    def complete(self, n: int, chosen: list[int], need: np.ndarray) -> np.ndarray:
         """Add free devices to ``chosen`` until it has ``n``: first in the nodes it already
         touches, then the best-fitting node (or whole nodes for large groups)."""
         chosen = list(chosen)
-        tight = bool(np.max(self.used + need) > self.topo.capacity)
+        per = self.topo.per_node
+        fits = self.fits(need)
+        tight = not bool(fits.all())
         # where memory is tight, count only the devices this piece still fits on
-        room = {
-            k: (sum(1 for d in ds if self.fits(d, need)) if tight else len(ds))
-            for k, ds in free.items()
-            if ds
-        }
-        touched = {self.node(d) for d in chosen}
+        room = np.bincount(
+            self.node_of, weights=self.free & fits if tight else self.free, minlength=self.nodes
+        ).astype(int)
+        touched = set((np.asarray(chosen, dtype=int) // per).tolist())  # in the order of chosen
+        touched_live = sum(1 for k in touched if room[k] > 0)  # touched nodes with room left
+        live = int(np.count_nonzero(room))
+        order = np.zeros(0, dtype=int)  # whole-node picks, best first (see below)
+        at = 0
         while len(chosen) < n:
             want = n - len(chosen)
-            if tight and not any(room.values()):
-                room = {k: len(ds) for k, ds in free.items() if ds}  # overflow is unavoidable
-                tight = False
-            local = [k for k in touched if room.get(k)]
-            if local:
-                k = local[0]
-            else:
-                live = [k for k, r in room.items() if r]
-                fit = [k for k in live if room[k] >= want]
-                if fit and want <= self.topo.per_node:
-                    k = min(fit, key=lambda k: (room[k], self.node_used[k], k))
-                else:
-                    k = max(live, key=lambda k: (room[k], -self.node_used[k], -k))
-            pool = sorted(free[k])
-            ok = [d for d in pool if self.fits(d, need)] if tight else pool
-            take = self._contiguous(ok, want)
+            if tight and not live:
+                room = np.bincount(self.node_of, weights=self.free, minlength=self.nodes).astype(
+                    int
+                )
+                tight = False  # overflow is unavoidable
+                live = int(np.count_nonzero(room))
+                touched_live = sum(1 for k in touched if room[k] > 0)
+                order, at = np.zeros(0, dtype=int), 0
+            k = -1
+            if touched_live:
+                k = next(k for k in touched if room[k] > 0)
+            elif want <= per:
+                fit = np.nonzero(room >= want)[0]
+                if len(fit):  # the best-fitting node: least room, least used, lowest id
+                    k = int(fit[np.lexsort((fit, self.node_used[fit], room[fit]))[0]])
+            if k < 0:
+                # the node with the most room, least used, lowest id; the key changes only
+                # for nodes this loop empties, so one sort serves the whole group
+                while at < len(order) and room[order[at]] == 0:
+                    at += 1
+                if at == len(order):
+                    cand = np.nonzero(room)[0]
+                    order = cand[np.lexsort((cand, self.node_used[cand], -room[cand]))]
+                    at = 0
+                if want > per:
+                    # each node this branch picks is taken whole while more than a node's
+                    # worth is wanted: take all such nodes of the order at once
+                    ks = order[at:][room[order[at:]] > 0]
+                    before = np.concatenate(([0], np.cumsum(room[ks])[:-1]))
+                    batch = ks[want - before > per]
+                    picked = np.zeros(self.nodes, dtype=bool)
+                    picked[batch] = True
+                    sel = picked[self.node_of] & self.free & (fits if tight else True)
+                    devs = np.nonzero(sel)[0]
+                    chosen.extend(devs.tolist())
+                    self.free[devs] = False
+                    room[batch] = 0
+                    live -= len(batch)
+                    touched.update(batch.tolist())
+                    continue
+                k = int(order[at])
+            lo = k * per
+            pool = (
+                lo
+                + np.nonzero(self.free[lo : lo + per] & (fits[lo : lo + per] if tight else True))[0]
+            )
+            take = self._contiguous([int(d) for d in pool], want)
             chosen.extend(take)
-            free[k].difference_update(take)
+            self.free[take] = False
+            before = room[k] > 0
             room[k] -= len(take)
-            touched.add(k)
-        return sorted(chosen)
+            after = room[k] > 0
+            if before and not after:
+                live -= 1
+            if k in touched:
+                touched_live += int(after) - int(before)
+            else:
+                touched.add(k)
+                touched_live += int(after)
+        return np.sort(np.asarray(chosen, dtype=int))
 
     @staticmethod
     def _contiguous(ds: list[int], want: int) -> list[int]:
@@ -160,27 +244,34 @@ class _Placer:
     def place_wave(self, wave: tuple[Piece, ...]) -> tuple[PlacedPiece, ...]:
         """Two passes: every piece first claims what it can of its preferred devices (the
         pieces that would move the most bytes first), then each completes its group."""
-        free: dict[int, set[int]] = {}
-        for d in range(self.topo.devices):
-            free.setdefault(self.node(d), set()).add(d)
+        self.free[:] = True
         needs = {p.op: self.ledger.need(p) for p in wave}
         order = sorted(wave, key=lambda p: (p.op not in self.last, -self.topo.weight.get(p.op, 0)))
-        anchored = {p.op: self.anchor(p.n, self.preferred(p), free, needs[p.op]) for p in order}
+        anchored = {p.op: self.anchor(p.n, self.preferred(p), needs[p.op]) for p in order}
         placed: dict[str, PlacedPiece] = {}
         for p in sorted(wave, key=lambda p: -p.n):
             need = needs[p.op]
-            ds = self.complete(p.n, anchored[p.op], free, need)
-            self.ledger.add(p, ds, need)
-            for d in ds:
-                self.used[d] += need[d]
-                self.node_used[self.node(d)] += float(need[d])
-                self.last_op[d] = p.op
-                if self.used[d] > self.topo.capacity:
-                    self.pushed.setdefault(d, p.op)
-            placed[p.op] = PlacedPiece(p.op, p.first, p.end, tuple(ds))
+            idx = self.complete(p.n, anchored[p.op], need)  # sorted device ids
+            self.ledger.add(p, idx, need)
+            self.used[idx] += need[idx]
+            self.node_used += np.bincount(self.node_of[idx], need[idx], self.nodes)
+            self.op_names.append(p.op)
+            self.last_op[idx] = len(self.op_names) - 1
+            over = idx[(self.used[idx] > self.topo.capacity) & (self.pushed[idx] < 0)]
+            self.pushed[over] = len(self.op_names) - 1
+            # device ids shared by every tuple: a plan on 65,536 devices holds millions of them
+            devices = tuple(map(_IDS.__getitem__, idx.tolist()))
+            placed[p.op] = PlacedPiece(p.op, p.first, p.end, devices)
+            placed[p.op].__dict__["ids"] = idx  # the cached array, already at hand
+            self.last_ids[p.op] = idx
         for p in wave:
             self.last[p.op] = placed[p.op].devices
         return tuple(placed[p.op] for p in wave)
+
+    def blamed(self, d: int) -> str:
+        """The op that first took device ``d`` past its capacity, else the last on it."""
+        i = int(self.pushed[d]) if self.pushed[d] >= 0 else int(self.last_op[d])
+        return self.op_names[i] if i >= 0 else ""
 
 
 def place(problem: Problem, sched: Schedule, topo: Topology, ledger: Ledger) -> Placement:
@@ -189,10 +280,6 @@ def place(problem: Problem, sched: Schedule, topo: Topology, ledger: Ledger) -> 
     placer = _Placer(problem, topo, ledger)
     waves = tuple(placer.place_wave(w) for w in sched.waves)
     memory = ledger.memory()
-    overflow = tuple(
-        (d, placer.pushed.get(d, placer.last_op.get(d, "")), b)
-        for d, b in enumerate(memory)
-        if b > topo.capacity
-    )
+    overflow = tuple((d, placer.blamed(d), b) for d, b in enumerate(memory) if b > topo.capacity)
     fullest = ledger.breakdown(max(range(len(memory)), key=memory.__getitem__)) if memory else None
     return Placement(waves, memory, overflow, fullest)

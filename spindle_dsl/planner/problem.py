@@ -77,10 +77,13 @@ class OpSpec:
         return self.ns[i - 1] if i else self.ns[0]
 
     def next_faster(self, n: int, limit: int) -> int | None:
-        """The smallest pareto allocation above ``n`` and at most ``limit``, if any."""
-        for m in self.pareto:
-            if n < m <= limit and self.t(m) < self.t(n):
-                return m
+        """The smallest pareto allocation above ``n`` and at most ``limit``, if any.
+
+        Every pareto point above ``n`` is faster than ``n`` (it beats every smaller
+        allocation), so this is a bisection, not a scan."""
+        i = bisect_right(self.pareto, n)
+        if i < len(self.pareto) and self.pareto[i] <= limit:
+            return self.pareto[i]
         return None
 
 

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
 
 from spindle_dsl.cost.step import PieceTime, StepModel
-from spindle_dsl.planner.placement import Placement
+from spindle_dsl.planner.placement import PlacedPiece, Placement
 
 TransferFn = Callable[[float, Sequence[int], Sequence[int]], float]
 AllreduceFn = Callable[[float, Sequence[int]], float]
@@ -93,9 +96,31 @@ class Timing:
         return tuple(terms)
 
 
-def _charge(load: dict[int, float], devices: Sequence[int], seconds: float) -> None:
-    for d in devices:
-        load[d] = load.get(d, 0.0) + seconds
+class _Load:
+    """Seconds charged to devices, summed per device when the busiest is asked for. Charges
+    are kept as arrays and summed in one pass, in the order they came (so each device's sum
+    is the same float a running total gives), never device by device in Python."""
+
+    def __init__(self) -> None:
+        self.charges: list[tuple[np.ndarray, float]] = []
+
+    def charge(self, devices: np.ndarray, seconds: float) -> None:
+        self.charges.append((devices, seconds))
+
+    def busiest(self) -> float:
+        if not self.charges:
+            return 0.0
+        ids = np.concatenate([d for d, _ in self.charges])
+        weights = np.concatenate([np.full(len(d), s) for d, s in self.charges])
+        return float(np.bincount(ids, weights=weights).max())
+
+
+def _ids(devices: Sequence[int]) -> np.ndarray:
+    return np.asarray(devices, dtype=int)
+
+
+def _same(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and (a == b or set(a) == set(b))
 
 
 def time_placement(
@@ -171,35 +196,31 @@ def _wave_transfers(
 ) -> tuple[float, ...]:
     """Per wave, the activation moves into it and their gradients back out (module
     docstring), of ``share`` of the batch (one micro-batch pass)."""
-    last: dict[str, tuple[int, ...]] = {}
-    fwd: list[dict[int, float]] = [{} for _ in placement.waves]
-    bwd: list[dict[int, float]] = [{} for _ in placement.waves]
+    last: dict[str, PlacedPiece] = {}
+    fwd = [_Load() for _ in placement.waves]
+    bwd = [_Load() for _ in placement.waves]
     consumers: dict[str, list[tuple[str, float]]] = {}
     for src, dst, nbytes in flows.edges:
         consumers.setdefault(dst, []).append((src, nbytes))
     for wi, wave in enumerate(placement.waves):
         for p in wave:
-            moves: list[tuple[tuple[int, ...], float, bool]] = []
+            moves: list[tuple[PlacedPiece, float, bool]] = []
             if p.op in last:
                 moves.append((last[p.op], flows.carry_bytes[p.op], flows.backward[p.op]))
             else:
                 for src, nbytes in consumers.get(p.op, []):
                     if src in last:
                         moves.append((last[src], nbytes, flows.backward[src]))
-            for src_devs, nbytes, back in moves:
-                if set(src_devs) == set(p.devices):
+            for q, nbytes, back in moves:
+                if _same(q.devices, p.devices):
                     continue
-                t = transfer(nbytes * share, src_devs, p.devices)
-                _charge(fwd[wi], (*src_devs, *p.devices), t)
+                both = np.concatenate((q.ids, p.ids))
+                fwd[wi].charge(both, transfer(nbytes * share, q.devices, p.devices))
                 if back:
-                    t_back = transfer(nbytes * share, p.devices, src_devs)
-                    _charge(bwd[wi], (*src_devs, *p.devices), t_back)
+                    bwd[wi].charge(both, transfer(nbytes * share, p.devices, q.devices))
         for p in wave:
-            last[p.op] = p.devices
-    return tuple(
-        max(f.values(), default=0.0) + max(b.values(), default=0.0)
-        for f, b in zip(fwd, bwd, strict=True)
-    )
+            last[p.op] = p
+    return tuple(f.busiest() + b.busiest() for f, b in zip(fwd, bwd, strict=True))
 
 
 def grad_sync_seconds(placement: Placement, flows: Flows, allreduce: AllreduceFn) -> float:
@@ -215,25 +236,32 @@ def grad_sync_seconds(placement: Placement, flows: Flows, allreduce: AllreduceFn
     where: dict[str, list[tuple[int, int, tuple[int, ...]]]] = {}
     for wave in placement.waves:
         for p in wave:
-            where.setdefault(p.op, []).append((p.first, p.end, p.devices))
-    load: dict[int, float] = {}
+            where.setdefault(p.op, []).append((p.first, p.end, tuple(sorted(p.devices))))
+    load = _Load()
     for mod in flows.shared:
         groups: dict[tuple[tuple[int, ...], ...], int] = {}  # holder groups -> layers
-        for j in range(mod.layers):
+        # the module's layers split into runs at every piece boundary of every holder: within
+        # a run each holder runs every layer on the same devices (no loop over layers)
+        cuts = {0, mod.layers}
+        for op, offset in mod.holders:
+            for first, end, _ in where.get(op, []):
+                cuts.update(min(max(x - offset, 0), mod.layers) for x in (first, end))
+        bounds = sorted(cuts)
+        for lo, hi in pairwise(bounds):
             sets = []
             for op, offset in mod.holders:
-                layer = offset + j
+                layer = offset + lo
                 for first, end, devs in where.get(op, []):
                     if first <= layer < end:
-                        sets.append(tuple(sorted(devs)))
+                        sets.append(devs)
                         break
             if len(set(sets)) > 1:
                 key = tuple(sorted(sets))
-                groups[key] = groups.get(key, 0) + 1
+                groups[key] = groups.get(key, 0) + hi - lo
         for sets, count in groups.items():
             nbytes = count * mod.bytes_per_layer
             union = tuple(sorted(set().union(*sets)))
             extra = allreduce(nbytes, union) - sum(allreduce(nbytes, s) for s in sets)
             if extra > 0:
-                _charge(load, union, extra)
-    return max(load.values(), default=0.0)
+                load.charge(_ids(union), extra)
+    return load.busiest()

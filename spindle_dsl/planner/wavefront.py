@@ -57,17 +57,18 @@ def extend(states: dict[str, _Tuples], chosen: dict[str, int], devices: int) -> 
     """Step 2: hand idle devices to the MetaOps in the wave with the most remaining time."""
     free = devices - sum(chosen.values())
     order = sorted(chosen, key=lambda i: -states[i].remaining_s())
-    progress = True
-    while free > 0 and progress:
-        progress = False
-        for op_id in order:
-            n = chosen[op_id]
-            m = states[op_id].op.next_faster(n, n + free)
-            if m is not None:
-                chosen[op_id] = m
-                free -= m - n
-                progress = True
-                break
+    # an op that cannot get faster within the idle devices never can later (they only
+    # shrink), so the scan resumes at the first op not yet exhausted
+    first = 0
+    while free > 0 and first < len(order):
+        op_id = order[first]
+        n = chosen[op_id]
+        m = states[op_id].op.next_faster(n, n + free)
+        if m is None:
+            first += 1
+            continue
+        chosen[op_id] = m
+        free -= m - n
     return chosen
 
 

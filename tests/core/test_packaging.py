@@ -1,7 +1,9 @@
 """`pip install .` (not only editable) ships the grammar and the backends inside the package."""
 
+import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -62,3 +64,61 @@ def test_installed_wheel_parses_a_spec_outside_the_repository(wheel, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "a/m"
+
+
+@pytest.mark.slow
+def test_a_plain_install_trains_from_the_repository_root(wheel, tmp_path):
+    """Issue 12: after a plain (not editable) install, ``spindle train --nproc 2`` run from the
+    checkout's root trains; workers used to start with ``python -m``, which put the root first
+    on sys.path, so the source ``spindle_dsl/`` (without the backends) shadowed the package.
+
+    A fresh venv gets the wheel (installed before anything else is visible to it, so pip
+    touches nothing outside it) and then, for torch and the other dependencies, a .pth line
+    naming this environment's site-packages: no download, torch not reinstalled."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q"]
+    done = subprocess.run(
+        [*install, "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(site) / "deps-from-the-test-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    where = subprocess.run(
+        [str(python), "-c", "import spindle_dsl, torch; print(spindle_dsl.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert where.startswith(site), where  # installed, its dependencies found
+    done = subprocess.run(
+        [str(venv / "bin" / "spindle"), "train", "examples/tiny_mm.spindle", "--nproc", "2",
+         "--steps", "2", "--no-progress"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "final loss (step 2)" in done.stdout
+    # `python -m spindle_dsl` from the root (how torchrun starts it) imports the checkout's
+    # source folder, which finds grammar/ and backends/ beside it
+    done = subprocess.run(
+        [str(python), "-c", "import runpy, sys; sys.argv[1:] = ['check', sys.argv[1]]; "
+         "import spindle_dsl.backends.torch, spindle_dsl; print(spindle_dsl.__file__); "
+         "runpy.run_module('spindle_dsl', run_name='__main__')", "examples/tiny_mm.spindle"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(str(REPO / "spindle_dsl"))
+    assert "examples/tiny_mm.spindle: ok" in done.stdout

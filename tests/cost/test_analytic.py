@@ -12,7 +12,7 @@ from spindle_dsl.cost import make_cost_model
 from spindle_dsl.cost.analytic import (
     AnalyticCostModel,
     backward_multiplier,
-    best_configs,
+    best_config,
     compute_seconds,
     price,
     tp_degrees,
@@ -68,10 +68,55 @@ def test_never_faster_than_peak_and_never_slower_with_more_devices(
     }[kind]()
     c = cluster(devices, device)
     work = 3 * op.forward_flops_per_layer
-    seconds = [cfg.seconds for cfg in best_configs(op, c)]
+    seconds = [best_config(op, c, n).seconds for n in range(1, devices + 1)]
     for n, t in enumerate(seconds, start=1):
         assert t >= work / (n * c.device.peak_flops)
     assert all(b <= a for a, b in itertools.pairwise(seconds))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    batch=st.integers(1, 300),
+    devices=st.integers(1, 70),
+    per_node=st.sampled_from([1, 4, 8]),
+    kind=st.sampled_from(["llm", "vit", "mlp"]),
+    frozen=st.booleans(),
+)
+def test_pricing_only_shard_breakpoints_is_exact(
+    build_op, cluster, batch, devices, per_node, kind, frozen
+) -> None:
+    """T(n) from the configurations at the batch's shard breakpoints equals the fastest of
+    every (dp, tp) with dp * tp <= n, priced one by one, for every n."""
+    op = {
+        "llm": lambda: build_op("transformer", LLM, batch=batch, tokens=64, frozen=frozen),
+        "vit": lambda: build_op("vit", VIT, batch=batch, tokens=50, frozen=frozen),
+        "mlp": lambda: build_op("mlp", {"in": 512, "out": 4096}, batch=batch, tokens=9),
+    }[kind]()
+    c = cluster(devices, per_node=per_node)
+    best = float("inf")
+    for n in range(1, devices + 1):
+        for tp in tp_degrees(op, c):
+            if n % tp == 0:
+                best = min(best, price(op, n // tp, tp, c).seconds)
+        assert best_config(op, c, n).seconds == best, n
+
+
+def test_a_large_cluster_lists_the_allocations_that_matter(build_op, cluster) -> None:
+    op = build_op("vit", VIT, batch=1536, tokens=257)
+    c = cluster(65536)
+    model = AnalyticCostModel(c)
+    ns = model.allocations(op)
+    assert len(ns) < 400  # not 65,536
+    assert set(range(1, 65)) <= set(ns)
+    assert {1 << k for k in range(17)} <= set(ns)  # powers of two, divisors of N, N
+    assert 65536 in ns and 8 * 3 in ns  # whole nodes
+    curve = model.curves(graph_of(cluster, op, devices=65536))[op.id]
+    assert curve.ns == ns
+    for n, t in curve.items():
+        assert t == model.config(op, n).seconds
+    # every step of T(n) up to the fastest is listed, at least every 1/32 faster
+    fastest = min(curve.seconds)
+    assert curve.at(65536) == fastest and fastest < curve.at(64)
 
 
 def test_uneven_split_costs_the_largest_shard(build_op, cluster) -> None:
@@ -82,7 +127,7 @@ def test_uneven_split_costs_the_largest_shard(build_op, cluster) -> None:
         compute_seconds(3 * op.forward_flops_per_layer * 4 / 10, c)
     )
     # n = 3 is a valid allocation even though 3 does not divide the batch.
-    assert best_configs(op, c)[2].devices == 3
+    assert best_config(op, c, 3).devices == 3
 
 
 def test_tp_degrees_divide_heads_and_fit_a_node(build_op, cluster) -> None:
@@ -96,9 +141,9 @@ def test_tp_degrees_divide_heads_and_fit_a_node(build_op, cluster) -> None:
 def test_large_layer_uses_tensor_parallel_when_data_parallel_runs_out(build_op, cluster) -> None:
     # 4 samples cannot feed 32 data-parallel replicas; splitting each layer must win.
     op = build_op("transformer", LLM, batch=4, tokens=2048)
-    cfg = best_configs(op, cluster(32))[31]
+    cfg = best_config(op, cluster(32), 32)
     assert cfg.tp > 1 and cfg.used > 4
-    assert cfg.seconds < best_configs(op, cluster(32))[3].seconds
+    assert cfg.seconds < best_config(op, cluster(32), 4).seconds
 
 
 def test_gradient_sync_only_when_training_and_slower_across_nodes(build_op, cluster) -> None:

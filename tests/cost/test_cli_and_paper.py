@@ -36,6 +36,9 @@ def test_curves_table_and_json(shared_dir, capsys) -> None:
         assert list(record["seconds_per_layer"]) == ["1", "2", "3"]
     code, _, err = run_cli(capsys, "curves", spec, "--n", "0,9")
     assert code == 1 and "--n" in err
+    # on 1,000 devices 999 is not an allocation a curve lists: a dash, and why
+    code, out, _ = run_cli(capsys, "curves", spec, "--devices", "1000", "--n", "3,999,1000")
+    assert code == 0 and "T(999)" in out and "-: not an allocation the planner lists" in out
 
 
 def test_profile_then_use_it_everywhere(shared_dir, tmp_path, capsys) -> None:

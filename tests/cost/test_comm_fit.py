@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
+from spindle_dsl.cost import comm
 from spindle_dsl.cost.comm import allreduce_seconds, ring_allreduce_seconds, transfer_seconds
 from spindle_dsl.cost.fit import fit_piecewise
 
@@ -43,6 +45,22 @@ def test_transfer_is_free_on_the_same_devices_and_priced_otherwise(cluster) -> N
     # [3/4, 1) go 3 -> 1, so device 1 is busiest, receiving a half.
     shrink = transfer_seconds(1e9, [0, 1, 2, 3], [0, 1], c)
     assert shrink == pytest.approx(5e-6 + 0.5e9 / c.device.intra_bandwidth)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_large_groups_are_priced_as_small_ones_are(cluster, seed, monkeypatch) -> None:
+    """The numpy walk for large groups gives the per-pair loop's figure."""
+    rng = random.Random(seed)
+    c = cluster(rng.choice([300, 1000]), rng.choice(["cpu", "a100-80gb"]), rng.choice([1, 8]))
+    for _ in range(20):
+        src = rng.sample(range(c.devices), rng.randint(1, c.devices))
+        dst = rng.sample(range(c.devices), rng.randint(1, c.devices))
+        if rng.random() < 0.5:
+            src, dst = sorted(src), sorted(dst)
+        large = comm._transfer_seconds_large(1e8, src, dst, c)
+        monkeypatch.setattr(comm, "LARGE_GROUPS", 10**9)
+        assert large == pytest.approx(transfer_seconds(1e8, src, dst, c), rel=1e-12, abs=0)
+        monkeypatch.undo()
 
 
 def test_fit_recovers_a_line_exactly() -> None:

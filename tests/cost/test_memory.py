@@ -55,11 +55,13 @@ def test_layer_parts_replicate_weights_and_shard_the_optimizer(graph, model) -> 
     op = graph.op("caption/lm")
     cfg = model.config(op, 4)
     sm = model.slice_memory(graph, op, 4, 2, 4)
-    assert [p.key for p in sm.parts] == ["lm/layer.2", "lm/layer.3"]
-    for p in sm.parts:
-        assert p.replicated == int(op.params_per_layer * 4 / cfg.tp)
-        assert p.sharded == op.params_per_layer * 12
-    shard = -(-(op.params_per_layer * 12) // 4)
+    # one run for layers 2 and 3 (nothing counts layers one by one), priced per layer
+    (run,) = sm.parts
+    assert run.key == "lm/layers.2-4" and run.layers == (2, 4) and run.count == 2
+    assert run.replicated == 2 * int(op.params_per_layer * 4 / cfg.tp)
+    assert run.sharded == 2 * op.params_per_layer * 12
+    shard = -(-(op.params_per_layer * 12) // 4)  # each layer's optimizer state sharded
+    assert run.on(4) == 2 * (int(op.params_per_layer * 4 / cfg.tp) + shard)
     assert sm.alone(4) == 2 * (int(op.params_per_layer * 4 / cfg.tp) + shard) + sm.kept + sm.working
 
 
@@ -67,8 +69,8 @@ def test_frozen_parts_keep_only_their_weights(graph, model) -> None:
     op = graph.op("caption/vision")
     sm = model.slice_memory(graph, op, 1, 0, 1)
     layer, stage = sm.parts
-    assert layer.key == "vision/layer.0" and stage.key == "vision/input.image"
-    assert layer == type(layer)(layer.key, op.params_per_layer * 2, 0)
+    assert layer.key == "vision/layers.0-1" and stage.key == "vision/input.image"
+    assert layer == type(layer)(layer.key, op.params_per_layer * 2, 0, (0, 1))
     assert stage.sharded == 0
 
 
@@ -78,9 +80,10 @@ def test_input_stages_ride_with_the_first_layer_and_the_head_with_the_last(graph
         (a, b): [p.key for p in model.slice_memory(graph, op, 2, a, b).parts]
         for a, b in [(0, 1), (3, 4), (5, 6), (0, 6)]
     }
-    assert keys[(0, 1)] == ["lm/layer.0", "lm/input.text"]
-    assert keys[(3, 4)] == ["lm/layer.3"]
-    assert keys[(5, 6)] == ["lm/layer.5", "lm/head"]
+    assert keys[(0, 1)] == ["lm/layers.0-1", "lm/input.text"]
+    assert keys[(3, 4)] == ["lm/layers.3-4"]
+    assert keys[(5, 6)] == ["lm/layers.5-6", "lm/head"]
+    assert keys[(0, 6)][0] == "lm/layers.0-6"
     assert keys[(0, 6)][-2:] == ["lm/input.text", "lm/head"]
     info = op_memory_info(graph, op)
     kind, args = get_kind("transformer"), dict(graph.module("lm").args)
@@ -182,10 +185,14 @@ def test_the_allocation_table_matches_slice_memory_exactly(graph, profiled, reco
     for op in graph.metaops:
         for a, b in {(0, 1), (op.layers - 1, op.layers), (0, op.layers)}:
             table = model.alone_bytes(graph, op, a, b, recompute)
-            direct = [
-                model.slice_memory(graph, op, n, a, b, recompute).alone(n) for n in range(1, N + 1)
-            ]
+            ns = model.allocations(op, recompute)
+            assert ns == tuple(range(1, N + 1))  # a small cluster lists every allocation
+            direct = [model.slice_memory(graph, op, n, a, b, recompute).alone(n) for n in ns]
             assert list(table) == direct, (op.id, a, b)
+            some = (N, 3, 1)
+            assert model.alone_bytes(graph, op, a, b, recompute, ns=some) == tuple(
+                model.slice_memory(graph, op, n, a, b, recompute).alone(n) for n in some
+            )
 
 
 def test_the_table_handles_mixed_tensor_parallel_degrees(graph) -> None:
@@ -195,7 +202,8 @@ def test_the_table_handles_mixed_tensor_parallel_degrees(graph) -> None:
     tp = np.array([1, 1, 4, 1, 8, 2])
     from spindle_dsl.cost.memory import slice_memory
 
-    got = alone_bytes(info, op, 0, 2, dp, tp, True, graph.cluster)
+    configs = [(n, int(d), int(t)) for n, (d, t) in enumerate(zip(dp, tp, strict=True), start=1)]
+    got = alone_bytes(info, op, 0, 2, configs, True, graph.cluster)
     want = [
         slice_memory(info, op, 0, 2, int(d), int(t), True, graph.cluster).alone(n)
         for n, (d, t) in enumerate(zip(dp, tp, strict=True), start=1)

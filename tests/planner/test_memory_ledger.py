@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spindle_dsl.cost.base import PartBytes, SliceMemory
 from spindle_dsl.planner.ledger import PartLedger, PieceLedger
@@ -81,3 +83,49 @@ def test_placement_reports_the_exact_memory_and_only_real_overflow(capacity) -> 
     assert [d for d, _, _ in placement.overflow] == over
     assert bool(over) == (capacity < max(placement.memory))
     assert placement.fullest is not None and placement.fullest.kept == {"a/m": 20, "b/m": 20}
+
+
+def _run_slice(op: str, n: int, first: int, end: int) -> SliceMemory:
+    """The same memory as ``fake_slice`` over 12 layers, as one run (how the cost models
+    price layers), with a tensor-parallel-like replicated share that depends on n."""
+    k = end - first
+    rep = REP // (1 + n % 3)
+    return SliceMemory(
+        (PartBytes(f"m/layers.{first}-{end}", rep * k, SHARD * k, (first, end)),), 0, 0
+    )
+
+
+def _layer_slice(op: str, n: int, first: int, end: int) -> SliceMemory:
+    rep = REP // (1 + n % 3)
+    return SliceMemory(
+        tuple(PartBytes(f"m/layer.{j}", rep, SHARD) for j in range(first, end)), 0, 0
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 11), st.integers(1, 12), st.sets(st.integers(0, 5), min_size=1)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_runs_split_where_slices_overlap_exactly_as_layers_would(pieces) -> None:
+    """Overlapping slices of a shared module, held by several ops on various devices: the
+    ledger's rows (runs of layers, split at every boundary) count exactly what per-layer
+    parts count, without a row per layer."""
+    runs, layers = PartLedger(6, _run_slice), PartLedger(6, _layer_slice)
+    for i, (first, length, devices) in enumerate(pieces):
+        end = min(12, first + length)
+        if end <= first:
+            continue
+        piece = Piece("ab"[i % 2] + "/m", first, end, len(devices))
+        need_runs, need_layers = runs.need(piece), layers.need(piece)
+        np.testing.assert_allclose(need_runs, need_layers, rtol=1e-12, atol=1e-6)
+        runs.add(piece, sorted(devices), need_runs)
+        layers.add(piece, sorted(devices), need_layers)
+    assert all(abs(a - b) <= 1 for a, b in zip(runs.memory(), layers.memory(), strict=True)), (
+        runs.memory(),
+        layers.memory(),
+    )
+    assert len(runs.length) <= 2 * len(pieces) + 1

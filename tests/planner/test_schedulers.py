@@ -147,3 +147,31 @@ def test_improve_keeps_schedules_valid_and_never_slower(seed, N, k):
         better = improve(p, s, 0.1)
         assert schedule_errors(p, better) == []
         assert better.compute_s(p) <= s.compute_s(p) * (1 + 1e-9)
+
+
+def _lopsided(seconds_big: float) -> Problem:
+    """multitask_clip's image_text task in miniature: an image encoder, a text encoder far
+    slower than everything else, and an image head after the encoder (listed after the text
+    encoder, as its level puts it)."""
+    ns = tuple(range(1, 9))
+    ops = (
+        OpSpec("it/image_enc", 32, (), ns, tuple(0.27 / n for n in ns), task="it"),
+        OpSpec("it/text_enc", 24, (), ns, tuple(seconds_big / n for n in ns), task="it"),
+        OpSpec("at/audio_enc", 12, (), ns, tuple(0.06 / n for n in ns), task="at"),
+        OpSpec("it/image_head", 1, ("it/image_enc",), ns, tuple(6e-5 for _ in ns), task="it"),
+        OpSpec("at/audio_head", 1, ("at/audio_enc",), ns, tuple(5e-5 for _ in ns), task="at"),
+    )
+    return Problem(ops, 8)
+
+
+@pytest.mark.parametrize("seconds_big", [1e15, 2e6, 0.5])
+def test_a_short_op_after_a_very_long_one_keeps_its_waves(seconds_big):
+    """Regression (issue 12): a chain's 60 us head after 10^16 s of text encoder fell below
+    the float resolution of the time axis (and, from 10^5 s on, within the relative tolerance
+    ``waveify`` used), got no wave, and ``backfill`` then failed with KeyError. Exact span
+    times give it its wave at any magnitude."""
+    p = _lopsided(seconds_big)
+    for s in (BASELINES["optimus"](p), cpa_schedule(p), paper_schedule(p)):
+        assert schedule_errors(p, s) == [], s.name
+        assert schedule_errors(p, backfill(p, s)) == []
+    assert schedule_errors(p, milp_schedule(p, 0.3)) == []

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spindle_dsl.planner.placement import PlacedPiece, Placement
-from spindle_dsl.planner.timing import Flows, SharedModule, time_placement
+from spindle_dsl.planner.timing import Flows, SharedModule, grad_sync_seconds, time_placement
 
 
 def transfer(nbytes, src, dst):
@@ -57,3 +61,45 @@ def test_moves_and_split_shared_module_are_charged():
     # group ones already in the curves; layer 1: both on {2,3}, nothing extra
     assert t.grad_sync_s == pytest.approx(1000e-9 * (16 - 4 - 4))
     assert t.iteration_s == pytest.approx(t.compute_s + t.transfer_s + t.grad_sync_s)
+
+
+def _per_layer_grad_sync(waves, mod: SharedModule) -> float:
+    """The definition, layer by layer (what ``grad_sync_seconds`` computes per run)."""
+    groups: dict = {}
+    for j in range(mod.layers):
+        sets = []
+        for op, offset in mod.holders:
+            for w in waves:
+                for p in w:
+                    if p.op == op and p.first <= offset + j < p.end:
+                        sets.append(tuple(sorted(p.devices)))
+        if len(set(sets)) > 1:
+            key = tuple(sorted(sets))
+            groups[key] = groups.get(key, 0) + 1
+    load: dict[int, float] = {}
+    for sets, count in groups.items():
+        nbytes = count * mod.bytes_per_layer
+        union = tuple(sorted(set().union(*sets)))
+        extra = allreduce(nbytes, union) - sum(allreduce(nbytes, s) for s in sets)
+        for d in union if extra > 0 else ():
+            load[d] = load.get(d, 0.0) + extra
+    return max(load.values(), default=0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_gradient_sync_by_runs_equals_the_per_layer_definition(data):
+    layers = data.draw(st.integers(1, 9))
+    mod = SharedModule("x", layers, 1000.0, (("a/x", 0), ("b/x", 2)))
+    waves = []
+    for op, offset in mod.holders:
+        cuts = sorted(
+            data.draw(st.sets(st.integers(1, layers - 1), max_size=3)) if layers > 1 else []
+        )
+        bounds = [0, *cuts, layers]
+        for lo, hi in itertools.pairwise(bounds):
+            devs = tuple(sorted(data.draw(st.sets(st.integers(0, 3), min_size=1))))
+            waves.append([PlacedPiece(op, offset + lo, offset + hi, devs)])
+    flows = Flows({}, {}, (), (mod,))
+    got = grad_sync_seconds(placement(*waves), flows, allreduce)
+    assert got == pytest.approx(_per_layer_grad_sync(waves, mod), rel=1e-12, abs=1e-15)

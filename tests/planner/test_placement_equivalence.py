@@ -1,0 +1,58 @@
+"""The vectorised placement chooses exactly the devices the per-device reference chooses."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from spindle_dsl.cost.base import PartBytes, SliceMemory
+from spindle_dsl.planner import placement
+from spindle_dsl.planner.baselines import BASELINES
+from spindle_dsl.planner.ledger import PartLedger
+from spindle_dsl.planner.listsched import cpa_schedule
+from spindle_dsl.planner.placement import Topology, place
+from spindle_dsl.planner.wavefront import paper_schedule
+
+from .placement_reference import place as reference_place
+from .synth import random_problem
+
+
+def _slices(problem, seed: int):
+    """Slice memory with shared modules (ops of the same module index share parts)."""
+    rng = random.Random(seed)
+    act = {o.id: rng.randint(10, 400) for o in problem.ops}
+    module = {o.id: f"m{rng.randint(0, 3)}" for o in problem.ops}
+
+    def slice_memory(op: str, n: int, first: int, end: int) -> SliceMemory:
+        k = end - first
+        run = PartBytes(f"{module[op]}/layers.{first}-{end}", 50 * k // n, 300 * k, (first, end))
+        return SliceMemory((run,), act[op] * k // n, act[op] // 3)
+
+    partners = {
+        o.id: tuple(p.id for p in problem.ops if p.id != o.id and module[p.id] == module[o.id])
+        for o in problem.ops
+    }
+    return slice_memory, partners
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_same_devices_as_the_reference(seed, monkeypatch) -> None:
+    rng = random.Random(seed)
+    if seed % 2:  # the numpy path for many preferred devices, on small clusters
+        monkeypatch.setattr(placement, "SMALL", 0)
+    N = rng.choice([5, 12, 16, 24, 40, 100, 257])
+    per_node = rng.choice([4, 8])
+    problem = random_problem(rng, N, rng.randint(2, 7))
+    slice_memory, partners = _slices(problem, seed)
+    scheds = [paper_schedule(problem), cpa_schedule(problem)]
+    scheds += [fn(problem) for fn in BASELINES.values()]
+    for capacity in (10**9, 2000, 900, 300):  # roomy, tight, very tight (overflow fallback)
+        weight = {o.id: rng.random() for o in problem.ops}
+        topo = Topology(N, per_node, capacity, partners, weight)
+        for sched in scheds:
+            got = place(problem, sched, topo, PartLedger(N, slice_memory))
+            want = reference_place(problem, sched, topo, PartLedger(N, slice_memory))
+            assert got.waves == want.waves, (sched.name, capacity)
+            assert got.memory == want.memory
+            assert got.overflow == want.overflow
