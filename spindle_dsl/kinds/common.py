@@ -85,10 +85,13 @@ def self_attention_block_flops(tokens: int, hidden: int, ffn: int) -> float:
 
 
 def self_attention_block_activations(tokens: int, hidden: int, ffn: int, heads: int) -> float:
+    """What torch saves for backward in one ``SelfAttentionBlock``, per sample (measured with
+    ``saved_tensors_hooks`` in ``tests/kinds/test_saved_activations.py``)."""
     t, h = tokens, hidden
-    # LN1 in, qkv in, q/k/v, attention out (proj in), LN2 in, fc1 in: 8th; the GELU's input and
-    # output (fc2 in): 2tf; the softmax probabilities: heads x t x t.
-    return 8.0 * t * h + 2.0 * t * ffn + float(heads) * t * t
+    # LN1 in, qkv in, q/k/v, attention out (= proj in, a view), LN2 in, fc1 in: 8th; the GELU's
+    # input and output (fc2 in): 2tf; the fused attention kernel keeps its log-sum-exp (heads x
+    # t), not the t x t probabilities; each LayerNorm its mean and 1/std (2t twice).
+    return 8.0 * t * h + 2.0 * t * ffn + float(heads) * t + 4.0 * t
 
 
 # --- input stages ---------------------------------------------------------------------------
