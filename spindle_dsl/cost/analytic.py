@@ -207,17 +207,32 @@ class AnalyticCostModel(comm.LinkPricing):
         return slice_memory_bytes(op, layers, c.dp, c.tp, self.cluster, n)
 
     def alone_bytes(
-        self, graph: MetaGraph, op: MetaOp, first: int, end: int, recompute: bool = False
+        self,
+        graph: MetaGraph,
+        op: MetaOp,
+        first: int,
+        end: int,
+        recompute: bool = False,
+        zero_stage: int = 1,
     ) -> tuple[int, ...]:
         rc = recompute and op.needs_backward
         configs = [self.config(op, n, rc) for n in range(1, self.cluster.devices + 1)]
         dp = np.array([c.dp for c in configs])
         tp = np.array([c.tp for c in configs])
-        return alone_bytes(self._info(graph, op), op, first, end, dp, tp, rc, self.cluster)
+        info = self._info(graph, op)
+        return alone_bytes(info, op, first, end, dp, tp, rc, self.cluster, zero_stage)
 
     def slice_memory(
-        self, graph: MetaGraph, op: MetaOp, n: int, first: int, end: int, recompute: bool = False
+        self,
+        graph: MetaGraph,
+        op: MetaOp,
+        n: int,
+        first: int,
+        end: int,
+        recompute: bool = False,
+        zero_stage: int = 1,
     ) -> SliceMemory:
         c = self.config(op, n, recompute)
         rc = recompute and op.needs_backward
-        return slice_memory(self._info(graph, op), op, first, end, c.dp, c.tp, rc, self.cluster)
+        info = self._info(graph, op)
+        return slice_memory(info, op, first, end, c.dp, c.tp, rc, self.cluster, zero_stage)

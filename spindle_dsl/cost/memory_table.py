@@ -12,7 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from spindle_dsl.cluster import Cluster
-from spindle_dsl.cost.memory import OpMemoryInfo, dtype_bytes, layer_parts
+from spindle_dsl.cost.memory import (
+    OpMemoryInfo,
+    dtype_bytes,
+    grad_in_flight,
+    layer_parts,
+    staged,
+)
 from spindle_dsl.metagraph import MetaOp
 
 
@@ -25,22 +31,25 @@ def alone_bytes(
     tp: np.ndarray,
     recompute: bool,
     cluster: Cluster,
+    zero_stage: int = 1,
 ) -> tuple[int, ...]:
     """Peak bytes per device of layers ``[first, end)`` alone on ``n = 1..len(dp)`` devices,
-    where n runs as ``dp[n - 1]`` replicas of ``tp[n - 1]``-way layers."""
+    where n runs as ``dp[n - 1]`` replicas of ``tp[n - 1]``-way layers, parameter state laid
+    out for ``zero_stage``."""
     n = np.arange(1, len(dp) + 1, dtype=np.int64)
     dp, tp = np.asarray(dp, dtype=np.int64), np.asarray(tp, dtype=np.int64)
     state = np.zeros(len(n), dtype=np.int64)
-    for degree in np.unique(tp):  # a layer part's replicated bytes depend on the TP degree
-        parts = layer_parts(op, first, end, int(degree), cluster)
-        state[tp == degree] += sum(p.replicated for p in parts)
-    shards = [p.sharded for p in layer_parts(op, first, end, 1, cluster)]
-    edges = list(info.inputs if first == 0 else ())
+    in_flight = np.zeros(len(n), dtype=np.int64)
+    edges = [staged(p, zero_stage) for p in (info.inputs if first == 0 else ())]
     if end == op.layers and info.head is not None:
-        edges.append(info.head)
-    state += sum(p.replicated for p in edges)
-    for s in [*shards, *(p.sharded for p in edges)]:
-        state += -(-s // n)
+        edges.append(staged(info.head, zero_stage))
+    for degree in np.unique(tp):  # a layer part's bytes depend on the TP degree
+        at = tp == degree
+        parts = [*layer_parts(op, first, end, int(degree), cluster, zero_stage), *edges]
+        state[at] += sum(p.replicated for p in parts)
+        for p in parts:
+            state[at] += -(-p.sharded // n[at])
+        in_flight[at] = grad_in_flight(parts, cluster, zero_stage)
     kept = np.zeros(len(n), dtype=np.int64)
     working = np.zeros(len(n), dtype=np.int64)
     layers = end - first
@@ -60,4 +69,4 @@ def alone_bytes(
         if op.needs_backward:
             kept = kept + head_rows * (info.vocab + 2 * op.out_width)
         working = np.maximum(working, head_rows * info.vocab)
-    return tuple(int(x) for x in state + kept + working)
+    return tuple(int(x) for x in state + kept + working + in_flight)

@@ -265,16 +265,31 @@ class ProfiledCostModel(comm.LinkPricing):
         return slice_memory_bytes(op, layers, dp, 1, self.cluster, n)
 
     def alone_bytes(
-        self, graph: MetaGraph, op: MetaOp, first: int, end: int, recompute: bool = False
+        self,
+        graph: MetaGraph,
+        op: MetaOp,
+        first: int,
+        end: int,
+        recompute: bool = False,
+        zero_stage: int = 1,
     ) -> tuple[int, ...]:
         recompute = recompute and op.needs_backward
         dp = np.array([d for d, _ in self._best(op, recompute)])
         tp = np.ones(len(dp), dtype=int)
-        return alone_bytes(self._info(graph, op), op, first, end, dp, tp, recompute, self.cluster)
+        info = self._info(graph, op)
+        return alone_bytes(info, op, first, end, dp, tp, recompute, self.cluster, zero_stage)
 
     def slice_memory(
-        self, graph: MetaGraph, op: MetaOp, n: int, first: int, end: int, recompute: bool = False
+        self,
+        graph: MetaGraph,
+        op: MetaOp,
+        n: int,
+        first: int,
+        end: int,
+        recompute: bool = False,
+        zero_stage: int = 1,
     ) -> SliceMemory:
         recompute = recompute and op.needs_backward
         dp = 1 if n == 1 else self._best(op, recompute)[n - 1][0]
-        return slice_memory(self._info(graph, op), op, first, end, dp, 1, recompute, self.cluster)
+        info = self._info(graph, op)
+        return slice_memory(info, op, first, end, dp, 1, recompute, self.cluster, zero_stage)
