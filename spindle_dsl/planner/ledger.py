@@ -92,7 +92,7 @@ class PartLedger:
         self.cache: dict[tuple[str, int, int, int], _Slice] = {}
         self.kept = np.zeros(devices)
         self.working = np.zeros(devices)
-        self.kept_by_op: list[dict[str, int]] = [{} for _ in range(devices)]
+        self.kept_by_op: dict[str, np.ndarray] = {}  # op -> kept bytes per device
         rows = 64
         self.held = np.zeros((rows, devices), dtype=bool)
         self.rep = np.zeros((rows, devices))
@@ -143,8 +143,11 @@ class PartLedger:
             return
         self.kept[ds] += s.kept
         self.working[ds] = np.maximum(self.working[ds], s.working)
-        for d in ds:
-            self.kept_by_op[d][piece.op] = self.kept_by_op[d].get(piece.op, 0) + s.kept
+        if s.kept:
+            per_op = self.kept_by_op.get(piece.op)
+            if per_op is None:
+                per_op = self.kept_by_op[piece.op] = np.zeros(self.devices)
+            per_op[ds] += s.kept
         if len(s.parts):
             grid = np.ix_(s.parts, ds)
             self.rep[grid] = np.maximum(self.rep[grid], s.replicated[:, None])
@@ -163,7 +166,7 @@ class PartLedger:
 
     def breakdown(self, device: int) -> DeviceBreakdown:
         return DeviceBreakdown(
-            dict(self.kept_by_op[device]),
+            {op: int(v[device]) for op, v in self.kept_by_op.items() if v[device]},
             int(self._state()[device]),
             int(self.working[device]),
         )

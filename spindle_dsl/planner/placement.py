@@ -68,7 +68,7 @@ class _Placer:
         self.topo = topo
         self.ledger = ledger
         self.used = np.zeros(topo.devices)  # bytes per device (an upper bound while placing)
-        self.node_used = [0.0] * (-(-topo.devices // topo.per_node))  # bytes per node
+        self.node_used = np.zeros(-(-topo.devices // topo.per_node))  # bytes per node
         self.last: dict[str, tuple[int, ...]] = {}  # devices of each op's latest piece
         self.pushed: dict[int, str] = {}  # op that first took a device past its capacity
         self.last_op: dict[int, str] = {}
@@ -160,23 +160,32 @@ class _Placer:
     def place_wave(self, wave: tuple[Piece, ...]) -> tuple[PlacedPiece, ...]:
         """Two passes: every piece first claims what it can of its preferred devices (the
         pieces that would move the most bytes first), then each completes its group."""
-        free: dict[int, set[int]] = {}
-        for d in range(self.topo.devices):
-            free.setdefault(self.node(d), set()).add(d)
+        N = self.topo.devices
         needs = {p.op: self.ledger.need(p) for p in wave}
-        order = sorted(wave, key=lambda p: (p.op not in self.last, -self.topo.weight.get(p.op, 0)))
-        anchored = {p.op: self.anchor(p.n, self.preferred(p), free, needs[p.op]) for p in order}
+        free: dict[int, set[int]] = {}
+        if len(wave) == 1 and wave[0].n == N:  # the whole cluster: nothing to choose
+            anchored = {wave[0].op: list(range(N))}
+        else:
+            for d in range(N):
+                free.setdefault(self.node(d), set()).add(d)
+            order = sorted(
+                wave, key=lambda p: (p.op not in self.last, -self.topo.weight.get(p.op, 0))
+            )
+            anchored = {p.op: self.anchor(p.n, self.preferred(p), free, needs[p.op]) for p in order}
         placed: dict[str, PlacedPiece] = {}
         for p in sorted(wave, key=lambda p: -p.n):
             need = needs[p.op]
-            ds = self.complete(p.n, anchored[p.op], free, need)
+            if len(anchored[p.op]) == p.n:
+                ds = sorted(anchored[p.op])
+            else:
+                ds = self.complete(p.n, anchored[p.op], free, need)
             self.ledger.add(p, ds, need)
-            for d in ds:
-                self.used[d] += need[d]
-                self.node_used[self.node(d)] += float(need[d])
-                self.last_op[d] = p.op
-                if self.used[d] > self.topo.capacity:
-                    self.pushed.setdefault(d, p.op)
+            at = np.asarray(ds, dtype=int)
+            self.used[at] += need[at]
+            np.add.at(self.node_used, at // self.topo.per_node, need[at])
+            self.last_op.update(dict.fromkeys(ds, p.op))
+            for d in at[self.used[at] > self.topo.capacity]:
+                self.pushed.setdefault(int(d), p.op)
             placed[p.op] = PlacedPiece(p.op, p.first, p.end, tuple(ds))
         for p in wave:
             self.last[p.op] = placed[p.op].devices

@@ -65,8 +65,15 @@ def time_placement(
     flows: Flows,
     transfer: TransferFn,
     allreduce: AllreduceFn,
+    passes: int = 1,
+    reductions: float = 1.0,
 ) -> Timing:
-    """Iteration time of ``placement``; ``seconds(op, n)`` is T_op(n) per layer."""
+    """Iteration time of ``placement``; ``seconds(op, n)`` is T_op(n) per layer.
+
+    With micro-batches the waves run ``passes`` times (``seconds`` and ``flows`` describe one
+    pass): compute and transfers count that often, ``durations`` stay one pass's. Gradients
+    are reduced ``reductions`` all-reduces' worth per iteration (1, or (k + 1) / 2 when ZeRO-2
+    reduce-scatters every pass; see ``planner.levers``)."""
     durations = tuple(
         max((p.layers * seconds(p.op, p.n) for p in w), default=0.0) for w in placement.waves
     )
@@ -99,7 +106,10 @@ def time_placement(
         max(x.values(), default=0.0) for x in bwd
     )
     return Timing(
-        sum(durations), transfer_s, grad_sync_seconds(placement, flows, allreduce), durations
+        passes * sum(durations),
+        passes * transfer_s,
+        reductions * grad_sync_seconds(placement, flows, allreduce),
+        durations,
     )
 
 
