@@ -47,6 +47,8 @@ from spindle_dsl.planner.memfit import MemoryFloor, gib, memory_floor
 from spindle_dsl.planner.problem import Problem, Schedule
 
 SLOWER = 1.0  # a k whose best is slower than the best so far ends the search
+TRIM_TRIES = 8  # MetaOps the trim tries to stop recomputing, per fitted prefix
+TARGETED_ROUNDS = 4  # rounds of recompute aimed at the overflowing devices (``select_more``)
 
 
 @dataclass(frozen=True)
@@ -260,37 +262,53 @@ class LeverSearch:
 
     def fit(self, judge: Judge, k: int, z: int, out: Fit) -> Trial | None:
         """Step 1 at one (k, z): the recompute set, a prefix of the candidates in order of
-        efficiency, as short as lets the fastest judged plan fit (or any, if it never does).
-        The prefix length is found by galloping then bisection, each probe placing only the
-        schedule it tests; the quickest fitting plan seen (all schedules judged) wins."""
-        order = [c.op for c in self.candidates(k)]
+        efficiency, as short as lets the fastest judged plan fit (or the one closest to
+        fitting, if that never does). The prefix length is found by galloping from a guess
+        then bisection, each probe placing only the schedule it tests; then the prefix is
+        trimmed (a MetaOp whose recompute costs the most dropped while the plan still fits
+        and gets quicker), since the efficiency order is cluster-wide and the overflow may be
+        local. The quickest fitting plan seen (every schedule judged) wins."""
+        cands = self.candidates(k)
+        order = [c.op for c in cands]
+        extra_of = {c.op: c.extra_s for c in cands}
         lo, why = self.start(k)
         if why:
             out.reasons.append(why)
         forced: set[str] = set()  # MetaOps one of whose layers fits nowhere without recompute
 
-        def levers(j: int) -> Levers:
-            return Levers(k, z, frozenset(order[:j]) | forced)
-
-        def probe(j: int, names: tuple[str, ...] | None) -> Trial:
+        def probe(rc: frozenset[str], names: tuple[str, ...] | None) -> Trial:
             while True:
-                t = self.trial(levers(j), judge, names)
+                t = self.trial(Levers(k, z, rc | forced), judge, names)
                 op = getattr(t.error, "op", None) if t.ctx is None else None
-                if op not in order or op in forced or op in order[:j]:
+                if op not in order or op in forced or op in rc:
                     return t
                 forced.add(op)  # type: ignore[arg-type]
 
-        first = probe(lo, None)
+        def prefix(j: int) -> frozenset[str]:
+            return frozenset(order[:j])
+
+        def trim(rc: frozenset[str], name: str) -> frozenset[str]:
+            now = probe(rc, (name,)).fastest
+            assert now is not None
+            for op in sorted(rc, key=lambda o: -extra_of.get(o, 0.0))[:TRIM_TRIES]:
+                ev = probe(rc - {op}, (name,)).fastest
+                if ev is not None and ev.fits and ev.iteration_s < now.iteration_s:
+                    rc, now = rc - {op}, ev
+            return rc
+
+        first = probe(prefix(lo), None)
         full = [first]
+        if lo and first.fastest is not None and first.fastest.fits:  # the floor's prefix fits:
+            full.append(probe(trim(prefix(lo), first.fastest.schedule.name), None))  # too long?
         freed = [0]  # kept bytes the first j candidates free, over all devices
-        for c in self.candidates(k):
+        for c in cands:
             freed.append(freed[-1] + c.freed)
         for name in _targets(first):
             if name is None:
                 continue
 
             def ok(j: int, name: str = name) -> bool:
-                ev = probe(j, (name,)).fastest
+                ev = probe(prefix(j), (name,)).fastest
                 if ev is None or ev.fits:
                     return ev is not None
                 if ev.iteration_s >= _time(out):
@@ -298,7 +316,7 @@ class LeverSearch:
                 return False
 
             # a first guess: the shortest prefix that frees the plan's excess over all devices
-            ev = probe(lo, (name,)).fastest
+            ev = probe(prefix(lo), (name,)).fastest
             assert ev is not None and first.ctx is not None
             excess = sum(max(0, m - first.ctx.topology.capacity) for m in ev.placement.memory)
             guess = next(
@@ -309,8 +327,21 @@ class LeverSearch:
                 j = _first(lo, len(order), ok, guess)
             except _Hopeless:
                 continue
-            if j is not None:
-                full.append(probe(j, None))
+            if j is None:
+                continue
+            full.append(probe(trim(prefix(j), name), None))
+        # the targeted alternative: recompute where the fastest plan overflows, round by round
+        t = first
+        for _ in range(TARGETED_ROUNDS):
+            ev = t.fastest
+            if t.ctx is None or ev is None or ev.fits:
+                break
+            more = select_more(t.ctx, ev, cands)
+            if not more:
+                break
+            t = probe(t.levers.recompute | set(more), None)
+        if t is not first and t.fastest is not None and t.fastest.fits:
+            full.append(probe(trim(t.levers.recompute, t.fastest.schedule.name), None))
         _overflow_reason(first, len(self.graph.metaops), out)
         fitting = [t for t in full if t.fitting is not None]
         if fitting:
@@ -319,9 +350,10 @@ class LeverSearch:
         return None
 
     def _stage_order(self, k: int, judge: Judge) -> tuple[int, ...]:
-        """ZeRO stages to fit at k, most promising first: at k = 1 both cost the same time,
-        so the one whose plain plans overflow less; above, ZeRO-1 (ZeRO-2 reduce-scatters
-        every pass) and ZeRO-2 only if ZeRO-1 needs recompute."""
+        """ZeRO stages to fit at k, most promising first: at k = 1, where both cost the same
+        gradient traffic, the one whose plain plans overflow less (the other is fitted too:
+        the allocations each offers differ); above, ZeRO-1 (ZeRO-2 reduce-scatters every
+        pass), then ZeRO-2 only if ZeRO-1 needs recompute."""
         if k != 1 or len(self.stages) == 1:
             return self.stages
 
@@ -359,8 +391,8 @@ class LeverSearch:
                     out.record(k, t)
                     if t.time_s < _time(out):
                         out.best = t
-                if t is not None and (k == 1 or not t.levers.recompute):
-                    break  # the other stage costs as much time (k=1) or more, for memory
+                if t is not None and k > 1 and not t.levers.recompute:
+                    break  # ZeRO-2 would only add gradient traffic
         if not self.explored:
             self.explored = sorted(plain)
         if out.best is not None:
