@@ -180,15 +180,15 @@ def make_plan(
     if not chosen.fits and check_memory:
         raise PlanError(overflow_message(ctx, chosen))
     tuned = _tuned_baselines(search)
+    # every candidate as the plan reports it: the baselines tuned with their own levers
+    ranked = {**evaluated, **{k: ev for k, (ev, _) in tuned.items()}}
     if scheduler == "default":  # a baseline tuned with other levers may be quicker still
-        for name, (ev, bctx) in tuned.items():
+        for ev, bctx in tuned.values():
             if ev.iteration_s < chosen.iteration_s * (1 - 1e-9):
                 chosen, ctx = ev, bctx
-                evaluated, _ = _plan_round(ctx, name, time_limit_s, check_memory, choice)
-    baselines = {k: (tuned[k][0] if k in tuned else evaluated[k]).iteration_s for k in BASELINES}
-    candidates = {k: e.iteration_s for k, e in evaluated.items()}
-    candidates.update({k: ev.iteration_s for k, (ev, _) in tuned.items()})
-    notes = _notes(scheduler, chosen, evaluated, baselines)
+    baselines = {k: ranked[k].iteration_s for k in BASELINES}
+    candidates = {k: e.iteration_s for k, e in ranked.items()}
+    notes = _notes(scheduler, chosen, ranked, baselines)
     if search is not None:
         notes += _lever_notes(ctx, fit, tuned)
     if not chosen.fits:

@@ -259,3 +259,19 @@ def test_paper_scale_fixtures_fit_with_levers(shared_dir) -> None:
         plan = make_plan(g, make_cost_model(g.cluster), time_limit_s=0.3)
         assert validate_plan(plan) == [], name
         assert levers_of(plan) != Levers(), name
+
+
+@pytest.mark.parametrize("guess", [None, 0, 1, 3, 7, 12, 40])
+def test_galloping_finds_the_shortest_prefix_from_any_guess(guess) -> None:
+    from spindle_dsl.planner.leversearch import _first
+
+    for need in range(0, 14):
+        asked: list[int] = []
+
+        def ok(j: int, need: int = need, asked: list[int] = asked) -> bool:
+            asked.append(j)
+            return j >= need
+
+        got = _first(0, 12, ok, guess)
+        assert got == (need if need <= 12 else None), (need, guess)
+        assert len(set(asked)) <= 10  # galloping, then bisection: a handful of probes
