@@ -9,12 +9,9 @@ places and times one schedule (k passes); ``to_plan`` writes the chosen one in t
 Memory constrains the allocation itself (``_op_spec``): an allocation is offered to the
 schedulers only if one layer of the MetaOp fits on it, and, when memory is enforced, only if
 the whole MetaOp (every layer's parameters, optimizer share and kept activations) fits on it
-beside what the other MetaOps would hold on each device if they were spread evenly (the
-``reserve`` the lever search passes: a device is reused by later waves, whose activations wait
-for backward too), or failing that alone; unless no allocation can hold the whole MetaOp (then
-it has to be split over waves on different devices, and the per-layer test is all that is
-asked). So every scheduler, the paper's allocator and the MILPs included, plans with each
-MetaOp's minimum device count.
+alone, unless no allocation can hold the whole MetaOp (then it has to be split over waves on
+different devices, and the per-layer test is all that is asked). So every scheduler, the
+paper's allocator and the MILPs included, plans with each MetaOp's minimum device count.
 """
 
 from __future__ import annotations
@@ -167,7 +164,6 @@ def _op_spec(
     curves: Curves,
     levers: Levers,
     enforce: bool,
-    reserve: int = 0,
 ) -> OpSpec:
     """The op's curve, restricted to allocations on which one of its layers fits and, when
     memory is ``enforce``d, on which the whole op fits alone where any does (see the module
@@ -190,9 +186,7 @@ def _op_spec(
         )
     if enforce:
         whole = alone_bytes_of(op, graph, cost, levers, 0, op.layers)
-        alone = [(n, s) for n, s in fit if whole[n - 1] <= cap]
-        beside = [(n, s) for n, s in alone if whole[n - 1] + reserve <= cap]
-        fit = beside or alone or fit
+        fit = [(n, s) for n, s in fit if whole[n - 1] <= cap] or fit
     return spec_of(op, fit)
 
 
@@ -242,14 +236,11 @@ def context(
     levers: Levers = NO_LEVERS,
     enforce: bool = False,
     cache: PricingCache | None = None,
-    reserve: dict[str, int] | None = None,
 ) -> PlanContext:
     """Everything planning reads, priced under ``levers`` (a cost model without
     ``slice_memory`` takes only micro-batches: it neither recomputes nor shards); with
     ``enforce``, allocations on which a MetaOp cannot fit are not offered (``_op_spec``).
-    ``cache`` shares curves and allocations between the settings one search prices;
-    ``reserve`` (bytes per device, per MetaOp) is what the other MetaOps would hold on each
-    device if spread evenly, left free beside a MetaOp where its allocations allow."""
+    ``cache`` shares curves and allocations between the settings one search prices."""
     if not graph.metaops:
         raise PlanError("the spec has no MetaOps to plan (no task runs any module)")
     if not has_slice_memory(cost):
@@ -260,12 +251,10 @@ def context(
     flows = flows_of(micro)
     ops = []
     for m in micro.metaops:
-        room = (reserve or {}).get(m.id, 0)
-        key = (m.id, levers.micro_batches, levers.zero_stage, m.id in levers.recompute)
-        key += (enforce, room)
+        key = (m.id, levers.micro_batches, levers.zero_stage, m.id in levers.recompute, enforce)
         spec = cache.specs.get(key)
         if spec is None:
-            spec = cache.specs[key] = _op_spec(m, micro, cost, curves, levers, enforce, room)
+            spec = cache.specs[key] = _op_spec(m, micro, cost, curves, levers, enforce)
         ops.append(spec)
     problem = Problem(tuple(ops), graph.cluster.devices)
     n_star: dict[str, float] = {}

@@ -47,7 +47,6 @@ from spindle_dsl.planner.memfit import MemoryFloor, gib, memory_floor
 from spindle_dsl.planner.problem import Problem, Schedule
 
 SLOWER = 1.0  # a k whose best is slower than the best so far ends the search
-RESERVE = False
 TRIM_TRIES = 8  # MetaOps the trim tries to stop recomputing, per fitted prefix
 TARGETED_ROUNDS = 4  # rounds of recompute aimed at the overflowing devices (``select_more``)
 
@@ -213,21 +212,10 @@ class LeverSearch:
                     levers,
                     enforce=True,
                     cache=self.pricing,
-                    reserve=self.reserve(levers) if RESERVE else None,
                 )
             except PlanError as exc:
                 self._contexts[levers] = exc
         return self._contexts[levers]
-
-    def reserve(self, levers: Levers) -> dict[str, int]:
-        """For each MetaOp, what the others would hold on every device if spread evenly:
-        the cluster-wide floor under ``levers`` less the MetaOp's own kept activations,
-        over the devices (a coarse figure: parts of shared modules count in both)."""
-        floor = self.floor(levers.micro_batches)
-        kept = floor.by_op(levers.recompute)
-        total = floor.states + sum(kept.values())
-        N = self.graph.cluster.devices
-        return {op: int((total - own) / N) for op, own in kept.items()}
 
     def floor(self, k: int) -> MemoryFloor:
         if k not in self._floors:
