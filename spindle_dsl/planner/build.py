@@ -291,21 +291,10 @@ def _switch_s(graph: MetaGraph, cost: CostModel, flows: Flows, op: OpSpec, n_sta
     return t * (2 if flows.backward[op.id] else 1)
 
 
-def _overflow(p: Placement, capacity: int) -> int:
-    """Bytes over capacity, summed over the devices."""
-    return sum(max(0, m - capacity) for m in p.memory)
-
-
 def evaluate(ctx: PlanContext, sched: Schedule) -> Evaluated:
     """Place ``sched`` on devices and predict its iteration time."""
     cost, cluster = ctx.cost, ctx.graph.cluster
     placement = place(ctx.problem, sched, ctx.topology, ctx.ledger())
-    if placement.overflow:  # again, filling no device past the mean while another has room
-        mean = sum(placement.memory) / len(placement.memory)
-        even = place(ctx.problem, sched, ctx.topology, ctx.ledger(), budget=mean)
-        cap = ctx.topology.capacity
-        if _overflow(even, cap) < _overflow(placement, cap):
-            placement = even
     k = ctx.levers.micro_batches
     timing = time_placement(
         placement,

@@ -48,7 +48,9 @@ from spindle_dsl.planner.problem import Problem, Schedule
 
 SLOWER = 1.0  # a k whose best is slower than the best so far ends the search
 TRIM_TRIES = 8  # MetaOps the trim tries to stop recomputing, per fitted prefix
-TARGETED_ROUNDS = 4  # rounds of recompute aimed at the overflowing devices (``select_more``)
+# rounds of recompute aimed at the overflowing devices (``select_more``), for judges of several
+# schedules (a baseline alone, sequential above all, overflows evenly: the prefix serves it)
+TARGETED_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -335,17 +337,19 @@ class LeverSearch:
                 continue
             full.append(probe(trim(prefix(j), name), None))
         # the targeted alternative: recompute where the fastest plan overflows, round by round
-        t = first
-        for _ in range(TARGETED_ROUNDS):
-            ev = t.fastest
-            if t.ctx is None or ev is None or ev.fits:
+        t, target = first, first.fastest
+        for _ in range(TARGETED_ROUNDS if len(judge.names) > 1 else 0):
+            if t.ctx is None or target is None or target.fits:
                 break
-            more = select_more(t.ctx, ev, cands)
+            if t is not first and target.iteration_s >= _time(out):
+                break  # it needs more recompute, which only slows it further
+            more = select_more(t.ctx, target, cands)
             if not more:
                 break
-            t = probe(t.levers.recompute | set(more), None)
-        if t is not first and t.fastest is not None and t.fastest.fits:
-            full.append(probe(trim(t.levers.recompute, t.fastest.schedule.name), None))
+            t = probe(t.levers.recompute | set(more), (target.schedule.name,))
+            target = t.fastest
+        if t is not first and target is not None and target.fits:
+            full.append(probe(trim(t.levers.recompute, target.schedule.name), None))
         _overflow_reason(first, len(self.graph.metaops), out)
         fitting = [t for t in full if t.fitting is not None]
         if fitting:
@@ -395,8 +399,8 @@ class LeverSearch:
                     out.record(k, t)
                     if t.time_s < _time(out):
                         out.best = t
-                if t is not None and k > 1 and not t.levers.recompute:
-                    break  # ZeRO-2 would only add gradient traffic
+                if t is not None and not t.levers.recompute:
+                    break  # the other stage could only save recompute, and none is on
         if not self.explored:
             self.explored = sorted(plain)
         if out.best is not None:

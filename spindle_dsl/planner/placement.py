@@ -9,11 +9,7 @@ these preferences, most important first:
 3. a group that fits in a node stays inside one node, in a contiguous id range (best-fit
    node); larger groups take whole nodes first;
 4. among equals, devices with the most free memory (memory balanced), and no device is filled
-   past its capacity (or a lower budget) while another choice exists.
-
-``build.evaluate`` places a schedule again with a budget at its mean load when the first
-placement overflows, and keeps the one that overflows less: that spreads the activations of
-concurrent MetaOps as evenly as the sequential plan's, where co-location would pile them up.
+   past its capacity while another choice exists.
 
 A ``Ledger`` (``planner.ledger``) prices memory: what a piece would add to each device (less
 on a device that already holds parameters it needs) and, once every piece is placed, each
@@ -67,12 +63,10 @@ class Topology:
 
 
 class _Placer:
-    def __init__(self, problem: Problem, topo: Topology, ledger: Ledger, budget: float = 0.0):
+    def __init__(self, problem: Problem, topo: Topology, ledger: Ledger):
         self.problem = problem
         self.topo = topo
         self.ledger = ledger
-        # what a device may be filled to while another choice exists (capacity by default)
-        self.budget = min(budget, topo.capacity) if budget > 0 else topo.capacity
         self.used = np.zeros(topo.devices)  # bytes per device (an upper bound while placing)
         self.node_used = np.zeros(-(-topo.devices // topo.per_node))  # bytes per node
         self.last: dict[str, tuple[int, ...]] = {}  # devices of each op's latest piece
@@ -93,7 +87,7 @@ class _Placer:
         return list(out)
 
     def fits(self, d: int, need: np.ndarray) -> bool:
-        return bool(self.used[d] + need[d] <= self.budget)
+        return bool(self.used[d] + need[d] <= self.topo.capacity)
 
     def anchor(
         self, n: int, pref: list[int], free: dict[int, set[int]], need: np.ndarray
@@ -121,7 +115,7 @@ class _Placer:
         """Add free devices to ``chosen`` until it has ``n``: first in the nodes it already
         touches, then the best-fitting node (or whole nodes for large groups)."""
         chosen = list(chosen)
-        tight = bool(np.max(self.used + need) > self.budget)
+        tight = bool(np.max(self.used + need) > self.topo.capacity)
         # where memory is tight, count only the devices this piece still fits on
         room = {
             k: (sum(1 for d in ds if self.fits(d, need)) if tight else len(ds))
@@ -198,14 +192,10 @@ class _Placer:
         return tuple(placed[p.op] for p in wave)
 
 
-def place(
-    problem: Problem, sched: Schedule, topo: Topology, ledger: Ledger, budget: float = 0.0
-) -> Placement:
+def place(problem: Problem, sched: Schedule, topo: Topology, ledger: Ledger) -> Placement:
     """Give every piece of ``sched`` concrete device ids (see the module docstring);
-    ``ledger`` starts empty and ends holding the placement's memory. ``budget`` (bytes per
-    device, capacity when 0) is what a device is filled to while another choice exists: a
-    budget near the plan's mean load spreads memory evenly at the price of co-location."""
-    placer = _Placer(problem, topo, ledger, budget)
+    ``ledger`` starts empty and ends holding the placement's memory."""
+    placer = _Placer(problem, topo, ledger)
     waves = tuple(placer.place_wave(w) for w in sched.waves)
     memory = ledger.memory()
     overflow = tuple(
