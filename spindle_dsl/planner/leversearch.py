@@ -15,7 +15,9 @@ for the default scheduler). The search runs in two phases:
    fitted (``fit``): a prefix of the MetaOps in order of kept-activation bytes freed per
    device-second of extra forward (what the cluster-wide floor needs at the least, then as
    long as lets the fastest plan fit, or any plan if it never does), its length found by
-   galloping and bisection with probes that place only the schedule they test.
+   galloping and bisection with probes that place only the schedule they test, then
+   trimmed; a second candidate adds recompute round by round only where the fastest plan
+   overflows (``select_more``).
 
 The quickest fitting plan of all wins, whatever lever made it fit. Each lever is priced where
 it acts: k in the curves (smaller layers, per-pass overheads, the transfers of k passes, a
