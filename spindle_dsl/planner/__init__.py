@@ -272,7 +272,7 @@ def _lever_notes(
             for k, t in sorted(fit.per_k.items())
         )
         notes.append(
-            f"memory levers: {', '.join(pulled)}. Without them {why or 'no plan fits'}. "
+            f"memory levers: {', '.join(pulled)}. Why: {why or 'no plan fits without them'}. "
             f"Quickest fitting setting per number of micro-batches k, as the quick plans judge "
             f"it: {per_k}; recompute goes first where it frees the most kept-activation bytes "
             f"per second of extra forward"

@@ -255,7 +255,7 @@ class LeverSearch:
                 break
             chosen.append(cand.op)
         why = (
-            f"at k={k} the MetaOps keep {gib(floor.total(()))} in all, and "
+            f"at k={k} the MetaOps need at least {gib(floor.total(()))} in all, and "
             f"{c.devices} x {c.device.name} hold {gib(limit)}"
         )
         return len(chosen), why
