@@ -1,8 +1,11 @@
 """``spindle plan``: make a wave plan, print it as a table and a summary, write it as JSON.
 
-The table lists each wave's entries (MetaOp, layer range, device ids); the summary gives the
-predicted iteration time and its parts, the speed-up over each baseline, the ratio to the
-proven lower bound, the peak memory and the planning time. ``--json`` prints the summary
+The table lists each wave's entries (MetaOp, layer range, device ids; one micro-batch pass);
+the summary gives the predicted iteration time and its parts, the speed-up over each baseline
+(each tuned with the same memory levers), the ratio to the proven lower bound, the memory
+levers the plan pulls (micro-batches, ZeRO stage, recompute), the peak memory per device
+against capacity and the planning time. ``--micro-batches`` and ``--zero-stage`` force a
+lever. ``--json`` prints the summary
 as JSON instead (for scripts), ``--out`` writes the plan file atomically. ``--solver``
 picks the MILP solver (HiGHS by default, CBC on request); a solver crash is printed as a
 warning and planning goes on with the best plan found before it. A spec with a ``schedule``
@@ -51,6 +54,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(SPINDLE_SOLVER_ISOLATE=0 solves in-process)",
     )
     parser.add_argument(
+        "--micro-batches",
+        type=_at_least_one,
+        default=None,
+        metavar="K",
+        help="run the waves K times per iteration, each on 1/K of every task's batch "
+        "(gradient accumulation); default: the planner chooses K with the other memory levers",
+    )
+    parser.add_argument(
+        "--zero-stage",
+        type=int,
+        choices=(0, 1, 2),
+        default=None,
+        help="shard optimizer state (1) and gradients too (2) over the devices holding each "
+        "parameter part, or nothing (0); default: the planner chooses 1 or 2",
+    )
+    parser.add_argument(
         "--no-memory-check",
         action="store_true",
         help="plan even if the plan does not fit in device memory (it is noted in the plan, "
@@ -67,6 +86,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     except ImportError:  # the renderer is optional for planning
         return
     add_plan_outputs(parser)
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def devices_text(ds: tuple[int, ...]) -> str:
@@ -134,7 +163,12 @@ def summary(plan: Plan) -> dict[str, Any]:
         "ratio_to_bound": plan.iteration_s / plan.lower_bound_s if plan.lower_bound_s else None,
         "bounds": plan.extra.get("bounds", {}),
         "level_reference_s": plan.extra.get("level_reference_s"),
+        "micro_batches": plan.micro_batches,
+        "zero_stage": plan.zero_stage,
+        "recompute": [m.id for m in plan.metaops if m.recompute],
+        "metaops": len(plan.metaops),
         "peak_memory_bytes": max(plan.memory_bytes, default=0),
+        "memory_bytes": list(plan.memory_bytes),
         "memory_capacity_bytes": plan.cluster.memory_bytes,
         "planning_s": plan.solver.wall_s,
         "notes": list(plan.notes),
@@ -185,12 +219,27 @@ def summary_text(s: dict[str, Any]) -> str:
     if s["ratio_to_bound"] is not None:
         lines.append(f"lower bound: {bound_text(s)}")
     lines.append(
-        f"peak memory: {s['peak_memory_bytes'] / GiB:.1f} GiB of "
-        f"{s['memory_capacity_bytes'] / GiB:.1f} GiB per device"
+        f"memory levers: {s['micro_batches']} micro-batch{'es' if s['micro_batches'] > 1 else ''}"
+        f" per iteration, ZeRO-{s['zero_stage']}, activation recompute on "
+        f"{len(s['recompute'])} of {s['metaops']} MetaOps"
     )
+    lines.append(memory_line(s["memory_bytes"], s["memory_capacity_bytes"]))
     lines.append(f"planning time: {s['planning_s']:.2f} s")
     lines.extend(f"note: {n}" for n in s["notes"])
     return "\n".join(lines)
+
+
+def memory_line(memory: list[int], capacity: int) -> str:
+    """Predicted peak per device against capacity: the fullest, the emptiest and the mean."""
+    if not memory:
+        return "peak memory: not predicted (the cost model prices no memory)"
+    top = max(range(len(memory)), key=memory.__getitem__)
+    mean = sum(memory) / len(memory)
+    return (
+        f"peak memory per device: {memory[top] / GiB:.1f} GiB on device {top} "
+        f"({memory[top] / capacity:.0%} of {capacity / GiB:.1f} GiB), least "
+        f"{min(memory) / GiB:.1f} GiB, mean {mean / GiB:.1f} GiB"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -215,6 +264,8 @@ def run(args: argparse.Namespace) -> int:
             time_limit_s=args.time_limit,
             check_memory=not args.no_memory_check,
             solver=solver.name,
+            micro_batches=args.micro_batches,
+            zero_stage=args.zero_stage,
         )
     for w in caught:
         if issubclass(w.category, SolverCrashWarning):

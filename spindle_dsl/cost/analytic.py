@@ -214,15 +214,25 @@ class AnalyticCostModel(comm.LinkPricing):
         end: int,
         recompute: bool = False,
         ns: Sequence[int] | None = None,
+        zero_stage: int = 1,
     ) -> tuple[int, ...]:
         rc = recompute and op.needs_backward
         ns = self.allocations(op, rc) if ns is None else ns
         configs = [(n, c.dp, c.tp) for n in ns for c in (self.config(op, n, rc),)]
-        return alone_bytes(self._info(graph, op), op, first, end, configs, rc, self.cluster)
+        info = self._info(graph, op)
+        return alone_bytes(info, op, first, end, configs, rc, self.cluster, zero_stage)
 
     def slice_memory(
-        self, graph: MetaGraph, op: MetaOp, n: int, first: int, end: int, recompute: bool = False
+        self,
+        graph: MetaGraph,
+        op: MetaOp,
+        n: int,
+        first: int,
+        end: int,
+        recompute: bool = False,
+        zero_stage: int = 1,
     ) -> SliceMemory:
         c = self.config(op, n, recompute)
         rc = recompute and op.needs_backward
-        return slice_memory(self._info(graph, op), op, first, end, c.dp, c.tp, rc, self.cluster)
+        info = self._info(graph, op)
+        return slice_memory(info, op, first, end, c.dp, c.tp, rc, self.cluster, zero_stage)

@@ -92,6 +92,9 @@ class PartBytes:
     replicated: int  # on every device holding it: weights and gradients (a tensor-parallel shard)
     sharded: int  # optimizer state of the whole part, split evenly over every device holding it
     layers: tuple[int, int] | None = None  # a run: layers [A, B) of module ``key``'s prefix
+    # this device's gradient of the part (a tensor-parallel shard; 0 when frozen): inside
+    # ``replicated`` under ZeRO stages 0 and 1, inside ``sharded`` under ZeRO-2
+    grads: int = 0
 
     @property
     def count(self) -> int:
@@ -165,10 +168,18 @@ class SliceMemoryModel(CostModel, Protocol):
     def curves(self, graph: MetaGraph, recompute: frozenset[str] = frozenset()) -> Curves: ...
 
     def slice_memory(
-        self, graph: MetaGraph, op: MetaOp, n: int, first: int, end: int, recompute: bool = False
+        self,
+        graph: MetaGraph,
+        op: MetaOp,
+        n: int,
+        first: int,
+        end: int,
+        recompute: bool = False,
+        zero_stage: int = 1,
     ) -> SliceMemory:
         """Bytes per device to run layers ``[first, end)`` of ``op`` on ``n`` devices, with
-        or without recomputing its activations in the backward pass."""
+        or without recomputing its activations in the backward pass, parameter state laid
+        out for ZeRO stage ``zero_stage`` (0, 1 or 2: see ``cost.memory``)."""
         ...
 
     def alone_bytes(
@@ -179,10 +190,11 @@ class SliceMemoryModel(CostModel, Protocol):
         end: int,
         recompute: bool = False,
         ns: Sequence[int] | None = None,
+        zero_stage: int = 1,
     ) -> Sequence[int]:
-        """``slice_memory(graph, op, n, first, end, recompute).alone(n)`` for every n of
-        ``ns`` (default: the allocations ``op``'s curve lists), at once (the planner checks
-        every allocation of every op)."""
+        """``slice_memory(graph, op, n, first, end, recompute, zero_stage).alone(n)`` for
+        every n of ``ns`` (default: the allocations ``op``'s curve lists), at once (the
+        planner checks every allocation of every op)."""
         ...
 
 

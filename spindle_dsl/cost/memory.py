@@ -2,14 +2,20 @@
 lay them out.
 
 Parameters, by part (a layer, an input stage, an LM head: the runtime's unit of ownership and
-gradient reduction; ``PartBytes``):
-- GPUs train in mixed precision with Adam and a distributed optimizer (ZeRO-1, Megatron's
-  ``--use-distributed-optimizer``): bf16 weights and gradients stay on every device holding
-  the part (2 + 2 = 4 bytes per parameter), the fp32 master weights and Adam m and v
-  (4 + 4 + 4 = 12 bytes) are sharded over all the devices that hold the part, whichever
-  MetaOps they hold it for. A frozen part keeps only its bf16 weights (2 bytes).
-- The ``cpu`` preset trains in fp32: weights and gradients (4 + 4) replicated, Adam m and v
-  (4 + 4) sharded; frozen, 4 bytes.
+gradient reduction; ``PartBytes``), laid out by the plan's ZeRO stage (``state_split``):
+- GPUs train in mixed precision with Adam: bf16 weights and gradients (2 + 2 bytes per
+  parameter), fp32 master weights and Adam m and v (4 + 4 + 4 = 12 bytes). With ZeRO-1 (the
+  default, Megatron's ``--use-distributed-optimizer``) weights and gradients stay on every
+  device holding the part and the 12 bytes are sharded over all the devices that hold the
+  part, whichever MetaOps they hold it for; ZeRO-2 shards the gradients too (2 replicated,
+  14 sharded); stage 0 shards nothing (16 replicated). A frozen part keeps only its bf16
+  weights (2 bytes), whatever the stage.
+- The ``cpu`` preset trains in fp32: weights 4, gradients 4, Adam m and v 4 + 4 bytes; ZeRO-1
+  replicates 8 and shards 8, ZeRO-2 replicates 4 and shards 12, stage 0 replicates 16; frozen,
+  4 bytes.
+Under ZeRO-2 a part's whole gradient still exists while its backward runs and until its bucket
+is reduce-scattered: a slice's working set adds its gradients, at most one bucket
+(``GRAD_BUCKET_ELEMENTS``, the runtime's bucket cap).
 Tensor parallelism splits a layer's weights over its degree. A MetaOp's input stages live with
 its first layer and a task's LM head with the sink's last layer, where the runtime puts them.
 
@@ -27,7 +33,7 @@ An op's output is its consumers' input, so it is counted there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost.base import PartBytes, SliceMemory
@@ -41,16 +47,42 @@ def dtype_bytes(cluster: Cluster) -> int:
     return 4 if is_cpu(cluster) else 2
 
 
-def state_split(cluster: Cluster, trainable: bool) -> tuple[int, int]:
-    """(replicated, sharded) bytes per parameter: see the module docstring."""
+ZERO_STAGES = (0, 1, 2)
+# Gradient elements the runtime reduces in one bucket (``backends/torch/shards.py``,
+# MAX_BUCKET_ELEMENTS): under ZeRO-2 at most this much of a slice's gradient is in flight.
+GRAD_BUCKET_ELEMENTS = 1 << 22
+
+
+def state_split(cluster: Cluster, trainable: bool, zero_stage: int = 1) -> tuple[int, int]:
+    """(replicated, sharded) bytes per parameter under ZeRO stage ``zero_stage``: see the
+    module docstring."""
+    dt = dtype_bytes(cluster)
     if not trainable:
-        return (dtype_bytes(cluster), 0)
-    return (8, 8) if is_cpu(cluster) else (4, 12)
+        return (dt, 0)
+    optimizer = 8 if is_cpu(cluster) else 12  # Adam m, v (and fp32 masters below fp32)
+    if zero_stage == 0:
+        return (2 * dt + optimizer, 0)
+    if zero_stage == 2:
+        return (dt, dt + optimizer)
+    return (2 * dt, optimizer)
 
 
 def state_bytes_per_param(cluster: Cluster, trainable: bool) -> int:
     """Parameter + gradient + optimizer bytes per parameter, before any sharding."""
     return sum(state_split(cluster, trainable))
+
+
+def staged(part: PartBytes, zero_stage: int) -> PartBytes:
+    """An unsplit (no tensor parallelism) part given in the ZeRO-1 layout, laid out for
+    ``zero_stage``: its gradients move into the sharded term (2) or the optimizer state
+    into the replicated one (0)."""
+    if zero_stage == 2:
+        return replace(
+            part, replicated=part.replicated - part.grads, sharded=part.sharded + part.grads
+        )
+    if zero_stage == 0:
+        return replace(part, replicated=part.replicated + part.sharded, sharded=0)
+    return part
 
 
 def activation_elements_per_sample(op: MetaOp) -> float:
@@ -64,26 +96,46 @@ def layer_input_elements_per_sample(op: MetaOp) -> float:
     return float(op.tokens * op.in_width)
 
 
-def _part(key: str, params: float, tp: int, cluster: Cluster, trainable: bool) -> PartBytes:
-    rep, shard = state_split(cluster, trainable)
-    return PartBytes(key, int(params * rep / tp), int(params * shard))
+def _part(
+    key: str, params: float, tp: int, cluster: Cluster, trainable: bool, zero_stage: int = 1
+) -> PartBytes:
+    rep, shard = state_split(cluster, trainable, zero_stage)
+    grads = int(params * dtype_bytes(cluster) / tp) if trainable else 0
+    return PartBytes(key, int(params * rep / tp), int(params * shard), grads=grads)
 
 
-def layer_parts(op: MetaOp, first: int, end: int, tp: int, cluster: Cluster) -> list[PartBytes]:
-    """The layer parts of op layers ``[first, end)``: one run per module it crosses
-    (``PartBytes.layers``), named by module and layer range, so that nothing here or in the
-    planner counts layers one by one."""
+def layer_parts(
+    op: MetaOp, first: int, end: int, tp: int, cluster: Cluster, zero_stage: int = 1
+) -> list[PartBytes]:
+    """The layer parts of op layers ``[first, end)`` laid out for ``zero_stage``: one run per
+    module it crosses (``PartBytes.layers``), named by module and layer range, so that
+    nothing here or in the planner counts layers one by one."""
     out: list[PartBytes] = []
     offset = 0
     for module, count in op.segments:
         lo, hi = max(first, offset) - offset, min(end, offset + count) - offset
         if hi > lo:
-            one = _part("", op.params_per_layer, tp, cluster, not op.frozen)
+            one = _part("", op.params_per_layer, tp, cluster, not op.frozen, zero_stage)
             k = hi - lo
-            key = f"{module}/layers.{lo}-{hi}"
-            out.append(PartBytes(key, one.replicated * k, one.sharded * k, (lo, hi)))
+            out.append(
+                PartBytes(
+                    f"{module}/layers.{lo}-{hi}",
+                    one.replicated * k,
+                    one.sharded * k,
+                    (lo, hi),
+                    grads=one.grads * k,
+                )
+            )
         offset += count
     return out
+
+
+def grad_in_flight(parts: list[PartBytes], cluster: Cluster, zero_stage: int) -> int:
+    """Under ZeRO-2, the gradient bytes a slice holds whole until they are reduce-scattered:
+    its parts' gradients, at most one bucket (0 under other stages: they are replicated)."""
+    if zero_stage != 2:
+        return 0
+    return min(sum(p.grads for p in parts), GRAD_BUCKET_ELEMENTS * dtype_bytes(cluster))
 
 
 def lm_text_tokens(graph: MetaGraph, op: MetaOp) -> int:
@@ -197,19 +249,21 @@ def slice_memory(
     tp: int,
     recompute: bool,
     cluster: Cluster,
+    zero_stage: int = 1,
 ) -> SliceMemory:
     """Bytes per device to run layers ``[first, end)`` of ``op`` as ``dp`` data-parallel
-    replicas of ``tp``-way tensor-parallel layers (see the module docstring); ``info`` is
-    ``op_memory_info(graph, op)``."""
-    parts = layer_parts(op, first, end, tp, cluster)
+    replicas of ``tp``-way tensor-parallel layers, parameter state laid out for
+    ``zero_stage`` (see the module docstring); ``info`` is ``op_memory_info(graph, op)``."""
+    parts = layer_parts(op, first, end, tp, cluster, zero_stage)
     if first == 0:
-        parts.extend(info.inputs)
+        parts.extend(staged(p, zero_stage) for p in info.inputs)
     kept, working = slice_activations(op, end - first, dp, tp, cluster, recompute, info)
     if end == op.layers:
         if info.head is not None:
-            parts.append(info.head)
+            parts.append(staged(info.head, zero_stage))
         head_kept, head_working = head_activations(op, info, dp, cluster)
         kept, working = kept + head_kept, max(working, head_working)
+    working += grad_in_flight(parts, cluster, zero_stage)
     return SliceMemory(tuple(parts), kept, working)
 
 

@@ -14,7 +14,13 @@ from collections.abc import Sequence
 
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost.base import PartBytes
-from spindle_dsl.cost.memory import OpMemoryInfo, dtype_bytes, layer_parts
+from spindle_dsl.cost.memory import (
+    OpMemoryInfo,
+    dtype_bytes,
+    grad_in_flight,
+    layer_parts,
+    staged,
+)
 from spindle_dsl.metagraph import MetaOp
 
 
@@ -26,21 +32,25 @@ def alone_bytes(
     configs: Sequence[tuple[int, int, int]],
     recompute: bool,
     cluster: Cluster,
+    zero_stage: int = 1,
 ) -> tuple[int, ...]:
     """Peak bytes per device of layers ``[first, end)`` alone on each ``(n, dp, tp)`` of
-    ``configs``: n devices running ``dp`` replicas of ``tp``-way layers."""
-    edges: list[PartBytes] = list(info.inputs if first == 0 else ())
+    ``configs``: n devices running ``dp`` replicas of ``tp``-way layers, parameter state laid
+    out for ``zero_stage``."""
+    edges: list[PartBytes] = [staged(p, zero_stage) for p in (info.inputs if first == 0 else ())]
     if end == op.layers and info.head is not None:
-        edges.append(info.head)
-    by_tp: dict[int, list[PartBytes]] = {}
+        edges.append(staged(info.head, zero_stage))
+    by_tp: dict[int, tuple[list[PartBytes], int]] = {}
     layers = end - first
     dt = dtype_bytes(cluster)
     text = info.text_tokens if end == op.layers and op.batch > 0 else 0
     out = []
     for n, dp, tp in configs:
-        parts = by_tp.get(tp)
-        if parts is None:
-            parts = by_tp[tp] = layer_parts(op, first, end, tp, cluster) + edges
+        got = by_tp.get(tp)
+        if got is None:
+            parts = layer_parts(op, first, end, tp, cluster, zero_stage) + edges
+            got = by_tp[tp] = (parts, grad_in_flight(parts, cluster, zero_stage))
+        parts, in_flight = got
         state = sum(p.on(n) for p in parts)
         kept = working = 0
         rows = -(-op.batch // dp)
@@ -59,5 +69,5 @@ def alone_bytes(
             if op.needs_backward:
                 kept += head_rows * (info.vocab + 2 * op.out_width)
             working = max(working, head_rows * info.vocab)
-        out.append(state + kept + working)
+        out.append(state + kept + working + in_flight)
     return tuple(out)

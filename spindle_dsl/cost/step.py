@@ -37,12 +37,18 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   tensor by tensor), slowest rank.
 
 With ``micro_batches`` k the waves, their overheads, the transfers and the losses run k times;
-the reduction (unless ZeRO-2) and the optimizer once. ``StepOverheads`` holds the machine's
-figures: measured by ``spindle profile --nproc N`` on the backend's own processes, or the
-analytic defaults of ``cost.overheads`` (assumptions, each documented). A cost model whose curves
-already include the gradient all-reduce of every layer (the analytic model, after Spindle's
-``T(n) = alpha + beta c + beta' w / n``) says so with ``grad_in_curves``; the planner then
-adds only what summing shared modules costs beyond it, as before.
+the reduction (unless ZeRO-2) and the optimizer once. Where the k-dependence of the gradient
+reduction lives is decided once, by ``reductions_per_step`` (1 all-reduce's worth per step, or
+(k + 1) / 2 under ZeRO-2: a reduce-scatter every pass, one all-gather): this model applies it to
+the buckets it prices; when the curves carry each layer's all-reduce (``grad_in_curves``) the
+planner's pass curves carry that layer's share of it per pass (``planner.levers``,
+``reductions_per_step / k``) and the planner multiplies what shared modules add by it.
+``StepOverheads`` holds the machine's figures: measured by ``spindle profile --nproc N`` on the
+backend's own processes, or the analytic defaults of ``cost.overheads`` (assumptions, each
+documented). A cost model whose curves already include the gradient all-reduce of every layer
+(the analytic model, after Spindle's ``T(n) = alpha + beta c + beta' w / n``) says so with
+``grad_in_curves``; the planner then adds only what summing shared modules costs beyond it, as
+before.
 """
 
 from __future__ import annotations
@@ -89,6 +95,15 @@ class StepPrice:
     grad_sync_s: float  # the step's exposed gradient reduction (runtime-style)
     optimizer_s: float
     closing_s: float = 0.0  # the step's last collective: the losses summed over every rank
+
+
+def reductions_per_step(micro_batches: int, zero_stage: int) -> float:
+    """Gradient reductions per step, in all-reduces' worth: the runtime reduces once after
+    the last of ``micro_batches`` passes under ZeRO stages 0 and 1; under ZeRO-2 every pass
+    reduce-scatters (half an all-reduce's traffic) into the gradient shard and the update
+    all-gathers once, so (k + 1) / 2."""
+    k = max(1, micro_batches)
+    return (k + 1) / 2 if zero_stage == 2 else 1.0
 
 
 def shared_makespan(lengths: Sequence[float], cores: int | None) -> float:

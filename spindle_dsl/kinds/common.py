@@ -12,9 +12,10 @@ Conventions (every count is per sample and per layer):
   (a dense kernel computes it all). Norms, softmax, GELU/SiLU and the SwiGLU product, rotary
   rotations, biases and residual adds are left out: they are O(tokens x width), below 1% of
   the matmuls at any realistic width.
-- Activation elements are the tensors one layer keeps for its backward pass on the plain
-  (non-fused) attention path, which stores the softmax probabilities (heads x q x k); fused
-  kernels store less, so this is a safe upper bound for memory planning.
+- Activation elements are the tensors one layer's forward saves for its backward, exactly as
+  autograd keeps them with torch's fused attention (its log-sum-exp, never the heads x q x k
+  softmax probabilities); ``tests/kinds/test_saved_activations.py`` measures every kind and
+  block variant against these.
 """
 
 from __future__ import annotations
@@ -135,14 +136,39 @@ class BlockShape:
         )
 
     def activations(self, tokens: int) -> float:
+        """What autograd saves for backward in one block, per sample: measured with
+        ``saved_tensors_hooks`` for every variant (``tests/kinds/test_saved_activations.py``
+        pins it exactly, fp32 and fp64, torch's fused CPU attention)."""
         t, h, f = tokens, self.hidden, self.ffn
-        # Norm 1 in, qkv in, q, attention out (proj in), norm 2 in, fc1 in: 6th; k and v at
-        # their own (GQA: smaller) width; the softmax probabilities, heads x t x t. GELU keeps
-        # its input and output (fc2 in): 2tf; SwiGLU keeps gate and up (2tf), the SiLU output
-        # and the product (fc2 in): 4tf.
-        kv = 2.0 * t * self.kv_heads * self.head_dim
-        ffn = (4.0 if self.act == "swiglu" else 2.0) * t * f
-        return 6.0 * t * h + kv + ffn + float(self.heads) * t * t
+        gqa = self.kv_heads != self.heads
+        # The block input, norm 1's output (qkv in), norm 2's input and output (fc1 in): 4th.
+        # LayerNorm keeps its mean and 1/std (2t); RMSNorm its 1/rms (t) and the normalised
+        # tensor before the weight (th).
+        kept = 4.0 * t * h
+        kept += 2.0 * (2.0 * t if self.norm == "layernorm" else t * h + t)
+        # The fused q/k/v output stays alive through the views attention saves, unless GQA
+        # repeats k and v and rotary replaces q (nothing then views it).
+        if not (gqa and self.rotary):
+            kept += t * self.qkv_width
+        if self.rotary:
+            # the rotated q (and k, unless GQA repeats it below) are new tensors; attention's
+            # output is then laid out per head, so merging the heads copies it (proj in)
+            kept += 2.0 * t * h + (0.0 if gqa else t * self.kv_heads * self.head_dim)
+        if gqa:
+            kept += 2.0 * t * h  # k and v repeated to every query head
+        # The attention output and the fused kernel's log-sum-exp (heads x t): never the
+        # t x t probabilities.
+        kept += t * h + float(self.heads) * t
+        # GELU keeps its input and output (fc2 in): 2tf; SwiGLU keeps gate and up (one fused
+        # output, 2tf), the SiLU output and the product (fc2 in): 4tf.
+        kept += (4.0 if self.act == "swiglu" else 2.0) * t * f
+        return kept
+
+    def batch_free_activations(self, tokens: int) -> float:
+        """Saved elements that do not grow with the batch: rotary's cos and sin tables, made
+        for q and for k (four tables of tokens x head_dim/2). Left out of the per-sample count
+        (a few MiB at most); the saved-activations test checks them too."""
+        return 2.0 * tokens * self.head_dim if self.rotary else 0.0
 
 
 # --- input stages ---------------------------------------------------------------------------

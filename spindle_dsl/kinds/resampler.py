@@ -92,10 +92,20 @@ class ResamplerKind(Kind):
     def activation_elements(self, args: Args, in_tokens: int) -> float:
         n_in, h, ffn, q, heads = self._dims(args)
         t = in_tokens
-        # Inputs and their norm (2 t in), k and v (2 t h), query norm in/out, q, attention out,
-        # FFN norm in, fc1 in (6 q h: queries count per sample as they broadcast), GELU in/out
-        # (2 q ffn), softmax probabilities (heads q t).
-        return 2.0 * t * n_in + 2.0 * t * h + 6.0 * q * h + 2.0 * q * ffn + float(heads) * q * t
+        # What torch saves (measured, tests/kinds/test_saved_activations.py): the inputs and
+        # their norm (2 t in), k and v (2 t h), the query norm's output, q, the attention
+        # output, the FFN norm's input and output (5 q h; the learned queries themselves are a
+        # parameter), GELU in/out (2 q ffn), the fused attention's log-sum-exp (heads q) and
+        # the three LayerNorms' mean and 1/std (2 t + 4 q).
+        return (
+            2.0 * t * n_in
+            + 2.0 * t * h
+            + 5.0 * q * h
+            + 2.0 * q * ffn
+            + float(heads) * q
+            + 2.0 * t
+            + 4.0 * q
+        )
 
     def reads_modality(self, args: Args, modality: ModalityInfo) -> str | None:
         if c.modality_form(modality) != "features":

@@ -10,31 +10,43 @@
   gradient sync, keeping the fastest that fits in memory (the plan says which won);
 * ``sequential``, ``distmm``, ``optimus``: the baselines, as plans of their own.
 
-Memory: with a cost model that prices memory per parameter part (both built-in models), a plan
-that does not fit turns on activation recompute for the MetaOps that free the most memory per
-second of extra compute, and plans again (``recompute``); the plan marks them and says why.
+Memory is a planning decision (``leversearch``): with a cost model that prices memory per
+parameter part (both built-in models), the planner chooses the number of micro-batches k, the
+ZeRO stage and the MetaOps that recompute their activations in one search judged by the placed
+plans' iteration time, and every scheduler plans with each MetaOp's minimum device count. The
+baselines are tuned with the same levers, so speed-ups compare like with like. The plan records
+the levers (``micro_batches``, ``zero_stage``, per-MetaOp ``recompute``) and its notes say why.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass
 
 from spindle_dsl.cost.base import CostModel, has_slice_memory
 from spindle_dsl.errors import PlanError
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.plan.model import Plan
-from spindle_dsl.planner import recompute
 from spindle_dsl.planner.baselines import BASELINES
 from spindle_dsl.planner.bounds import level_reference_s
-from spindle_dsl.planner.build import Evaluated, PlanContext, context, evaluate, to_plan
+from spindle_dsl.planner.bounds import lower_bound_s as area_path_bound_s
+from spindle_dsl.planner.build import (
+    Evaluated,
+    PlanContext,
+    context,
+    evaluate_cached,
+    to_plan,
+)
 from spindle_dsl.planner.isolate import warm_up
+from spindle_dsl.planner.levers import Levers, pass_problem
+from spindle_dsl.planner.leversearch import Fit, Judge, LeverSearch
+from spindle_dsl.planner.lp_bound import LpBound
 from spindle_dsl.planner.lp_bound import lp_bound as lp_relaxation_bound
-from spindle_dsl.planner.memfit import overflow_message
+from spindle_dsl.planner.memfit import no_fit_message, overflow_message
 from spindle_dsl.planner.milp_scheduler import milp_schedule
 from spindle_dsl.planner.passes import ALL_PASSES, PassOptions
-from spindle_dsl.planner.problem import Schedule
+from spindle_dsl.planner.problem import Problem, Schedule
 from spindle_dsl.planner.solver import SolverChoice, choose_solver
 from spindle_dsl.planner.wavefront import paper_schedule
 
@@ -71,17 +83,7 @@ def _schedules(
 
 
 def _cached(ctx: PlanContext) -> Callable[[Schedule], Evaluated]:
-    """Placement and timing depend only on the waves: evaluate each schedule once (per
-    context, so the fit loop's last round and the final one share their evaluations)."""
-    memo: dict[tuple, Evaluated] = ctx.evaluated
-
-    def cached(s: Schedule) -> Evaluated:
-        if s.waves not in memo:
-            memo[s.waves] = evaluate(ctx, s)
-        ev = memo[s.waves]
-        return ev if ev.schedule is s else replace(ev, schedule=s)
-
-    return cached
+    return lambda s: evaluate_cached(ctx, s)
 
 
 def _plan_round(
@@ -103,20 +105,29 @@ def _plan_round(
     return evaluated, chosen
 
 
-def _quick(scheduler: str) -> Callable[[PlanContext], list[Evaluated]]:
-    """What the fit loop judges a recompute choice by: the schedules ``scheduler`` would
-    consider, less the MILP (the paper's plan stands in for it; the final round runs it)."""
+def _make(name: str, problem: Problem) -> Schedule:
+    return paper_schedule(problem) if name == "paper" else BASELINES[name](problem)
 
-    def judge(ctx: PlanContext) -> list[Evaluated]:
-        cached = _cached(ctx)
-        if scheduler in BASELINES:
-            return [cached(BASELINES[scheduler](ctx.problem))]
-        paper = cached(paper_schedule(ctx.problem))
-        if scheduler != "default":
-            return [paper]
-        return [paper, *(cached(fn(ctx.problem)) for fn in BASELINES.values())]
 
-    return judge
+_JUDGES = {
+    "default": Judge(("paper", *BASELINES), _make),
+    **{name: Judge((name,), _make) for name in BASELINES},
+}
+
+
+def _quick(scheduler: str) -> Judge:
+    """What the lever search judges a setting by: the schedules ``scheduler`` would consider,
+    less the MILP (the paper's plan stands in for it; the final round runs it)."""
+    return _JUDGES.get(scheduler, Judge(("paper",), _make))
+
+
+def _check_levers(micro_batches: int | None, zero_stage: int | None) -> None:
+    if micro_batches is not None and (
+        isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1
+    ):
+        raise PlanError(f"micro_batches must be a whole number, at least 1; got {micro_batches!r}")
+    if zero_stage is not None and zero_stage not in (0, 1, 2):
+        raise PlanError(f"zero_stage must be 0, 1 or 2, got {zero_stage!r}")
 
 
 def make_plan(
@@ -127,73 +138,103 @@ def make_plan(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     check_memory: bool = True,
     solver: str | None = None,
+    micro_batches: int | None = None,
+    zero_stage: int | None = None,
     passes: PassOptions = ALL_PASSES,
 ) -> Plan:
     """Plan one training iteration of ``graph`` (see the module docstring for schedulers).
 
     ``time_limit_s`` bounds the ``milp`` scheduler's solver and search time (the whole call
-    also prices curves, runs the baselines and places every candidate). Raises
-    ``PlanError`` for an unknown scheduler or when the plan does not fit in device memory
-    even with activation recompute wherever it helps.
-    ``check_memory=False`` returns the plan anyway, without recompute, with notes saying
-    where it does not fit (``validate_plan`` still reports the overflow): for comparing
-    schedules under a cost model whose memory figures are known to be pessimistic.
+    also prices curves, searches the memory levers, runs the baselines and places every
+    candidate). Raises ``PlanError`` for an unknown scheduler or when no setting of the memory
+    levers makes a plan fit in device memory (the error names the MetaOp, the device, the
+    bytes, the levers at their limit and how many devices it would take).
+    ``micro_batches`` / ``zero_stage`` force that lever (None: the planner chooses; k passes
+    of the waves per iteration, ZeRO stage 0, 1 or 2).
+    ``check_memory=False`` returns the plan anyway, with k = 1 and ZeRO-1 unless forced and
+    no recompute, with notes saying where it does not fit (``validate_plan`` still reports
+    the overflow): for comparing schedules under a cost model whose memory figures are known
+    to be pessimistic.
     ``solver``: the MILP solver, "highs" or "cbc" (default: ``$SPINDLE_SOLVER``, else HiGHS;
     see ``planner.solver``). ``passes``: the ``milp`` scheduler's passes to run (all by
     default; ``bench/plan_quality.py --ablation`` switches each off in turn).
-    ``lower_bound_s`` is the LP bound (``lp_bound``, proven below every plan of these
-    curves); ``extra["bounds"]`` holds it (``lp_s``, None if the LP failed) beside the
-    area / critical-path bound (``area_path_s``) and the LP's solving time (``lp_wall_s``).
+    ``lower_bound_s`` is the LP bound (``lp_bound``) over the micro-batch counts the planner
+    tried: the least over k of k times the LP of one pass's curves at k (``_lower_bound``),
+    proven below every plan the planner could have made with those k; ``extra["bounds"]``
+    holds it (``lp_s``, None if an LP that mattered failed) beside the area / critical-path
+    bound taken the same way (``area_path_s``), the LPs' solving time (``lp_wall_s``) and the
+    k bounded (``micro_batches``).
     """
     if scheduler not in SCHEDULERS:
         raise PlanError(f"unknown scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})")
+    _check_levers(micro_batches, zero_stage)
     choice = choose_solver(solver)
     if choice.isolated:
         warm_up()  # the LP bound's solver process starts while the curves are priced
     t0 = time.perf_counter()
-    state: recompute.FitState | None = None
+    search: LeverSearch | None = None
+    fit = Fit()
     if check_memory and has_slice_memory(cost):
-        state = recompute.fit(graph, cost, _quick(scheduler))
-        ctx = state.ctx
+        search = LeverSearch(graph, cost, micro_batches=micro_batches, zero_stage=zero_stage)
+        fit = search.search(_quick(scheduler))
+        if fit.best is None or fit.best.ctx is None:
+            raise PlanError(no_fit_message(search, fit))
+        ctx = fit.best.ctx
     else:
-        ctx = context(graph, cost)
+        stage = 1 if zero_stage is None else zero_stage
+        ctx = context(graph, cost, Levers(micro_batches or 1, stage), enforce=False)
     evaluated, chosen = _plan_round(ctx, scheduler, time_limit_s, check_memory, choice, passes)
-    while state is not None and not chosen.fits:  # the MILP's pick may still overflow
-        nxt = state.step(chosen)
+    trial = fit.best
+    while search is not None and trial is not None and not chosen.fits:
+        nxt = search.step(trial, chosen)  # the MILP's pick may still overflow
         if nxt is None:
             break
-        state, ctx = nxt, nxt.ctx
+        trial = search.trial(nxt, _quick(scheduler))
+        if trial.ctx is None:
+            break
+        ctx = trial.ctx
+        fit.reasons.append(f"the {chosen.schedule.name} plan overflowed")
         evaluated, chosen = _plan_round(ctx, scheduler, time_limit_s, check_memory, choice, passes)
     if not chosen.fits and check_memory:
-        names = [c.op for c in state.candidates] if state and state.ctx.recompute else ()
-        raise PlanError(overflow_message(ctx, chosen, names))
-    baselines = {k: evaluated[k].iteration_s for k in BASELINES}
-    notes = _notes(scheduler, chosen, evaluated)
-    note = state.note() if state else None
-    if note:
-        notes += (note,)
+        raise PlanError(overflow_message(ctx, chosen))
+    tuned = _tuned_baselines(search)
+    # every candidate as the plan reports it: the baselines tuned with their own levers
+    ranked = {**evaluated, **{k: ev for k, (ev, _) in tuned.items()}}
+    if scheduler == "default":  # a baseline tuned with other levers may be quicker still:
+        best = min(tuned.values(), key=lambda t: t[0].iteration_s, default=None)
+        if best is not None and best[0].iteration_s < chosen.iteration_s * (1 - 1e-9):
+            # plan again with its levers: the MILP may find concurrency that fits there too
+            _, pick = _plan_round(best[1], scheduler, time_limit_s, check_memory, choice, passes)
+            chosen, ctx = best
+            if pick.fits and pick.iteration_s < chosen.iteration_s:
+                chosen = ranked[pick.schedule.name] = pick
+    baselines = {k: ranked[k].iteration_s for k in BASELINES}
+    candidates = {k: e.iteration_s for k, e in ranked.items()}
+    notes = _notes(scheduler, chosen, ranked, baselines)
+    if search is not None:
+        notes += _lever_notes(ctx, fit, tuned)
     if not chosen.fits:
         notes += ("memory check off: " + overflow_message(ctx, chosen),)
-    # the bound for the curves this plan was made with; with micro-batches (issue 10) pass
-    # the plan's k here, and see ``lp_bound`` for a bound over every k the planner may pick
-    bound = lp_relaxation_bound(ctx.problem, micro_batches=1, solver=choice)
+    bound = _lower_bound(ctx, search, choice)
     if bound.note:
         notes += (bound.note,)
     extra = {
         "scheduler": scheduler,
-        "candidates_s": {k: e.iteration_s for k, e in evaluated.items()},
-        "level_reference_s": level_reference_s(ctx.problem),
+        "candidates_s": candidates,
+        "level_reference_s": ctx.levers.micro_batches * level_reference_s(ctx.problem),
         "solver_notes": list(chosen.schedule.notes),
+        "baseline_levers": {k: _levers_dict(bctx.levers) for k, (_, bctx) in tuned.items()},
         "bounds": {
-            "lp_s": bound.seconds,
+            "lp_s": bound.lp_s,
             "area_path_s": bound.area_path_s,
-            "lp_wall_s": bound.wall_s,
+            "lp_wall_s": bound.lp_wall_s,
+            "micro_batches": list(bound.ks),
         },
     }
     return to_plan(
         ctx,
         chosen,
-        lower_bound_s=bound.lower_bound_s,
+        lower_bound_s=bound.seconds,
         baselines=baselines,
         wall_s=time.perf_counter() - t0,
         notes=notes,
@@ -201,7 +242,121 @@ def make_plan(
     )
 
 
-def _notes(scheduler: str, chosen: Evaluated, evaluated: dict[str, Evaluated]) -> tuple[str, ...]:
+def _tuned_baselines(search: LeverSearch | None) -> dict[str, tuple[Evaluated, PlanContext]]:
+    """Each baseline planned with its own best setting of the memory levers."""
+    out: dict[str, tuple[Evaluated, PlanContext]] = {}
+    if search is None:
+        return out
+    for name in BASELINES:
+        best = search.search(_quick(name), tuple(search.explored)).best
+        if best is not None and best.ctx is not None and best.fitting is not None:
+            out[name] = (best.fitting, best.ctx)
+    return out
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The plan's lower bound and how it was taken (``extra["bounds"]``)."""
+
+    seconds: float
+    lp_s: float | None  # None when an LP that could have set the bound was not solved
+    area_path_s: float
+    lp_wall_s: float
+    ks: tuple[int, ...]  # the micro-batch counts bounded
+    note: str | None = None
+
+
+def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverChoice) -> Bound:
+    """A proven lower bound on the iteration time of any plan with the levers the planner
+    considered: the least over the k tried of k times the LP bound of one pass at k
+    (``lp_bound(problem, micro_batches=k)``). At each k the pass problem is the envelope of
+    every setting at that k (``levers.pass_problem``: every allocation the curves list,
+    memory aside, no recompute, the least gradient share; recompute and ZeRO-2 only slow a
+    pass down), so it holds whichever of them the plan pulled. Without a lever search it is
+    the plan's own problem at the plan's k. The LPs are solved in order of the area /
+    critical-path bound, which is below each, and stop once that alone passes the best LP
+    value: the least is the same, with fewer LPs solved."""
+    if search is None:
+        problems = {ctx.levers.micro_batches: ctx.problem}
+    else:
+        ks = sorted({*search.explored, ctx.levers.micro_batches})
+        problems = {k: pass_problem(ctx.graph, ctx.cost, Levers(k), search.pricing) for k in ks}
+    cheap = {k: k * area_path_bound_s(p) for k, p in problems.items()}
+    best: LpBound | None = None
+    wall = 0.0
+    failed = False
+    for k in sorted(cheap, key=cheap.__getitem__):
+        if best is not None and cheap[k] >= best.lower_bound_s:
+            break
+        got = lp_relaxation_bound(problems[k], micro_batches=k, solver=choice)
+        wall += got.wall_s
+        failed = failed or got.seconds is None
+        if best is None or got.lower_bound_s < best.lower_bound_s:
+            best = got
+    assert best is not None
+    return Bound(
+        best.lower_bound_s,
+        None if failed else best.seconds,
+        min(cheap.values()),
+        wall,
+        tuple(sorted(problems)),
+        best.note,
+    )
+
+
+def _levers_dict(levers: Levers) -> dict:
+    return {
+        "micro_batches": levers.micro_batches,
+        "zero_stage": levers.zero_stage,
+        "recompute": sorted(levers.recompute),
+    }
+
+
+def _lever_notes(
+    ctx: PlanContext, fit: Fit, tuned: dict[str, tuple[Evaluated, PlanContext]]
+) -> tuple[str, ...]:
+    """Which memory levers the plan pulls and why; which the baselines pulled."""
+    lv = ctx.levers
+    total = len(ctx.graph.metaops)
+    notes = []
+    if lv != Levers():
+        pulled = []
+        if lv.micro_batches > 1:
+            pulled.append(f"{lv.micro_batches} micro-batches per iteration")
+        if lv.zero_stage != 1:
+            pulled.append(f"ZeRO-{lv.zero_stage}")
+        if lv.recompute:
+            names = ", ".join(f"'{o.id}'" for o in ctx.graph.metaops if o.id in lv.recompute)
+            pulled.append(
+                f"activation recompute on {len(lv.recompute)} of {total} MetaOps ({names})"
+            )
+        why = "; ".join(dict.fromkeys(fit.reasons[:2]))
+        per_k = ", ".join(
+            f"k={k} {t.time_s:.4g} s ({t.levers.describe(total).split(', ', 1)[1]})"
+            if t.fitting is not None
+            else f"k={k} none fits"
+            for k, t in sorted(fit.per_k.items())
+        )
+        notes.append(
+            f"memory levers: {', '.join(pulled)}. Why: {why or 'no plan fits without them'}. "
+            f"Quickest fitting setting per number of micro-batches k, as the quick plans judge "
+            f"it: {per_k}; recompute goes first where it frees the most kept-activation bytes "
+            f"per second of extra forward"
+        )
+    if tuned:
+        notes.append(
+            "baselines tuned with the same levers: "
+            + "; ".join(f"{k} {c.levers.describe(total)}" for k, (_, c) in tuned.items())
+        )
+    return tuple(notes)
+
+
+def _notes(
+    scheduler: str,
+    chosen: Evaluated,
+    evaluated: dict[str, Evaluated],
+    baselines: dict[str, float],
+) -> tuple[str, ...]:
     notes = []
     name = chosen.schedule.name
     if scheduler == "default":
@@ -211,8 +366,7 @@ def _notes(scheduler: str, chosen: Evaluated, evaluated: dict[str, Evaluated]) -
             if k != name
         )
         notes.append(f"default scheduler kept '{name}' ({chosen.iteration_s:.4g} s); {others}")
-    seq = evaluated["sequential"]
-    if chosen.iteration_s > seq.iteration_s:
+    if chosen.iteration_s > baselines["sequential"] * (1 + 1e-9):
         notes.append(
             f"iteration_s exceeds sequential_s: the '{name}' plan was asked for explicitly"
             if scheduler != "default"

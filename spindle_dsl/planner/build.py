@@ -1,10 +1,17 @@
 """From a MetaGraph and a cost model to the planner's inputs, and from schedules to a Plan.
 
 ``PlanContext`` gathers everything the schedulers, placement and timing read, computed once
-per planning call and set of recomputing MetaOps: the ``Problem`` (curves reduced to the
-allocations on which a layer fits in memory), the data flows between MetaOps, and the
-topology. ``evaluate`` places and times one schedule; ``to_plan`` writes the chosen one in the
-plan format.
+per planning call and setting of the memory levers (``levers.Levers``: micro-batches, ZeRO
+stage, recomputing MetaOps): the ``Problem`` (one pass's curves reduced to the allocations on
+which the MetaOp fits in memory), the data flows of one pass, and the topology. ``evaluate``
+places and times one schedule (k passes); ``to_plan`` writes the chosen one in the plan format.
+
+Memory constrains the allocation itself (``_op_spec``): an allocation is offered to the
+schedulers only if one layer of the MetaOp fits on it, and, when memory is enforced, only if
+the whole MetaOp (every layer's parameters, optimizer share and kept activations) fits on it
+alone, unless no allocation can hold the whole MetaOp (then it has to be split over waves on
+different devices, and the per-layer test is all that is asked). So every scheduler, the
+paper's allocator and the MILPs included, plans with each MetaOp's minimum device count.
 """
 
 from __future__ import annotations
@@ -27,6 +34,13 @@ from spindle_dsl.plan.model import (
 )
 from spindle_dsl.planner.allocator import level_optimum
 from spindle_dsl.planner.ledger import Ledger, PartLedger, PieceLedger
+from spindle_dsl.planner.levers import (
+    NO_LEVERS,
+    Levers,
+    PricingCache,
+    pass_curves,
+    spec_of,
+)
 from spindle_dsl.planner.placement import Placement, Topology, place
 from spindle_dsl.planner.problem import OpSpec, Problem, Schedule
 from spindle_dsl.planner.timing import Flows, SharedModule, Timing, time_placement
@@ -36,16 +50,27 @@ GiB = 2**30
 
 @dataclass(frozen=True)
 class PlanContext:
-    graph: MetaGraph
+    graph: MetaGraph  # the spec's graph: whole batches (what the plan's MetaOps record)
     cost: CostModel
-    curves: Curves
+    curves: Curves  # one pass under ``levers``
     problem: Problem
-    flows: Flows
+    flows: Flows  # the data of one pass
     topology: Topology
-    recompute: frozenset[str] = frozenset()  # MetaOps that recompute activations in backward
+    levers: Levers = NO_LEVERS
+    micro: MetaGraph | None = None  # the micro-batch view (None: the graph itself, k = 1)
     memo: dict = field(default_factory=dict, compare=False, repr=False)  # slice memory cache
     evaluated: dict = field(default_factory=dict, compare=False, repr=False)  # waves -> Evaluated
     step: StepModel | None = None  # the runtime's whole step (cost.step), when the model has one
+
+    @property
+    def recompute(self) -> frozenset[str]:
+        """MetaOps that recompute their activations in the backward pass."""
+        return self.levers.recompute
+
+    @property
+    def pass_graph(self) -> MetaGraph:
+        """The graph one pass runs: every MetaOp on its micro-batch."""
+        return self.micro or self.graph
 
     @property
     def per_part(self) -> bool:
@@ -56,19 +81,28 @@ class PlanContext:
         """Bytes per device of layers ``[first, end)`` of an op on ``n`` devices (cached)."""
         key = (op_id, n, first, end)
         if key not in self.memo:
-            op = self.graph.op(op_id)
-            rc = op_id in self.recompute
-            self.memo[key] = self.cost.slice_memory(self.graph, op, n, first, end, rc)  # type: ignore[attr-defined]
+            g = self.pass_graph
+            self.memo[key] = slice_memory_of(self.cost, g, g.op(op_id), n, first, end, self.levers)
         return self.memo[key]
 
     def ledger(self) -> Ledger:
         """An empty ledger for one placement."""
         if self.per_part:
             return PartLedger(self.topology.devices, self.slice_memory)
-        graph, cost = self.graph, self.cost
+        graph, cost = self.pass_graph, self.cost
         return PieceLedger(
             self.topology.devices, lambda op, n, layers: cost.memory_bytes(graph.op(op), n, layers)
         )
+
+
+def slice_memory_of(
+    cost: CostModel, graph: MetaGraph, op: MetaOp, n: int, first: int, end: int, levers: Levers
+) -> SliceMemory:
+    """``cost.slice_memory`` under ``levers`` (``graph``: the pass's micro-batch view)."""
+    rc = op.id in levers.recompute
+    if levers.zero_stage == 1:  # the protocol's default: any SliceMemoryModel takes it
+        return cost.slice_memory(graph, op, n, first, end, rc)  # type: ignore[attr-defined]
+    return cost.slice_memory(graph, op, n, first, end, rc, zero_stage=levers.zero_stage)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -97,52 +131,80 @@ def _gib(x: float) -> str:
     return f"{v:.1f} GiB" if v >= 10 else f"{v:.3g} GiB"
 
 
-def _one_layer_bytes(
-    op: MetaOp, graph: MetaGraph, cost: CostModel, recompute: frozenset[str], ns: Sequence[int]
+def alone_bytes_of(
+    op: MetaOp,
+    graph: MetaGraph,
+    cost: CostModel,
+    levers: Levers,
+    first: int,
+    end: int,
+    ns: Sequence[int],
 ) -> list[int]:
     """For each n of ``ns`` (the allocations the op's curve lists, never every n up to the
-    cluster size), the most one device needs for a single layer of ``op`` on ``n`` devices:
-    its first layer (with the input stages) or its last (with an LM head and the loss)."""
+    cluster size), bytes per device of layers ``[first, end)`` of ``op`` alone on n devices
+    under ``levers`` (``graph``: the pass's micro-batch view)."""
     if not has_slice_memory(cost):
-        return [cost.memory_bytes(op, n, 1) for n in ns]
-    rc = op.id in recompute
-    ends = ((0, 1), (op.layers - 1, op.layers))
+        return [cost.memory_bytes(op, n, end - first) for n in ns]
     table = getattr(cost, "alone_bytes", None)
+    rc = op.id in levers.recompute
     if table is not None:
-        first, last = (table(graph, op, a, b, rc, ns=ns) for a, b in ends)
-    else:
-        first, last = (
-            [cost.slice_memory(graph, op, n, a, b, rc).alone(n) for n in ns]  # type: ignore[attr-defined]
-            for a, b in ends
-        )
+        if levers.zero_stage == 1:  # the protocol's default: any SliceMemoryModel takes it
+            return list(table(graph, op, first, end, rc, ns=ns))
+        return list(table(graph, op, first, end, rc, ns=ns, zero_stage=levers.zero_stage))
+    return [slice_memory_of(cost, graph, op, n, first, end, levers).alone(n) for n in ns]
+
+
+def _one_layer_bytes(
+    op: MetaOp, graph: MetaGraph, cost: CostModel, levers: Levers, ns: Sequence[int]
+) -> list[int]:
+    """For each n of ``ns``, the most one device needs for a single layer of ``op`` on ``n``
+    devices: its first layer (with the input stages) or its last (with an LM head and the
+    loss)."""
+    first = alone_bytes_of(op, graph, cost, levers, 0, 1, ns)
+    last = alone_bytes_of(op, graph, cost, levers, op.layers - 1, op.layers, ns)
     return [max(x, y) for x, y in zip(first, last, strict=True)]
 
 
 def _op_spec(
-    op: MetaOp, graph: MetaGraph, cost: CostModel, curves: Curves, recompute: frozenset[str]
+    op: MetaOp,
+    graph: MetaGraph,
+    cost: CostModel,
+    curves: Curves,
+    levers: Levers,
+    enforce: bool,
 ) -> OpSpec:
-    """The op's curve, restricted to allocations on which one of its layers fits."""
+    """The op's curve, restricted to allocations on which one of its layers fits and, when
+    memory is ``enforce``d, on which the whole op fits alone where any does (see the module
+    docstring). ``graph`` is the pass's micro-batch view."""
     cap = graph.cluster.device.memory_bytes
     N = graph.cluster.devices
     pts = [(n, s) for n, s in curves[op.id].items() if n <= N]
-    one = _one_layer_bytes(op, graph, cost, recompute, [n for n, _ in pts])
+    ns = [n for n, _ in pts]
+    one = _one_layer_bytes(op, graph, cost, levers, ns)
     fit = [(n, s) for (n, s), need in zip(pts, one, strict=True) if need <= cap]
     if not fit:
-        top = max(range(len(pts)), key=lambda i: pts[i][0])
-        need = one[top]
-        raise PlanError(
+        top = max(range(len(pts)), key=lambda i: pts[i][0]) if pts else None
+        need, devices = (one[top], pts[top][0]) if top is not None else (0, N)
+        raise LayerTooBig(
+            op.id,
+            need,
+            devices,
             f"MetaOp '{op.id}' does not fit: one of its layers needs {_gib(need)} per device "
-            f"even on {pts[top][0]} devices, and a {graph.cluster.device.name} has {_gib(cap)}; "
-            "use more devices or a larger device, a smaller global batch, or freeze the module"
+            f"even on {devices} devices ({levers.describe(len(graph.metaops))}), and a "
+            f"{graph.cluster.device.name} has {_gib(cap)}",
         )
-    return OpSpec(
-        op.id,
-        op.layers,
-        op.deps,
-        tuple(n for n, _ in fit),
-        tuple(s for _, s in fit),
-        task=op.task,
-    )
+    if enforce:
+        whole = alone_bytes_of(op, graph, cost, levers, 0, op.layers, [n for n, _ in fit])
+        fit = [pt for pt, need in zip(fit, whole, strict=True) if need <= cap] or fit
+    return spec_of(op, fit)
+
+
+class LayerTooBig(PlanError):
+    """One layer of a MetaOp fits on no allocation under the levers asked for."""
+
+    def __init__(self, op: str, need: int, devices: int, message: str):
+        super().__init__(message)
+        self.op, self.need, self.devices = op, need, devices
 
 
 def flows_of(graph: MetaGraph) -> Flows:
@@ -178,25 +240,39 @@ def flows_of(graph: MetaGraph) -> Flows:
 
 
 def context(
-    graph: MetaGraph, cost: CostModel, recompute: frozenset[str] = frozenset()
+    graph: MetaGraph,
+    cost: CostModel,
+    levers: Levers = NO_LEVERS,
+    enforce: bool = False,
+    cache: PricingCache | None = None,
 ) -> PlanContext:
-    """Everything planning reads, with ``recompute`` MetaOps priced as recomputing (only
-    for a cost model with ``slice_memory``; others never recompute)."""
+    """Everything planning reads, priced under ``levers`` (a cost model without
+    ``slice_memory`` takes only micro-batches: it neither recomputes nor shards); with
+    ``enforce``, allocations on which a MetaOp cannot fit are not offered (``_op_spec``).
+    ``cache`` shares curves and allocations between the settings one search prices."""
     if not graph.metaops:
         raise PlanError("the spec has no MetaOps to plan (no task runs any module)")
-    if has_slice_memory(cost):
-        curves = cost.curves(graph, recompute=recompute)  # type: ignore[call-arg]
-    else:
-        recompute = frozenset()
-        curves = cost.curves(graph)
-    flows = flows_of(graph)
-    ops = tuple(_op_spec(m, graph, cost, curves, recompute) for m in graph.metaops)
-    problem = Problem(ops, graph.cluster.devices)
+    if not has_slice_memory(cost):
+        levers = Levers(levers.micro_batches)
+    cache = cache if cache is not None and cache.graph is graph else PricingCache(graph)
+    micro = cache.view(levers.micro_batches)
+    curves = pass_curves(graph, cost, levers, cache)
+    flows = flows_of(micro)
+    ops = []
+    for m in micro.metaops:
+        key = (m.id, levers.micro_batches, levers.zero_stage, m.id in levers.recompute, enforce)
+        spec = cache.specs.get(key)
+        if spec is None:
+            spec = cache.specs[key] = _op_spec(m, micro, cost, curves, levers, enforce)
+        ops.append(spec)
+    problem = Problem(tuple(ops), graph.cluster.devices)
     n_star: dict[str, float] = {}
     for level in problem.levels:
         n_star.update(level_optimum([problem.op(i) for i in level], problem.devices).n_star)
-    ops = tuple(replace(o, switch_s=_switch_s(graph, cost, flows, o, n_star[o.id])) for o in ops)
-    problem = Problem(ops, graph.cluster.devices)
+    problem = Problem(
+        tuple(replace(o, switch_s=_switch_s(graph, cost, flows, o, n_star[o.id])) for o in ops),
+        graph.cluster.devices,
+    )
     partners: dict[str, tuple[str, ...]] = {}
     for g in graph.sharing_groups:
         for op_id in g.metaops:
@@ -208,15 +284,24 @@ def context(
     for _src, dst, nbytes in flows.edges:  # a MetaOp's first piece pulls its inputs
         weight[dst] = max(weight[dst], nbytes)
     topo = Topology(c.devices, c.devices_per_node, c.device.memory_bytes, partners, weight)
+    view = micro if micro is not graph else None
     return PlanContext(
-        graph, cost, curves, problem, flows, topo, recompute, step=step_of(cost, graph)
+        graph, cost, curves, problem, flows, topo, levers, view, step=step_of(cost, graph, cache)
     )
 
 
-def step_of(cost: CostModel, graph: MetaGraph) -> StepModel | None:
-    """The cost model's step model of ``graph`` (None for a model without one)."""
+def step_of(
+    cost: CostModel, graph: MetaGraph, cache: PricingCache | None = None
+) -> StepModel | None:
+    """The cost model's step model of ``graph`` (the whole batches: it is told k when it
+    prices a step), None for a model without one; one per graph in ``cache``."""
+    if cache is not None and cache.step is not None:
+        return cache.step
     make = getattr(cost, "step_model", None)
-    return make(graph) if callable(make) else None
+    step = make(graph) if callable(make) else None
+    if cache is not None:
+        cache.step = step
+    return step
 
 
 def _switch_s(graph: MetaGraph, cost: CostModel, flows: Flows, op: OpSpec, n_star: float) -> float:
@@ -242,10 +327,20 @@ def evaluate(ctx: PlanContext, sched: Schedule) -> Evaluated:
         lambda b, s, d: cost.transfer_seconds(b, s, d, cluster),
         lambda b, ds: cost.allreduce_seconds(b, ds, cluster),
         ctx.step,
-        micro_batches=getattr(ctx, "micro_batches", 1),
-        zero_stage=getattr(ctx, "zero_stage", 1),
+        micro_batches=ctx.levers.micro_batches,
+        zero_stage=ctx.levers.zero_stage,
     )
     return Evaluated(sched, placement, timing)
+
+
+def evaluate_cached(ctx: PlanContext, sched: Schedule) -> Evaluated:
+    """``evaluate``, once per context and set of waves (placement and timing depend only on
+    the waves; the lever search and the final round judge the same schedules repeatedly)."""
+    memo: dict[tuple, Evaluated] = ctx.evaluated
+    if sched.waves not in memo:
+        memo[sched.waves] = evaluate(ctx, sched)
+    ev = memo[sched.waves]
+    return ev if ev.schedule is sched else replace(ev, schedule=sched)
 
 
 def to_plan(
@@ -261,10 +356,11 @@ def to_plan(
     """The plan file: the format's required fields plus ``breakdown`` (compute_s,
     transfer_s, grad_sync_s, and with a step model wave_overhead_s, loss_s and optimizer_s:
     they add up to ``iteration_s``), ``memory_bytes`` (predicted peak per device), ``notes``,
-    and the ``extra`` fields ``make_plan`` adds: ``scheduler`` (asked for), ``candidates_s``
+    the levers (``micro_batches``, ``zero_stage``, per-MetaOp ``recompute``) and the
+    ``extra`` fields ``make_plan`` adds: ``scheduler`` (asked for), ``candidates_s``
     (iteration time of every schedule considered), ``level_reference_s`` (sum over
-    MetaLevels of the continuous optimum) and ``solver_notes``; with a step model also
-    ``step_model`` (``step_model_record``)."""
+    MetaLevels of the continuous optimum, times k), ``solver_notes``, ``baseline_levers``
+    and ``bounds``; with a step model also ``step_model`` (``step_model_record``)."""
     graph = ctx.graph
     metaops = tuple(
         PlanMetaOp.of(
@@ -300,6 +396,8 @@ def to_plan(
         breakdown=t.breakdown(),
         memory_bytes=chosen.placement.memory,
         notes=notes,
+        micro_batches=ctx.levers.micro_batches,
+        zero_stage=ctx.levers.zero_stage,
         extra={**extra, **step_model_record(ctx.step, t)},
     )
 

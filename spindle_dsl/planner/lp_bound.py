@@ -61,9 +61,9 @@ every plan the planner may make instead, whatever levers it picks, is
 each setting changes T(n) and which n fit). That is valid for per-op and global levers
 alike: every plan's points are among the envelope's, at equal or greater T(n), and the LP
 optimum only falls when an op gains points or its T(n) fall (the same x stays feasible with
-smaller d and a). The bound of the chosen k alone is *not* a bound on plans with another k;
-which to report is the lead's call: the chosen k's for ``lower_bound_s`` (always valid for
-the plan), the min over k for a statement about the planner's choice.
+smaller d and a). The bound of the chosen k alone is *not* a bound on plans with another k.
+``make_plan`` reports the min over the k its lever search tried (``planner._lower_bound``):
+below the plan (its k is among them), and a statement about the planner's choice.
 """
 
 from __future__ import annotations

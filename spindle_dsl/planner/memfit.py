@@ -11,10 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from spindle_dsl.cost.base import CostModel
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.planner.build import Evaluated, PlanContext, _gib
+from spindle_dsl.planner.levers import micro_graph
+
+if TYPE_CHECKING:
+    from spindle_dsl.planner.leversearch import Fit, LeverSearch
 
 ADVICE = (
     "use more devices (--devices) or larger ones (--device), a smaller global batch, "
@@ -62,23 +67,23 @@ def _frugal_bytes(ctx: PlanContext, op_id: str) -> int:
     return min(n * ctx.cost.memory_bytes(op, n, op.layers) for n in ctx.problem.op(op_id).ns)
 
 
-def _recompute_words(ctx: PlanContext, candidates: Iterable[str]) -> str:
-    cands = set(candidates)
-    if not ctx.recompute:
+def _lever_words(ctx: PlanContext) -> str:
+    """The levers the overflowing plan was made with ("" when it pulled none)."""
+    lv = ctx.levers
+    if lv.micro_batches == 1 and lv.zero_stage == 1 and not lv.recompute:
         return ""
-    if cands <= ctx.recompute:
-        return "even with activation recompute on every MetaOp that has a backward pass, "
-    return f"even with activation recompute on {len(ctx.recompute)} MetaOps, "
+    return f"even with {lv.describe(len(ctx.graph.metaops))}, "
 
 
-def overflow_message(ctx: PlanContext, ev: Evaluated, candidates: Iterable[str] = ()) -> str:
-    """Say what does not fit, by how much, and what to change (``candidates``: the MetaOps
-    that could recompute, to say whether recompute was exhausted)."""
+def overflow_message(ctx: PlanContext, ev: Evaluated, limits: str = "") -> str:
+    """Say what does not fit, by how much, and what to change; ``limits`` (from the lever
+    search) says which levers are at their limit and how many devices it takes, in place of
+    the levers the plan was made with."""
     cap = ctx.topology.capacity
     name = ctx.graph.cluster.device.name
     N = ctx.topology.devices
     if ctx.per_part:
-        floor = memory_floor(ctx.graph, ctx.cost)
+        floor = memory_floor(ctx.pass_graph, ctx.cost)
         by_op = floor.by_op(ctx.recompute)
         total = floor.total(ctx.recompute)
         what = (
@@ -89,14 +94,14 @@ def overflow_message(ctx: PlanContext, ev: Evaluated, candidates: Iterable[str] 
         by_op = {o.id: _frugal_bytes(ctx, o.id) for o in ctx.problem.ops}
         total = sum(by_op.values())
         what = "each on its most memory-frugal allocation; "
-    words = _recompute_words(ctx, candidates)
+    words = "" if limits else _lever_words(ctx)
     if total > N * cap:
         top = sorted(by_op.items(), key=lambda kv: -kv[1])[:3]
         biggest = ", ".join(f"'{k}' {gib(v)}" for k, v in top)
         return (
             f"the MetaOps do not fit: they need at least {gib(total)} of device memory in all "
             f"({what}largest: {biggest}), but {N} x {name} hold {gib(N * cap)}; {words}"
-            f"{ADVICE} (at least {-(-total // cap)} devices of this kind)"
+            f"{ADVICE}{limits or f' (at least {-(-total // cap)} devices of this kind)'}"
         )
     mem = ev.placement.memory
     d = max(range(N), key=lambda i: mem[i])
@@ -123,4 +128,36 @@ def overflow_message(ctx: PlanContext, ev: Evaluated, candidates: Iterable[str] 
     return (
         f"MetaOp '{top}' does not fit: device {d} would hold {gib(mem[d])} "
         f"({label}{listed}{extra}), but a {name} has {gib(cap)}{whole}; {words}{ADVICE}"
+        f"{limits}"
     )
+
+
+def least_devices(search: LeverSearch) -> int:
+    """Devices of this kind the MetaOps need at the least with every lever at its limit (the
+    most micro-batches tried, recompute wherever it shrinks them): the floor over capacity."""
+    k = max(search.ks)
+    floor = memory_floor(micro_graph(search.graph, k), search.cost)
+    cap = search.graph.cluster.device.memory_bytes
+    return -(-floor.total(floor.kept) // cap)
+
+
+def no_fit_message(search: LeverSearch, fit: Fit) -> str:
+    """Why no setting of the levers fits: the closest plan's overflow (or the layer that fits
+    nowhere), the levers at their limit, and the least devices it would take."""
+    k = max(search.ks)
+    forced = len(search.ks) == 1
+    stages = " and ".join(f"ZeRO-{z}" for z in search.stages)
+    limits = (
+        f"; every memory lever is at its limit: {k} micro-batches"
+        f"{' (as asked)' if forced else ' (there micro-batches stop shrinking)'}, {stages}, "
+        f"activation recompute wherever it helps, and it would take at least "
+        f"{least_devices(search)} devices of this kind"
+    )
+    last = fit.last
+    if last is not None and last.ctx is not None:
+        ev = last.least_over()
+        if ev is not None:
+            return overflow_message(last.ctx, ev, limits)
+    if last is not None and last.error is not None:
+        return f"{last.error}; {ADVICE}{limits}"
+    return f"no plan fits in device memory; {ADVICE}{limits}"

@@ -6,7 +6,9 @@
 2. ``improve``: re-split layers between pieces, ``rebalance`` each wave's allocations, and
    ``backfill`` (MetaOps start in the first wave after their own inputs are done). Two more
    starts get the same treatment: CPA list scheduling across levels (``listsched``) and
-   task-parallel chains (the ``optimus`` layout); the paper's own plan is a fourth.
+   task-parallel chains (the ``optimus`` layout); the paper's own plan is a fourth, and the
+   ``distmm`` and ``sequential`` layouts (the least memory-hungry, which polish can make
+   concurrent where memory allows) come as they are.
 3. If the model stays small, one MILP over all waves with precedence constraints, warm-
    started from the best start (never worse than it), adds a fifth candidate.
 4. ``polish``: local search on the placed plan's real iteration time (transfers and
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from spindle_dsl.planner.allocator import level_optimum
-from spindle_dsl.planner.baselines import optimus_schedule
+from spindle_dsl.planner.baselines import distmm_schedule, optimus_schedule, sequential_schedule
 from spindle_dsl.planner.bounds import level_reference_s
 from spindle_dsl.planner.crosslevel import improve
 from spindle_dsl.planner.isolate import SolverCrashWarning, crash_count
@@ -216,6 +218,11 @@ def _stages(
         for k, s in starts.items()
     }
     improved["paper"] = replace(paper_schedule(problem), name="milp")  # never worse than it
+    # the layouts that need the least memory, starts polish can improve on when memory
+    # binds: tasks in turn with each task's MetaOps side by side, and every MetaOp in turn
+    # (polish then merges the short waves the memory allows)
+    improved["distmm"] = replace(distmm_schedule(problem), name="milp")
+    improved["sequential"] = replace(sequential_schedule(problem), name="milp")
     keys = {k: key(s) for k, s in improved.items()}
     via = min(keys, key=lambda k: keys[k])
     best, best_key = improved[via], keys[via]

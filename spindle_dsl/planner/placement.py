@@ -246,12 +246,20 @@ class _Placer:
         pieces that would move the most bytes first), then each completes its group."""
         self.free[:] = True
         needs = {p.op: self.ledger.need(p) for p in wave}
-        order = sorted(wave, key=lambda p: (p.op not in self.last, -self.topo.weight.get(p.op, 0)))
-        anchored = {p.op: self.anchor(p.n, self.preferred(p), needs[p.op]) for p in order}
+        whole = len(wave) == 1 and wave[0].n == self.topo.devices
+        anchored = {}
+        if not whole:  # a piece on the whole cluster has nothing to choose
+            order = sorted(
+                wave, key=lambda p: (p.op not in self.last, -self.topo.weight.get(p.op, 0))
+            )
+            anchored = {p.op: self.anchor(p.n, self.preferred(p), needs[p.op]) for p in order}
         placed: dict[str, PlacedPiece] = {}
         for p in sorted(wave, key=lambda p: -p.n):
             need = needs[p.op]
-            idx = self.complete(p.n, anchored[p.op], need)  # sorted device ids
+            if whole:
+                idx = np.arange(self.topo.devices)
+            else:
+                idx = self.complete(p.n, anchored[p.op], need)  # sorted device ids
             self.ledger.add(p, idx, need)
             self.used[idx] += need[idx]
             self.node_used += np.bincount(self.node_of[idx], need[idx], self.nodes)

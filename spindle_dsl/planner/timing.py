@@ -25,7 +25,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from spindle_dsl.cost.step import PieceTime, StepModel
+from spindle_dsl.cost.step import PieceTime, StepModel, reductions_per_step
 from spindle_dsl.planner.placement import PlacedPiece, Placement
 
 TransferFn = Callable[[float, Sequence[int], Sequence[int]], float]
@@ -134,19 +134,21 @@ def time_placement(
     micro_batches: int = 1,
     zero_stage: int = 1,
 ) -> Timing:
-    """Iteration time of ``placement``; ``seconds(op, n)`` is T_op(n) per layer. With a
-    ``step`` model, the runtime's whole step over ``micro_batches`` passes (module docstring)."""
+    """Iteration time of ``placement``; ``seconds(op, n)`` is T_op(n) per layer of one pass
+    and ``flows`` the data one pass moves. The waves run ``micro_batches`` times: compute and
+    transfers count that often (``durations`` stay one pass's); the gradients are reduced as
+    the runtime does under ``zero_stage`` (``cost.step.reductions_per_step``). With a ``step``
+    model, the runtime's whole step (module docstring)."""
+    k = max(1, micro_batches)
     if step is not None:
-        return _time_step(
-            placement, seconds, flows, transfer, allreduce, step, micro_batches, zero_stage
-        )
+        return _time_step(placement, seconds, flows, transfer, allreduce, step, k, zero_stage)
     durations = tuple(
         max((p.layers * seconds(p.op, p.n) for p in w), default=0.0) for w in placement.waves
     )
     return Timing(
-        sum(durations),
-        _transfer_seconds(placement, flows, transfer),
-        grad_sync_seconds(placement, flows, allreduce),
+        k * sum(durations),
+        k * _transfer_seconds(placement, flows, transfer),
+        reductions_per_step(k, zero_stage) * grad_sync_seconds(placement, flows, allreduce),
         durations,
     )
 
@@ -158,24 +160,27 @@ def _time_step(
     transfer: TransferFn,
     allreduce: AllreduceFn,
     step: StepModel,
-    micro_batches: int,
+    k: int,
     zero_stage: int,
 ) -> Timing:
-    k = max(1, micro_batches)
     waves = [
         [PieceTime(p.op, p.first, p.end, p.devices, p.layers * seconds(p.op, p.n)) for p in w]
         for w in placement.waves
     ]
     price = step.price(waves, micro_batches=k, zero_stage=zero_stage)
-    moves = _wave_transfers(placement, flows, transfer, 1.0 / k)
-    reduction = (
-        grad_sync_seconds(placement, flows, allreduce) if step.grad_in_curves else price.grad_sync_s
-    )
-    grad = reduction + price.closing_s
+    moves = _wave_transfers(placement, flows, transfer)
+    if step.grad_in_curves:
+        # each layer's own all-reduce is in the pass curves at its per-pass share
+        # (``planner.levers``); what shared modules add is reduced as often as the stage says
+        reduction = reductions_per_step(k, zero_stage) * grad_sync_seconds(
+            placement, flows, allreduce
+        )
+    else:
+        reduction = price.grad_sync_s
     return Timing(
         compute_s=k * sum(price.durations),
         transfer_s=k * sum(moves),
-        grad_sync_s=grad,
+        grad_sync_s=reduction + price.closing_s,
         durations=price.durations,
         wave_overhead_s=k * sum(price.wave_extra),
         loss_s=k * price.loss_s,
@@ -191,11 +196,9 @@ def _transfer_seconds(placement: Placement, flows: Flows, transfer: TransferFn) 
     return sum(_wave_transfers(placement, flows, transfer))
 
 
-def _wave_transfers(
-    placement: Placement, flows: Flows, transfer: TransferFn, share: float = 1.0
-) -> tuple[float, ...]:
+def _wave_transfers(placement: Placement, flows: Flows, transfer: TransferFn) -> tuple[float, ...]:
     """Per wave, the activation moves into it and their gradients back out (module
-    docstring), of ``share`` of the batch (one micro-batch pass)."""
+    docstring), of one micro-batch pass (``flows`` are one pass's)."""
     last: dict[str, PlacedPiece] = {}
     fwd = [_Load() for _ in placement.waves]
     bwd = [_Load() for _ in placement.waves]
@@ -215,9 +218,9 @@ def _wave_transfers(
                 if _same(q.devices, p.devices):
                     continue
                 both = np.concatenate((q.ids, p.ids))
-                fwd[wi].charge(both, transfer(nbytes * share, q.devices, p.devices))
+                fwd[wi].charge(both, transfer(nbytes, q.devices, p.devices))
                 if back:
-                    bwd[wi].charge(both, transfer(nbytes * share, p.devices, q.devices))
+                    bwd[wi].charge(both, transfer(nbytes, p.devices, q.devices))
         for p in wave:
             last[p.op] = p
     return tuple(f.busiest() + b.busiest() for f, b in zip(fwd, bwd, strict=True))

@@ -1,4 +1,5 @@
-"""Predicted peak memory per device as a bar chart against the device's capacity.
+"""Predicted peak memory per device as a bar chart against the device's capacity, and the
+memory levers the plan pulls (micro-batches, ZeRO stage, activation recompute).
 
 A plan that fits with 2% headroom and one that fits with 60% look the same in a table of
 iteration times; this chart shows which devices are tight. Bars over capacity are red (a plan
@@ -26,6 +27,51 @@ def memory_summary(plan: Plan) -> dict[str, float] | None:
         "least": float(min(mem)),
         "capacity": float(plan.cluster.memory_bytes),
     }
+
+
+ZERO_WORDS = {
+    0: "nothing sharded: every device holding a parameter part keeps its weights, gradients "
+    "and optimizer state whole",
+    1: "optimizer state sharded over the devices holding each parameter part (ZeRO-1)",
+    2: "optimizer state and gradients sharded over the devices holding each parameter part "
+    "(ZeRO-2: gradients reduce-scattered every pass)",
+}
+
+
+def levers_text(plan: Plan) -> str:
+    """'k=4, ZeRO-2, recompute 3/12': the memory levers in a few words."""
+    rc = sum(m.recompute for m in plan.metaops)
+    return f"k={plan.micro_batches}, ZeRO-{plan.zero_stage}, recompute {rc}/{len(plan.metaops)}"
+
+
+def memory_levers(plan: Plan) -> list[tuple[str, str]]:
+    """The memory levers the plan pulls, one (lever, what it does here) row each; then the
+    levers each baseline was tuned with, when the planner recorded them."""
+    k = plan.micro_batches
+    rc = [m.id for m in plan.metaops if m.recompute]
+    rows = [
+        (
+            "micro-batches",
+            f"k = {k}: the waves run {k} times per iteration, each on 1/{k} of every task's "
+            "batch, gradients accumulating to one optimizer step"
+            if k > 1
+            else "k = 1: the waves run once per iteration, on the whole batch",
+        ),
+        ("ZeRO stage", f"{plan.zero_stage}: {ZERO_WORDS.get(plan.zero_stage, '?')}"),
+        (
+            "activation recompute",
+            f"{len(rc)} of {len(plan.metaops)} MetaOps: {', '.join(rc)}" if rc else "none",
+        ),
+    ]
+    for name, lv in plan.extra.get("baseline_levers", {}).items():
+        rows.append(
+            (
+                f"{name} (baseline)",
+                f"k={lv['micro_batches']}, ZeRO-{lv['zero_stage']}, "
+                f"recompute {len(lv['recompute'])}/{len(plan.metaops)}",
+            )
+        )
+    return rows
 
 
 def memory_svg(plan: Plan) -> bytes | None:

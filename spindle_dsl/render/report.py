@@ -32,7 +32,7 @@ from spindle_dsl.render.dot_metagraph import metagraph_dot
 from spindle_dsl.render.dot_waves import waves_dot
 from spindle_dsl.render.fmt import device_ranges, fmt_bytes, fmt_seconds
 from spindle_dsl.render.graphviz_tools import INSTALL_HINT, dot_available, render_dot
-from spindle_dsl.render.memory import memory_summary, memory_svg
+from spindle_dsl.render.memory import levers_text, memory_levers, memory_summary, memory_svg
 from spindle_dsl.render.phases import bundle_palette, phase_bars, phases_svg
 from spindle_dsl.render.schedule import plan_palette, utilisation
 from spindle_dsl.render.timeline import timeline_bytes
@@ -103,7 +103,14 @@ def _cards(plan: Plan) -> str:
             "iteration / LP bound" if lp else "of the lower bound",
         ),
         (f"{seq / plan.iteration_s:.2f}×" if seq else "-", "speed-up vs sequential"),
-        (str(len(plan.waves)), "waves"),
+        (levers_text(plan), "memory levers"),
+        (
+            f"{max(plan.memory_bytes) / plan.cluster.memory_bytes:.0%}"
+            if plan.memory_bytes
+            else "-",
+            "peak memory of capacity",
+        ),
+        (str(len(plan.waves)), "waves (one pass)"),
         (f"{utilisation(plan):.0%}", "devices busy"),
         (f"{plan.cluster.devices} × {plan.cluster.device}", "devices"),
         (f"{plan.solver.name} ({plan.solver.status})", f"planned in {plan.solver.wall_s:.2f} s"),
@@ -191,7 +198,19 @@ def _memory(plan: Plan, warnings: list[str]) -> str:
         )
         + "</table>"
     )
-    return notice + _figure("Memory", _img(svg, "image/svg+xml", "memory per device"), "") + table
+    levers = (
+        "<h3>Memory levers</h3><table>"
+        + "".join(
+            f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in memory_levers(plan)
+        )
+        + "</table>"
+    )
+    caption = (
+        "Predicted peak per device (parameters, gradients, optimizer state, activations kept "
+        "for backward by one micro-batch pass, the largest working set) against capacity."
+    )
+    figure = _figure("Memory", _img(svg, "image/svg+xml", "memory per device"), caption)
+    return notice + levers + figure + table
 
 
 def _measured(plan: Plan, trace: Mapping[str, Any], colours: Palette) -> tuple[str, float]:

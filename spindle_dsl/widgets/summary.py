@@ -1,4 +1,5 @@
-"""The plan in a few numbers: iteration time, speed-ups over the baselines, the bound, memory.
+"""The plan in a few numbers: iteration time, speed-ups over the baselines, the bound, the
+memory levers (micro-batches, ZeRO stage, recompute) and peak memory against capacity.
 
 A researcher moving a slider wants to see at once whether the plan got better, so the headline
 is the speed-up over each baseline the planner computed (``baseline_s / iteration_s``), next to
@@ -38,6 +39,12 @@ class Summary:
     peak_memory_bytes: int | None  # the fullest device, when the plan predicts memory
     memory_capacity_bytes: int
     notes: tuple[str, ...]  # the planner's remarks: which schedule won, what does not fit
+    # the memory levers the plan pulls: passes per iteration, ZeRO stage, MetaOps recomputing
+    micro_batches: int = 1
+    zero_stage: int = 1
+    recompute: tuple[str, ...] = ()
+    metaops: int = 0
+    least_memory_bytes: int | None = None  # the emptiest device
 
     @property
     def fits(self) -> bool | None:
@@ -70,6 +77,11 @@ def summarize(plan: Plan) -> Summary:
         peak_memory_bytes=max(plan.memory_bytes) if plan.memory_bytes else None,
         memory_capacity_bytes=plan.cluster.memory_bytes,
         notes=plan.notes,
+        micro_batches=plan.micro_batches,
+        zero_stage=plan.zero_stage,
+        recompute=tuple(m.id for m in plan.metaops if m.recompute),
+        metaops=len(plan.metaops),
+        least_memory_bytes=min(plan.memory_bytes) if plan.memory_bytes else None,
     )
 
 
@@ -107,12 +119,24 @@ def summary_html(s: Summary, *, stale: bool = False) -> str:
         )
     rows.append(("waves", str(s.waves)))
     rows.append(("cluster", f"{s.devices} × {escape(s.device)}"))
+    rows.append(
+        (
+            "memory levers",
+            f"{s.micro_batches} micro-batch{'es' if s.micro_batches > 1 else ''}, "
+            f"ZeRO-{s.zero_stage}, recompute {len(s.recompute)}/{s.metaops}",
+        )
+    )
     if s.peak_memory_bytes is not None:
         verdict = "fits" if s.fits else "<b style='color:#c00'>does not fit</b>"
+        share = s.peak_memory_bytes / s.memory_capacity_bytes
+        least = (
+            f", least {fmt_gib(s.least_memory_bytes)}" if s.least_memory_bytes is not None else ""
+        )
         rows.append(
             (
                 "peak memory",
-                f"{fmt_gib(s.peak_memory_bytes)} of {fmt_gib(s.memory_capacity_bytes)} ({verdict})",
+                f"{fmt_gib(s.peak_memory_bytes)} of {fmt_gib(s.memory_capacity_bytes)} "
+                f"({share:.0%}, {verdict}){least}",
             )
         )
     rows.append(

@@ -9,7 +9,12 @@ from spindle_dsl.cost import make_cost_model
 from spindle_dsl.cost.analytic import AnalyticCostModel, backward_multiplier, price
 from spindle_dsl.cost.base import has_slice_memory
 from spindle_dsl.cost.fit import PiecewiseFit, Segment
-from spindle_dsl.cost.memory import op_memory_info, slice_activations, state_split
+from spindle_dsl.cost.memory import (
+    GRAD_BUCKET_ELEMENTS,
+    op_memory_info,
+    slice_activations,
+    state_split,
+)
 from spindle_dsl.cost.memory_table import alone_bytes
 from spindle_dsl.cost.profile import Profile, ProfiledCostModel, ProfileEntry, Sample, shape_key
 from spindle_dsl.kinds import get_kind
@@ -175,8 +180,10 @@ def test_tensor_parallel_recompute_repeats_the_forward_all_reduces(build_op, clu
 
 
 @pytest.mark.parametrize("profiled", [False, True])
-@pytest.mark.parametrize("recompute", [False, True])
-def test_the_allocation_table_matches_slice_memory_exactly(graph, profiled, recompute) -> None:
+@pytest.mark.parametrize(("recompute", "stage"), [(False, 1), (True, 1), (False, 0), (True, 2)])
+def test_the_allocation_table_matches_slice_memory_exactly(
+    graph, profiled, recompute, stage
+) -> None:
     model = make_cost_model(graph.cluster)
     if profiled:
         model = ProfiledCostModel(graph.cluster, linear_profile(graph, 2e-4, 1e-12))
@@ -184,15 +191,43 @@ def test_the_allocation_table_matches_slice_memory_exactly(graph, profiled, reco
     N = graph.cluster.devices
     for op in graph.metaops:
         for a, b in {(0, 1), (op.layers - 1, op.layers), (0, op.layers)}:
-            table = model.alone_bytes(graph, op, a, b, recompute)
+            table = model.alone_bytes(graph, op, a, b, recompute, zero_stage=stage)
             ns = model.allocations(op, recompute)
             assert ns == tuple(range(1, N + 1))  # a small cluster lists every allocation
-            direct = [model.slice_memory(graph, op, n, a, b, recompute).alone(n) for n in ns]
+            direct = [model.slice_memory(graph, op, n, a, b, recompute, stage).alone(n) for n in ns]
             assert list(table) == direct, (op.id, a, b)
             some = (N, 3, 1)
-            assert model.alone_bytes(graph, op, a, b, recompute, ns=some) == tuple(
-                model.slice_memory(graph, op, n, a, b, recompute).alone(n) for n in some
+            assert model.alone_bytes(graph, op, a, b, recompute, ns=some, zero_stage=stage) == (
+                tuple(
+                    model.slice_memory(graph, op, n, a, b, recompute, stage).alone(n) for n in some
+                )
             )
+
+
+def test_zero_stages_split_the_same_bytes_differently(cluster) -> None:
+    """Stage 0 replicates everything, ZeRO-1 shards the optimizer, ZeRO-2 the gradients too;
+    a frozen part keeps its weights whatever the stage."""
+    gpu, cpu = cluster(8), cluster(1, "cpu")
+    assert [state_split(gpu, True, z) for z in (0, 1, 2)] == [(16, 0), (4, 12), (2, 14)]
+    assert [state_split(cpu, True, z) for z in (0, 1, 2)] == [(16, 0), (8, 8), (4, 12)]
+    assert {state_split(gpu, False, z) for z in (0, 1, 2)} == {(2, 0)}
+
+
+def test_zero2_moves_gradients_into_the_sharded_term(graph, model) -> None:
+    op = graph.op("caption/lm")
+    z1 = model.slice_memory(graph, op, 4, 0, op.layers)
+    z2 = model.slice_memory(graph, op, 4, 0, op.layers, zero_stage=2)
+    z0 = model.slice_memory(graph, op, 4, 0, op.layers, zero_stage=0)
+    tp = model.config(op, 4).tp
+    for a, b, c in zip(z1.parts, z2.parts, z0.parts, strict=True):
+        assert a.grads > 0 and b.replicated == a.replicated - a.grads
+        assert b.sharded == a.sharded + a.grads * tp
+        assert c.sharded == 0 and c.replicated == a.replicated + a.sharded // tp
+    assert z1.kept == z2.kept == z0.kept
+    # the gradients in flight until their bucket is reduce-scattered: at most one bucket
+    bucket = GRAD_BUCKET_ELEMENTS * graph.dtype_bytes
+    assert z2.working == z1.working + min(bucket, sum(p.grads for p in z1.parts))
+    assert z1.alone(4) < z0.alone(4)
 
 
 def test_the_table_handles_mixed_tensor_parallel_degrees(graph) -> None:

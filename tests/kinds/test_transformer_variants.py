@@ -65,12 +65,35 @@ def closed_form_flops(a: dict, t: int) -> float:
 
 
 def closed_form_activations(a: dict, t: int) -> float:
+    """What autograd keeps, tensor by tensor (tests/kinds/test_saved_activations.py measures
+    the layer itself)."""
     h, f, heads, kv = a["hidden"], a["ffn"], a["heads"], a["kv_heads"]
+    d = h // heads
+    gqa, rotary = kv != heads, a.get("pos") == "rotary"
+    layernorm = a["norm"] == "layernorm"
+    x, norm1_out, norm2_in, norm2_out = t * h, t * h, t * h, t * h
+    norm_kept = 2 * (2 * t if layernorm else t + t * h)  # mean and 1/std, or 1/rms and x/rms
+    qkv_out = 0 if (gqa and rotary) else t * (h + 2 * kv * d)
+    q_rotated = t * h if rotary else 0
+    k_rotated = t * kv * d if rotary and not gqa else 0
+    kv_repeated = 2 * t * h if gqa else 0
+    attention_out, log_sum_exp = t * h, heads * t
+    heads_merged = t * h if rotary else 0  # a copy when attention's output is per head
+    ffn_kept = (4 if a["act"] == "swiglu" else 2) * t * f
     return (
-        6 * t * h
-        + 2 * t * kv * (h // heads)
-        + (4 if a["act"] == "swiglu" else 2) * t * f
-        + (heads * t * t)
+        x
+        + norm1_out
+        + norm2_in
+        + norm2_out
+        + norm_kept
+        + qkv_out
+        + q_rotated
+        + k_rotated
+        + kv_repeated
+        + attention_out
+        + log_sum_exp
+        + heads_merged
+        + ffn_kept
     )
 
 

@@ -68,6 +68,30 @@ def test_bad_scheduler_is_a_usage_error(shared_dir):
 
 def test_plan_that_does_not_fit_exits_1(shared_dir, capsys):
     spec = shared_dir / "spec" / "qwen_val.spindle"
-    # 8 GPUs cannot hold QWen-VAL even with activation recompute everywhere
-    assert main(["plan", str(spec), "--scheduler", "sequential", "--devices", "8"]) == 1
+    # one GPU cannot hold QWen-VAL's parameters and optimizer state, whatever the levers
+    assert main(["plan", str(spec), "--scheduler", "sequential", "--devices", "1"]) == 1
     assert "do not fit" in capsys.readouterr().err
+
+
+def test_forced_micro_batches_and_the_memory_summary(shared_dir, tmp_path, capsys):
+    spec = shared_dir / "spec" / "tiny_mm.spindle"
+    out = tmp_path / "plan.json"
+    args = ["plan", str(spec), "--micro-batches", "2", "--zero-stage", "2", "--out", str(out)]
+    assert main([*args, "--time-limit", "0.3", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "memory levers: 2 micro-batches per iteration, ZeRO-2" in text
+    assert "peak memory per device" in text and "% of" in text
+    data = json.loads(out.read_text())
+    assert (data["micro_batches"], data["zero_stage"]) == (2, 2)
+    assert main(["validate", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["plan", str(spec), "--json", "--micro-batches", "2", "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["micro_batches"] == 2 and len(summary["memory_bytes"]) == 4
+
+
+@pytest.mark.parametrize("value", ["0", "two"])
+def test_bad_micro_batches_is_a_usage_error(shared_dir, value, capsys):
+    spec = shared_dir / "spec" / "tiny_mm.spindle"
+    assert main(["plan", str(spec), "--micro-batches", value]) == 2
+    assert "--micro-batches" in capsys.readouterr().err

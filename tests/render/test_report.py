@@ -90,3 +90,14 @@ def test_report_names_the_lp_bound_when_the_plan_has_one(plan, no_dot):
     html = build_report(lp).html
     assert "LP lower bound" in html and "iteration / LP bound" in html
     assert f"{plan.iteration_s / plan.lower_bound_s:.2f}×" in html
+
+
+def test_report_shows_the_memory_levers(plan, no_dot):
+    rc = tuple(replace(m, recompute=m.id == "caption/lm") for m in plan.metaops)
+    levered = replace(plan, micro_batches=4, zero_stage=2, metaops=rc)
+    html = build_report(levered).html
+    assert "<h3>Memory levers</h3>" in html
+    assert "k = 4: the waves run 4 times per iteration" in html
+    assert "2: optimizer state and gradients sharded" in html
+    assert f"1 of {len(plan.metaops)} MetaOps: caption/lm" in html
+    assert f"k=4, ZeRO-2, recompute 1/{len(plan.metaops)}" in html  # the card

@@ -1,11 +1,14 @@
-"""The widget's light pictures: one bar per device run of each entry, memory against capacity."""
+"""The widget's light pictures (one bar per device run of each entry, memory against capacity)
+and its summary of the memory levers."""
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 from spindle_dsl.plan import ClusterRef, Entry, Plan, PlanMetaOp, SolverInfo, SpecRef, Wave
 from spindle_dsl.widgets.memory_svg import OVER_FILL, memory_svg
+from spindle_dsl.widgets.summary import summarize, summary_html
 from spindle_dsl.widgets.timeline_svg import timeline_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -55,3 +58,18 @@ def test_memory_bars_turn_red_over_capacity():
 
 def test_memory_chart_says_when_the_plan_has_no_figures():
     assert "does not predict memory" in memory_svg(plan())
+
+
+def test_summary_shows_the_memory_levers_and_the_peak_against_capacity():
+    p = plan(memory=(50, 80, 10, 100), capacity=100)
+    rc = tuple(replace(m, recompute=m.id == "u/lm") for m in p.metaops)
+    s = summarize(replace(p, micro_batches=8, zero_stage=2, metaops=rc))
+    assert (s.micro_batches, s.zero_stage, s.recompute) == (8, 2, ("u/lm",))
+    html = summary_html(s)
+    assert "memory levers" in html and "8 micro-batches, ZeRO-2, recompute 1/2" in html
+    assert "(100%, fits), least" in html
+
+
+def test_a_plan_without_levers_says_one_micro_batch():
+    html = summary_html(summarize(plan(memory=(50, 120, 10, 100))))
+    assert "1 micro-batch, ZeRO-1, recompute 0/2" in html and "does not fit" in html

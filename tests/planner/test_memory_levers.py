@@ -1,0 +1,278 @@
+"""Memory as a planning decision: micro-batches, ZeRO stage and recompute chosen together.
+
+The memory-model spec (``tests/conftest.py``) on 16 A800s with the device memory cut down
+until each lever has to be pulled; the plans must fit, validate, say which levers they pull
+and why, and price each lever where it acts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from spindle_dsl.cost import make_cost_model
+from spindle_dsl.cost.analytic import backward_multiplier
+from spindle_dsl.errors import PlanError, PlanFormatError
+from spindle_dsl.language import compile_file, compile_text
+from spindle_dsl.plan.model import Plan
+from spindle_dsl.plan.validate import validate_plan
+from spindle_dsl.planner import make_plan
+from spindle_dsl.planner.build import alone_bytes_of, context
+from spindle_dsl.planner.levers import (
+    Levers,
+    micro_batch_choices,
+    micro_graph,
+    pass_curves,
+    reduction_share,
+)
+from spindle_dsl.planner.leversearch import LeverSearch
+from spindle_dsl.planner.memfit import memory_floor
+
+MiB = 2**20
+
+
+@pytest.fixture(scope="module")
+def graph(memory_spec):
+    return compile_text(memory_spec(768)).graph
+
+
+def with_memory(graph, mib: int):
+    return replace(graph, cluster=graph.cluster.with_overrides(memory_bytes=mib * MiB))
+
+
+def plan_at(graph, mib: int, **kw):
+    g = with_memory(graph, mib)
+    return g, make_plan(g, make_cost_model(g.cluster), time_limit_s=0.3, **kw)
+
+
+def levers_of(plan: Plan) -> Levers:
+    rc = frozenset(m.id for m in plan.metaops if m.recompute)
+    return Levers(plan.micro_batches, plan.zero_stage, rc)
+
+
+def test_a_plan_that_fits_pulls_no_lever(graph) -> None:
+    plan = make_plan(graph, make_cost_model(graph.cluster), time_limit_s=0.3)
+    assert levers_of(plan) == Levers()
+    assert not any(n.startswith("memory levers") for n in plan.notes)
+    assert "recompute" not in json.dumps([m.to_dict() for m in plan.metaops])
+
+
+@pytest.mark.parametrize("mib", [300, 60, 40])
+def test_tight_memory_pulls_levers_and_the_plan_fits(graph, mib) -> None:
+    g, plan = plan_at(graph, mib)
+    assert validate_plan(plan) == []
+    assert max(plan.memory_bytes) <= mib * MiB
+    lv = levers_of(plan)
+    assert lv != Levers()
+    assert all(g.op(i).needs_backward for i in lv.recompute)
+    note = next(n for n in plan.notes if n.startswith("memory levers"))
+    assert "per number of micro-batches" in note
+    if lv.recompute:
+        assert all(f"'{i}'" in note for i in lv.recompute)
+    # the plan's curves are one pass's curves under its levers (invariant 4 holds on them)
+    curves = pass_curves(g, make_cost_model(g.cluster), lv)
+    for m in plan.metaops:
+        assert m.batch == g.op(m.id).batch  # the plan keeps the whole batch
+        for n, s in m.seconds_per_layer:
+            assert s == curves[m.id].at(n), (m.id, n)
+
+
+def test_less_memory_costs_time(graph) -> None:
+    times = [plan_at(graph, mib)[1].iteration_s for mib in (100000, 150, 40)]
+    assert times[0] < times[1] < times[2]
+
+
+def test_forced_micro_batches_price_one_pass_of_the_micro_batch(graph) -> None:
+    cost = make_cost_model(graph.cluster)
+    plan = make_plan(graph, cost, time_limit_s=0.3, micro_batches=4, check_memory=False)
+    assert plan.micro_batches == 4 and validate_plan(plan) == []
+    waves = sum(w.duration_s for w in plan.waves)
+    assert dict(plan.breakdown)["compute_s"] == pytest.approx(4 * waves)
+    assert plan.iteration_s >= 4 * waves
+    micro = micro_graph(graph, 4)
+    one = cost.curves(micro)
+    for m in plan.metaops:
+        op = graph.op(m.id)
+        assert micro.op(m.id).batch == -(-op.batch // 4)
+        # on one device there is no gradient all-reduce to share out: the micro-batch's time
+        assert dict(m.seconds_per_layer).get(1, one[m.id].at(1)) == pytest.approx(one[m.id].at(1))
+
+
+def test_micro_graph_carries_the_ceil_split(graph) -> None:
+    micro = micro_graph(graph, 5)
+    for op, mop in zip(graph.metaops, micro.metaops, strict=True):
+        assert mop.batch == -(-op.batch // 5)
+        per_sample = op.forward_flops_per_layer / op.batch
+        assert mop.forward_flops_per_layer == pytest.approx(per_sample * mop.batch)
+        assert mop.params_per_layer == op.params_per_layer
+    assert [t.batch for t in micro.tasks] == [-(-t.batch // 5) for t in graph.tasks]
+    assert micro_graph(graph, 1) is graph
+    assert micro_batch_choices(graph)[:3] == (1, 2, 4)
+    largest = max(op.batch for op in graph.metaops)
+    assert micro_batch_choices(graph)[-1] >= largest or micro_batch_choices(graph)[-1] == 256
+
+
+def test_the_gradient_all_reduce_is_shared_out_over_the_passes(graph) -> None:
+    """A pass pays 1/k of the all-reduce under ZeRO-1 and (k+1)/2k under ZeRO-2 (a
+    reduce-scatter each pass, one all-gather): between the bare and the full curve."""
+    cost = make_cost_model(graph.cluster)
+    assert reduction_share(Levers(4, 1)) == 0.25
+    assert reduction_share(Levers(4, 2)) == 5 / 8
+    assert reduction_share(Levers(1, 2)) == 1
+    full = cost.curves(micro_graph(graph, 4))
+    op = graph.op("caption/lm")
+    z1 = pass_curves(graph, cost, Levers(4, 1))[op.id]
+    z2 = pass_curves(graph, cost, Levers(4, 2))[op.id]
+    for n in (4, 16):
+        assert z1.at(n) < z2.at(n) <= full[op.id].at(n) + 1e-15
+
+
+def test_a_contrastive_task_pays_its_extra_forward_per_micro_batch() -> None:
+    text = """
+cluster { devices = 4  device = "A800-80GB" }
+modality image { tokens = 16 }
+modality text  { tokens = 8  vocab = 100 }
+encoder vision : vit(layers = 2, hidden = 64, heads = 4, patch = 4) <- image
+encoder words  : transformer(layers = 2, hidden = 64, heads = 4) <- text
+task match { image -> vision; text -> words; loss = contrastive }
+task see   { image -> vision; loss = mse }
+mix m { global_batch = 64; match = 1; see = 1 }
+"""
+    g = compile_text(text).graph
+    cost = make_cost_model(g.cluster)
+    for k in (2, 4):
+        micro = cost.curves(micro_graph(g, k))
+        passes = pass_curves(g, cost, Levers(k))
+        for op in g.metaops:  # on one device no all-reduce: only the extra forward differs
+            extra = 1 + 1 / backward_multiplier(op) if op.task == "match" else 1
+            assert passes[op.id].at(1) == pytest.approx(extra * micro[op.id].at(1))
+
+
+def test_allocations_offered_hold_the_whole_metaop(graph) -> None:
+    """With memory enforced, each MetaOp is only offered allocations on which all its
+    layers fit alone (its minimum device count), where any does."""
+    g = with_memory(graph, 150)
+    cost = make_cost_model(g.cluster)
+    ctx = context(g, cost, Levers(), enforce=True)
+    loose = context(g, cost, Levers(), enforce=False)
+    cap = g.cluster.device.memory_bytes
+    narrowed = 0
+    for op in g.metaops:
+        ns = range(1, g.cluster.devices + 1)
+        whole = alone_bytes_of(op, g, cost, Levers(), 0, op.layers, ns)
+        offered = ctx.problem.op(op.id).ns
+        if any(whole[n - 1] <= cap for n in loose.problem.op(op.id).ns):
+            assert all(whole[n - 1] <= cap for n in offered), op.id
+        narrowed += len(offered) < len(loose.problem.op(op.id).ns)
+    assert narrowed
+
+
+def test_the_floor_ranks_recompute_by_bytes_per_second(graph) -> None:
+    g = with_memory(graph, 120)  # 16 x 120 MiB is below what the MetaOps keep in all
+    search = LeverSearch(g, make_cost_model(g.cluster))
+    floor = memory_floor(g, search.cost)
+    assert floor.total(()) > 16 * 120 * MiB >= floor.total(floor.kept)
+    ranked = search.candidates(1)
+    eff = [c.efficiency for c in ranked]
+    assert eff == sorted(eff, reverse=True)
+    need, why = search.start(1)
+    prefix = [c.op for c in ranked[:need]]
+    assert why and floor.total(prefix) <= 16 * 120 * MiB < floor.total(prefix[:-1])
+
+
+def test_when_nothing_fits_the_error_names_the_levers_and_the_devices(graph) -> None:
+    g = with_memory(graph, 25)
+    with pytest.raises(PlanError) as err:
+        make_plan(g, make_cost_model(g.cluster), scheduler="paper")
+    text = str(err.value)
+    assert "does not fit" in text and "every memory lever is at its limit" in text
+    assert "micro-batches" in text and "ZeRO-2" in text and "recompute" in text
+    assert "GiB" in text and "devices of this kind" in text
+
+
+def test_forced_levers_are_kept_or_the_error_says_they_were_asked(graph) -> None:
+    _, plan = plan_at(graph, 60, micro_batches=8, zero_stage=2)
+    assert (plan.micro_batches, plan.zero_stage) == (8, 2)
+    g = with_memory(graph, 40)
+    with pytest.raises(PlanError, match=r"1 micro-batches \(as asked\)"):
+        make_plan(g, make_cost_model(g.cluster), micro_batches=1, zero_stage=1)
+    with pytest.raises(PlanError, match="micro_batches must be"):
+        make_plan(graph, make_cost_model(graph.cluster), micro_batches=0)
+    with pytest.raises(PlanError, match="zero_stage must be"):
+        make_plan(graph, make_cost_model(graph.cluster), zero_stage=3)
+
+
+def test_baselines_are_tuned_with_the_same_levers(graph) -> None:
+    g, plan = plan_at(graph, 60)
+    tuned = plan.extra["baseline_levers"]
+    assert set(tuned) <= {"sequential", "distmm", "optimus"} and "sequential" in tuned
+    cost = make_cost_model(g.cluster)
+    seq = make_plan(g, cost, scheduler="sequential", time_limit_s=0.3)
+    assert seq.iteration_s == pytest.approx(plan.baseline("sequential_s"))
+    assert tuned["sequential"]["micro_batches"] == seq.micro_batches
+    assert plan.iteration_s <= plan.baseline("sequential_s") * (1 + 1e-9)
+    assert any(n.startswith("baselines tuned with the same levers") for n in plan.notes)
+
+
+def test_without_the_memory_check_no_lever_is_pulled(graph) -> None:
+    _, plan = plan_at(graph, 150, check_memory=False, scheduler="paper")
+    assert levers_of(plan) == Levers()
+    assert any(n.startswith("memory check off") for n in plan.notes)
+
+
+def test_a_shared_module_counts_once_per_device(graph) -> None:
+    """Sequential runs every MetaOp on all 16 devices: lm's parts are held once each."""
+    cost = make_cost_model(graph.cluster)
+    plan = make_plan(graph, cost, scheduler="sequential")
+    parts: dict[str, tuple[int, int]] = {}
+    kept = working = 0
+    for op in graph.metaops:
+        sm = cost.slice_memory(graph, op, 16, 0, op.layers)
+        parts.update({p.key: (p.replicated, p.sharded) for p in sm.parts})
+        kept += sm.kept
+        working = max(working, sm.working)
+    state = sum(r + s / 16 for r, s in parts.values())
+    assert plan.memory_bytes[0] == pytest.approx(state + kept + working, abs=1)
+    per_op = sum(cost.slice_memory(graph, op, 16, 0, op.layers).alone(16) for op in graph.metaops)
+    assert max(plan.memory_bytes) < per_op - 1  # counting lm once per MetaOp would be more
+
+
+def test_levers_round_trip_through_the_plan_file(graph, tmp_path) -> None:
+    _, plan = plan_at(graph, 40)
+    path = tmp_path / "plan.json"
+    plan.write(path)
+    data = json.loads(path.read_text())
+    assert data["micro_batches"] == plan.micro_batches > 1
+    back = Plan.read(path)
+    assert levers_of(back) == levers_of(plan)
+    assert validate_plan(back) == []
+    data["metaops"][0]["recompute"] = "yes"
+    with pytest.raises(PlanFormatError, match="recompute must be true or false"):
+        Plan.from_dict(data)
+
+
+def test_paper_scale_fixtures_fit_with_levers(shared_dir) -> None:
+    spec = shared_dir / "spec"
+    for name, devices in [("qwen_val", 16), ("multitask_clip", 8)]:
+        g = compile_file(spec / f"{name}.spindle", cluster_overrides={"devices": devices}).graph
+        plan = make_plan(g, make_cost_model(g.cluster), time_limit_s=0.3)
+        assert validate_plan(plan) == [], name
+        assert levers_of(plan) != Levers(), name
+
+
+@pytest.mark.parametrize("guess", [None, 0, 1, 3, 7, 12, 40])
+def test_galloping_finds_the_shortest_prefix_from_any_guess(guess) -> None:
+    from spindle_dsl.planner.leversearch import _first
+
+    for need in range(0, 14):
+        asked: list[int] = []
+
+        def ok(j: int, need: int = need, asked: list[int] = asked) -> bool:
+            asked.append(j)
+            return j >= need
+
+        got = _first(0, 12, ok, guess)
+        assert got == (need if need <= 12 else None), (need, guess)
+        assert len(set(asked)) <= 10  # galloping, then bisection: a handful of probes
