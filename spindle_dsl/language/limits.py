@@ -72,8 +72,7 @@ DEVICES_PER_NODE = Limit(
 CORES = Limit(
     1,
     4096,
-    "the CPU cores one node's cpu devices share (--cores): the largest servers have a few "
-    "hundred",
+    "the CPU cores one node's cpu devices share (--cores): the largest servers have a few hundred",
 )
 TFLOPS = Limit(
     0.001,
