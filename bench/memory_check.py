@@ -4,12 +4,14 @@ Plans ``SPEC`` for ``--nproc`` devices with each scheduler asked, trains each pl
 steps on that many gloo worker processes (``spindle train`` would do the same), and prints per
 rank the plan's predicted peak (``plan.memory_bytes``) beside the peak the runtime measured
 (``backends/torch/memory.py``: the tensor bytes the step holds, not process RSS), and both
-split into terms: the prediction as the planner's memory model adds it up (weights and
-gradients of every part the rank holds, its share of the optimizer state, the activations kept
-for backward summed over its slices, the largest working set of one slice), the measurement as
-the meter found it at the moment of the peak (parameters, gradients, optimizer state, kept
-activations, communication buffers). Issue 10's target is predicted within 20% of measured
-on every rank for cpu_medium with 2 ranks, default and sequential plans.
+split into terms: the prediction as the planner's memory model adds it up (``state``: weights
+of every part the rank holds and its share of the optimizer state; the gradients alive at the
+peak; the activations kept for backward summed over its slices; the loss phase's tensors; the
+largest working set of one slice), the measurement as the meter found it at the moment of the
+peak (parameters, gradients, optimizer state, activations, communication buffers).
+``--micro-batches`` / ``--zero-stage`` plan with that lever and run it. Issue 10's target is
+predicted within 20% of measured on every rank for cpu_medium with 2 ranks, default and
+sequential plans.
 
     .venv/bin/python bench/memory_check.py [SPEC] [--nproc 2] [--steps 3] [--stages]
                                           [--scheduler default sequential]
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,38 +29,47 @@ DEFAULT_SPEC = REPO.parent / "shared" / "spec" / "cpu_medium.spindle"
 MiB = 2**20
 
 
-def predicted_terms(graph, plan, cost) -> list[dict[str, float]]:
-    """Per device, the planner memory model's terms for ``plan`` (as ``PartLedger`` adds
-    them): weights and gradients of each held part once, optimizer state split over the part's
-    holders, kept activations summed, the largest working set."""
-    recompute = {m.id for m in plan.metaops if m.recompute}
-    devices = plan.cluster.devices
-    parts: list[dict[str, tuple[int, int]]] = [{} for _ in range(devices)]
-    holders: dict[str, set[int]] = defaultdict(set)
-    kept = [0.0] * devices
-    working = [0.0] * devices
+def _slices(graph, plan, cost):
+    """Per plan entry, its slice memory as the planner priced it: one pass's micro-batch
+    view of the graph, the plan's levers."""
+    from spindle_dsl.planner.build import slice_memory_of
+    from spindle_dsl.planner.levers import Levers, micro_graph
+
+    recompute = frozenset(m.id for m in plan.metaops if m.recompute)
+    levers = Levers(plan.micro_batches, plan.zero_stage, recompute)
+    view = micro_graph(graph, plan.micro_batches)
     for wave in plan.waves:
         for e in wave.entries:
-            op = graph.op(e.metaop)
-            sm = cost.slice_memory(graph, op, len(e.devices), e.first, e.end, op.id in recompute)
-            for d in e.devices:
-                kept[d] += sm.kept
-                working[d] = max(working[d], sm.working)
-                for p in sm.parts:
-                    parts[d][p.key] = (p.replicated, p.sharded)
-                    holders[p.key].add(d)
+            op = view.op(e.metaop)
+            yield e, slice_memory_of(cost, view, op, len(e.devices), e.first, e.end, levers)
+
+
+def predicted_terms(graph, plan, cost) -> list[dict[str, float]]:
+    """Per device, the planner memory model's terms for ``plan`` (as ``PartLedger`` adds
+    them): weights and optimizer state of each held part (state shared by its holders), the
+    gradients alive at the peak, kept activations summed, the loss phase's tensors, the
+    largest working set."""
+    from spindle_dsl.planner.ledger import PartLedger
+    from spindle_dsl.planner.problem import Piece
+
+    memo = {}
+    for e, sm in _slices(graph, plan, cost):
+        memo[(e.metaop, len(e.devices), e.first, e.end)] = sm
+    ledger = PartLedger(plan.cluster.devices, lambda *key: memo[key])
+    for wave in plan.waves:
+        for e in wave.entries:
+            piece = Piece(e.metaop, e.first, e.end, len(e.devices))
+            ledger.add(piece, list(e.devices), ledger.need(piece))
     out = []
-    for d in range(devices):
-        trainable = {k: v for k, v in parts[d].items() if v[1]}
-        rep = sum(v[0] for v in parts[d].values())
-        grads = sum(v[0] for v in trainable.values()) / 2  # weights + gradients, alike
+    for d in range(plan.cluster.devices):
+        b = ledger.breakdown(d)
         out.append(
             {
-                "weights": rep - grads,
-                "gradients": grads,
-                "optimizer": sum(v[1] / len(holders[k]) for k, v in parts[d].items()),
-                "kept": kept[d],
-                "working": working[d],
+                "state": b.state,
+                "gradients": b.gradients,
+                "kept": sum(b.kept.values()),
+                "loss": b.loss,
+                "working": b.working,
             }
         )
     return out
@@ -68,16 +78,12 @@ def predicted_terms(graph, plan, cost) -> list[dict[str, float]]:
 def _stage_table(graph, plan, cost, kept_by_stage) -> None:
     """Per plan entry: the activation bytes the model says one device keeps for the backward,
     beside what the entry's first device measured (its forward's saved tensors and output)."""
-    recompute = {m.id for m in plan.metaops if m.recompute}
     print(f"  {'entry':<34}{'devices':>9}{'kept pred MiB':>15}{'measured':>10}{'pred/meas':>11}")
-    for wave in plan.waves:
-        for e in wave.entries:
-            op = graph.op(e.metaop)
-            sm = cost.slice_memory(graph, op, len(e.devices), e.first, e.end, op.id in recompute)
-            key = f"{e.metaop} [{e.first},{e.end})"
-            got = kept_by_stage[e.devices[0]].get(key, 0)
-            ratio = f"{sm.kept / got:>11.2f}" if got else f"{'-':>11}"
-            print(f"  {key:<34}{len(e.devices):>9}{sm.kept / MiB:>15.1f}{got / MiB:>10.1f}{ratio}")
+    for e, sm in _slices(graph, plan, cost):
+        key = f"{e.metaop} [{e.first},{e.end})"
+        got = kept_by_stage[e.devices[0]].get(key, 0)
+        ratio = f"{sm.kept / got:>11.2f}" if got else f"{'-':>11}"
+        print(f"  {key:<34}{len(e.devices):>9}{sm.kept / MiB:>15.1f}{got / MiB:>10.1f}{ratio}")
 
 
 def main() -> int:
@@ -115,7 +121,13 @@ def main() -> int:
         )
         worst = 0.0
         for scheduler in args.scheduler:
-            plan = make_plan(graph, cost, scheduler=scheduler)
+            plan = make_plan(
+                graph,
+                cost,
+                scheduler=scheduler,
+                micro_batches=args.micro_batches,
+                zero_stage=args.zero_stage,
+            )
             result = TorchBackend().train(graph, plan, config, nproc=args.nproc)
             terms = predicted_terms(graph, plan, cost)
             extra = result.extra

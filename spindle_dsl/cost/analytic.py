@@ -215,12 +215,15 @@ class AnalyticCostModel(comm.LinkPricing):
         recompute: bool = False,
         ns: Sequence[int] | None = None,
         zero_stage: int = 1,
+        micro_batches: int = 1,
     ) -> tuple[int, ...]:
         rc = recompute and op.needs_backward
         ns = self.allocations(op, rc) if ns is None else ns
         configs = [(n, c.dp, c.tp) for n in ns for c in (self.config(op, n, rc),)]
         info = self._info(graph, op)
-        return alone_bytes(info, op, first, end, configs, rc, self.cluster, zero_stage)
+        return alone_bytes(
+            info, op, first, end, configs, rc, self.cluster, zero_stage, micro_batches
+        )
 
     def slice_memory(
         self,
@@ -231,8 +234,11 @@ class AnalyticCostModel(comm.LinkPricing):
         end: int,
         recompute: bool = False,
         zero_stage: int = 1,
+        micro_batches: int = 1,
     ) -> SliceMemory:
         c = self.config(op, n, recompute)
         rc = recompute and op.needs_backward
         info = self._info(graph, op)
-        return slice_memory(info, op, first, end, c.dp, c.tp, rc, self.cluster, zero_stage)
+        return slice_memory(
+            info, op, first, end, c.dp, c.tp, rc, self.cluster, zero_stage, micro_batches
+        )

@@ -24,10 +24,25 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+import numpy as np
 
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.metagraph import MetaGraph, MetaOp
+
+# a byte count: Python numbers (exact integers stay exact) or numpy arrays (one per device)
+Num = TypeVar("Num", int, float, np.ndarray)
+
+
+def _least(a: Num, b: Num) -> Num:
+    return np.minimum(a, b) if isinstance(a, np.ndarray) else min(a, b)
+
+
+def _most(a: Num, b: Num) -> Num:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return max(a, b)
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,12 @@ class Curves:
         return iter(self.curves)
 
 
+def _share(total: int, count: int, n: int) -> int:
+    """A run's bytes one of ``n`` holders pays when each of its ``count`` layers' ``total /
+    count`` bytes is split over the n devices, rounded up per layer."""
+    return count * -(-(total // count) // max(n, 1))
+
+
 @dataclass(frozen=True)
 class PartBytes:
     """One parameter part a slice holds, as one device of the slice pays for it; or a run of
@@ -85,16 +106,22 @@ class PartBytes:
     A run's figures are for the whole run (per layer times ``count``); the runtime still
     owns, reduces and shards each layer on its own, so a run's optimizer share on n devices
     is ``count * ceil(per-layer sharded / n)`` (``on``).
+
+    The gradient is apart from the rest because it is not always alive: ``grads`` is this
+    device's whole gradient, alive while it accumulates and until its bucket is reduced (when
+    that is, by ZeRO stage and micro-batches, ``GradientLife`` says); ``grads_sharded`` the
+    whole part's gradient that ZeRO-1 and ZeRO-2 reduce-scatter into a shard per holder
+    (``grad_share``), kept until the update.
     """
 
     key: str  # "module/layer.J", "module/input.MODALITY" or "module/head" (as the runtime names
     # it); a run of layers [A, B) of a module is "module/layers.A-B"
-    replicated: int  # on every device holding it: weights and gradients (a tensor-parallel shard)
+    replicated: int  # on every device holding it, always: its weights (a tensor-parallel shard),
+    # and under ZeRO stage 0 the whole optimizer state
     sharded: int  # optimizer state of the whole part, split evenly over every device holding it
     layers: tuple[int, int] | None = None  # a run: layers [A, B) of module ``key``'s prefix
-    # this device's gradient of the part (a tensor-parallel shard; 0 when frozen): inside
-    # ``replicated`` under ZeRO stages 0 and 1, inside ``sharded`` under ZeRO-2
-    grads: int = 0
+    grads: int = 0  # this device's gradient of the part (a tensor-parallel shard; 0: frozen)
+    grads_sharded: int = 0  # the whole part's gradient, reduce-scattered over its holders
 
     @property
     def count(self) -> int:
@@ -106,30 +133,72 @@ class PartBytes:
         return self.key.rsplit("/", 1)[0]
 
     def on(self, n: int) -> int:
-        """Bytes one of ``n`` devices holding it pays: weights, gradients and its share of
-        the optimizer state (each layer's state split over the n devices, rounded up)."""
-        k = self.count
-        return self.replicated + k * -(-(self.sharded // k) // max(n, 1))
+        """Bytes one of ``n`` devices holding it pays always: weights and its share of the
+        optimizer state (each layer's state split over the n devices, rounded up)."""
+        return self.replicated + _share(self.sharded, self.count, n)
+
+    def grad_share(self, n: int) -> int:
+        """This device's shard of the reduced gradient when ``n`` devices hold the part."""
+        return _share(self.grads_sharded, self.count, n)
+
+
+@dataclass(frozen=True)
+class GradientLife:
+    """When gradients are alive in a step, as the runtime runs one (``docs/runtime.md``), so
+    that a device's peak is the larger of its two candidate moments (``peak``):
+
+    * the end of the last pass's forward and the loss phase: parameters, optimizer state,
+      every kept activation and the loss tensors; gradients only if they outlive a pass
+      (``carried``: k > 1 under ZeRO stage 0 or 1, the accumulated whole gradients; under
+      ZeRO-2 with k > 1 the reduced shards, ``shards_carried``);
+    * the backward: activations are freed as gradients appear; at its end every whole
+      gradient is alive under stage 0 (``whole_backward``, until the optimizer), under ZeRO-1
+      and ZeRO-2 the reduced shards and at most a ``bucket`` in flight (a whole gradient is
+      freed when its bucket's reduce-scatter is issued).
+    """
+
+    carried: bool = False
+    shards_carried: bool = False
+    whole_backward: bool = False
+    bucket: int = 0  # bytes of one gradient bucket (the runtime's cap)
+
+    def peak(self, forward: Num, grads: Num, shards: Num) -> Num:
+        """The larger moment, given a device's kept activations and loss tensors
+        (``forward``), its whole gradients (``grads``) and its gradient shards (``shards``):
+        Python numbers (exact integers stay exact) or numpy arrays (per device)."""
+        at_forward = forward
+        if self.carried:
+            at_forward = at_forward + grads
+        if self.shards_carried:
+            at_forward = at_forward + shards
+        at_backward = grads if self.whole_backward else _least(grads, self.bucket) + shards
+        return _most(at_forward, at_backward)
 
 
 @dataclass(frozen=True)
 class SliceMemory:
     """Bytes per device to run layers ``[first, end)`` of a MetaOp on ``n`` devices.
 
-    The three terms add up differently across the slices one device runs: ``parts`` count once
-    per device (deduplicated by key), ``kept`` adds up (activations wait for the backward
-    pass, which starts after every forward wave), ``working`` is transient (only a device's
-    largest counts).
+    The terms add up differently across the slices one device runs: ``parts`` count once per
+    device (deduplicated by key), ``kept`` adds up (activations wait for the backward pass,
+    which starts after every forward wave), and so does ``loss`` (the loss phase runs every
+    loss of the device before it back-propagates them together, while every kept activation
+    waits); ``working`` is transient (only a device's largest counts); the parts' gradients
+    count when ``life`` says they are alive.
     """
 
     parts: tuple[PartBytes, ...]
     kept: int  # activations kept from forward until backward (recompute keeps layer inputs)
-    working: int  # alive only while one layer (or the LM loss) runs
+    working: int  # alive only while one layer (or the LM loss's logits) runs
+    loss: int = 0  # an LM sink's log-probabilities and head inputs, alive in the loss phase
+    life: GradientLife = GradientLife()
 
     def alone(self, n: int) -> int:
         """Peak bytes per device when this slice is all its ``n`` devices hold."""
         state = sum(p.on(n) for p in self.parts)
-        return state + self.kept + self.working
+        grads = sum(p.grads for p in self.parts)
+        shards = sum(p.grad_share(n) for p in self.parts)
+        return state + int(self.life.peak(self.kept + self.loss, grads, shards)) + self.working
 
 
 class CostModel(Protocol):
@@ -176,10 +245,12 @@ class SliceMemoryModel(CostModel, Protocol):
         end: int,
         recompute: bool = False,
         zero_stage: int = 1,
+        micro_batches: int = 1,
     ) -> SliceMemory:
         """Bytes per device to run layers ``[first, end)`` of ``op`` on ``n`` devices, with
         or without recomputing its activations in the backward pass, parameter state laid
-        out for ZeRO stage ``zero_stage`` (0, 1 or 2: see ``cost.memory``)."""
+        out for ZeRO stage ``zero_stage`` (0, 1 or 2: see ``cost.memory``) and gradients
+        alive as ``micro_batches`` passes keep them (``graph`` carries one pass's batch)."""
         ...
 
     def alone_bytes(
@@ -191,10 +262,11 @@ class SliceMemoryModel(CostModel, Protocol):
         recompute: bool = False,
         ns: Sequence[int] | None = None,
         zero_stage: int = 1,
+        micro_batches: int = 1,
     ) -> Sequence[int]:
-        """``slice_memory(graph, op, n, first, end, recompute, zero_stage).alone(n)`` for
-        every n of ``ns`` (default: the allocations ``op``'s curve lists), at once (the
-        planner checks every allocation of every op)."""
+        """``slice_memory(graph, op, n, first, end, recompute, zero_stage,
+        micro_batches).alone(n)`` for every n of ``ns`` (default: the allocations ``op``'s
+        curve lists), at once (the planner checks every allocation of every op)."""
         ...
 
 

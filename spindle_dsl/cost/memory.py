@@ -4,27 +4,33 @@ lay them out.
 Parameters, by part (a layer, an input stage, an LM head: the runtime's unit of ownership and
 gradient reduction; ``PartBytes``), laid out by the plan's ZeRO stage (``state_split``):
 - GPUs train in mixed precision with Adam: bf16 weights and gradients (2 + 2 bytes per
-  parameter), fp32 master weights and Adam m and v (4 + 4 + 4 = 12 bytes). With ZeRO-1 (the
-  default, Megatron's ``--use-distributed-optimizer``) weights and gradients stay on every
-  device holding the part and the 12 bytes are sharded over all the devices that hold the
-  part, whichever MetaOps they hold it for; ZeRO-2 shards the gradients too (2 replicated,
-  14 sharded); stage 0 shards nothing (16 replicated). A frozen part keeps only its bf16
-  weights (2 bytes), whatever the stage.
-- The ``cpu`` preset trains in fp32: weights 4, gradients 4, Adam m and v 4 + 4 bytes; ZeRO-1
-  replicates 8 and shards 8, ZeRO-2 replicates 4 and shards 12, stage 0 replicates 16; frozen,
-  4 bytes.
-Under ZeRO-2 a part's whole gradient still exists while its backward runs and until its bucket
-is reduce-scattered: a slice's working set adds its gradients, at most one bucket
-(``GRAD_BUCKET_ELEMENTS``, the runtime's bucket cap).
+  parameter), fp32 master weights and Adam m and v (4 + 4 + 4 = 12 bytes). The weights stay on
+  every device holding the part; with ZeRO-1 (the default, Megatron's
+  ``--use-distributed-optimizer``) and ZeRO-2 the 12 bytes are sharded over all the devices
+  that hold the part, whichever MetaOps they hold it for, and stage 0 keeps them whole on
+  every holder. A frozen part keeps only its bf16 weights (2 bytes), whatever the stage.
+- The ``cpu`` preset trains in fp32: weights 4, gradients 4, Adam m and v 4 + 4 bytes.
+Gradients are counted where the runtime keeps them (``docs/runtime.md``; ``GradientLife``,
+``gradient_life``): a part's whole gradient exists from its first backward until its bucket's
+collective is issued in the reducing pass, and under ZeRO-1 and ZeRO-2 each holder then keeps
+its reduced shard until the update. So with one pass no gradient is alive at the end of the
+forward, where the peak usually is; with k > 1 passes under stage 0 or 1 the accumulated
+gradients are alive through every later forward, under ZeRO-2 the shards are; at the end of
+the backward every gradient is alive under stage 0, the shards and at most one bucket in
+flight (``GRAD_BUCKET_ELEMENTS``, the runtime's bucket cap) under ZeRO-1 and ZeRO-2.
 Tensor parallelism splits a layer's weights over its degree. A MetaOp's input stages live with
 its first layer and a task's LM head with the sink's last layer, where the runtime puts them.
 
 Activations, per device (data parallelism splits the batch as ``ceil(batch / dp)``, tensor
 parallelism with sequence parallelism divides by its degree):
-- kept for backward: every layer's saved tensors (``Kind.activation_elements``), or with
-  activation recompute (full per-layer checkpointing) only each layer's input (tokens x
-  in_width), plus an LM sink's log-probabilities (text tokens - 1) x (vocab + LayerNorm and
-  head inputs), which the cross-entropy keeps until the backward pass;
+- kept for backward: every layer's saved tensors (``Kind.activation_elements``, what autograd
+  saves), or with activation recompute (full per-layer checkpointing) only each layer's input
+  (tokens x in_width);
+- the loss phase: an LM sink's log-probabilities (text tokens - 1) x (vocab + LayerNorm and
+  head inputs). The runtime back-propagates its losses as soon as the loss phase has computed
+  them, so they never wait for the waves' backward, but the loss phase runs while every kept
+  activation of the pass is alive and computes every loss of the device before it
+  back-propagates them together: they add up with the kept activations at the peak, not after;
 - working, alive only while one layer runs: with recompute, the layer's full saved tensors
   rebuilt for its backward; without a backward pass, one layer's activations; the logits
   while the loss is computed.
@@ -36,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from spindle_dsl.cluster import Cluster
-from spindle_dsl.cost.base import PartBytes, SliceMemory
+from spindle_dsl.cost.base import GradientLife, PartBytes, SliceMemory
 from spindle_dsl.cost.comm import ceil_div, is_cpu
 from spindle_dsl.kinds import get_kind
 from spindle_dsl.metagraph import MetaGraph, MetaOp
@@ -49,39 +55,52 @@ def dtype_bytes(cluster: Cluster) -> int:
 
 ZERO_STAGES = (0, 1, 2)
 # Gradient elements the runtime reduces in one bucket (``backends/torch/shards.py``,
-# MAX_BUCKET_ELEMENTS): under ZeRO-2 at most this much of a slice's gradient is in flight.
+# MAX_BUCKET_ELEMENTS): at most this much of a device's whole gradient is in flight once the
+# buckets are being reduce-scattered.
 GRAD_BUCKET_ELEMENTS = 1 << 22
 
 
 def state_split(cluster: Cluster, trainable: bool, zero_stage: int = 1) -> tuple[int, int]:
-    """(replicated, sharded) bytes per parameter under ZeRO stage ``zero_stage``: see the
-    module docstring."""
+    """(replicated, sharded) bytes per parameter that stay alive all step under ZeRO stage
+    ``zero_stage``: the weights on every holder, the optimizer state whole on every holder
+    (stage 0) or sharded over the holders (1 and 2). Gradients are apart (``grad_bytes``)."""
     dt = dtype_bytes(cluster)
     if not trainable:
         return (dt, 0)
     optimizer = 8 if is_cpu(cluster) else 12  # Adam m, v (and fp32 masters below fp32)
     if zero_stage == 0:
-        return (2 * dt + optimizer, 0)
-    if zero_stage == 2:
-        return (dt, dt + optimizer)
-    return (2 * dt, optimizer)
+        return (dt + optimizer, 0)
+    return (dt, optimizer)
+
+
+def grad_bytes(cluster: Cluster, trainable: bool) -> int:
+    """Gradient bytes per parameter (the training dtype; none for a frozen part)."""
+    return dtype_bytes(cluster) if trainable else 0
 
 
 def state_bytes_per_param(cluster: Cluster, trainable: bool) -> int:
     """Parameter + gradient + optimizer bytes per parameter, before any sharding."""
-    return sum(state_split(cluster, trainable))
+    return sum(state_split(cluster, trainable)) + grad_bytes(cluster, trainable)
+
+
+def gradient_life(cluster: Cluster, micro_batches: int = 1, zero_stage: int = 1) -> GradientLife:
+    """When gradients are alive with ``micro_batches`` passes under ``zero_stage`` (see the
+    module docstring and ``GradientLife``)."""
+    k = max(1, micro_batches)
+    return GradientLife(
+        carried=k > 1 and zero_stage < 2,
+        shards_carried=k > 1 and zero_stage == 2,
+        whole_backward=zero_stage == 0,
+        bucket=GRAD_BUCKET_ELEMENTS * dtype_bytes(cluster),
+    )
 
 
 def staged(part: PartBytes, zero_stage: int) -> PartBytes:
     """An unsplit (no tensor parallelism) part given in the ZeRO-1 layout, laid out for
-    ``zero_stage``: its gradients move into the sharded term (2) or the optimizer state
-    into the replicated one (0)."""
-    if zero_stage == 2:
-        return replace(
-            part, replicated=part.replicated - part.grads, sharded=part.sharded + part.grads
-        )
+    ``zero_stage``: stage 0 keeps the optimizer state whole (replicated) and shards no
+    gradient; ZeRO-2 lays parameters out as ZeRO-1 does (it differs in when gradients live)."""
     if zero_stage == 0:
-        return replace(part, replicated=part.replicated + part.sharded, sharded=0)
+        return replace(part, replicated=part.replicated + part.sharded, sharded=0, grads_sharded=0)
     return part
 
 
@@ -100,8 +119,14 @@ def _part(
     key: str, params: float, tp: int, cluster: Cluster, trainable: bool, zero_stage: int = 1
 ) -> PartBytes:
     rep, shard = state_split(cluster, trainable, zero_stage)
-    grads = int(params * dtype_bytes(cluster) / tp) if trainable else 0
-    return PartBytes(key, int(params * rep / tp), int(params * shard), grads=grads)
+    g = grad_bytes(cluster, trainable)
+    return PartBytes(
+        key,
+        int(params * rep / tp),
+        int(params * shard),
+        grads=int(params * g / tp),
+        grads_sharded=int(params * g) if zero_stage >= 1 else 0,
+    )
 
 
 def layer_parts(
@@ -124,18 +149,11 @@ def layer_parts(
                     one.sharded * k,
                     (lo, hi),
                     grads=one.grads * k,
+                    grads_sharded=one.grads_sharded * k,
                 )
             )
         offset += count
     return out
-
-
-def grad_in_flight(parts: list[PartBytes], cluster: Cluster, zero_stage: int) -> int:
-    """Under ZeRO-2, the gradient bytes a slice holds whole until they are reduce-scattered:
-    its parts' gradients, at most one bucket (0 under other stages: they are replicated)."""
-    if zero_stage != 2:
-        return 0
-    return min(sum(p.grads for p in parts), GRAD_BUCKET_ELEMENTS * dtype_bytes(cluster))
 
 
 def lm_text_tokens(graph: MetaGraph, op: MetaOp) -> int:
@@ -231,13 +249,14 @@ def slice_activations(
 
 
 def head_activations(op: MetaOp, info: OpMemoryInfo, dp: int, cluster: Cluster) -> tuple[int, int]:
-    """(kept, working) bytes per device of an LM sink's loss: log-probabilities and the head's
-    inputs kept for backward; the logits while the cross-entropy runs."""
+    """(loss, working) bytes per device of an LM sink's loss phase: the log-probabilities and
+    the head's inputs, alive until the losses are back-propagated; the logits while the
+    cross-entropy runs."""
     if info.text_tokens < 2 or op.batch <= 0:
         return (0, 0)
     rows = ceil_div(op.batch, dp) * (info.text_tokens - 1) * dtype_bytes(cluster)
-    kept = rows * (info.vocab + 2 * op.out_width) if op.needs_backward else 0
-    return (kept, rows * info.vocab)
+    loss = rows * (info.vocab + 2 * op.out_width) if op.needs_backward else 0
+    return (loss, rows * info.vocab)
 
 
 def slice_memory(
@@ -250,31 +269,40 @@ def slice_memory(
     recompute: bool,
     cluster: Cluster,
     zero_stage: int = 1,
+    micro_batches: int = 1,
 ) -> SliceMemory:
     """Bytes per device to run layers ``[first, end)`` of ``op`` as ``dp`` data-parallel
     replicas of ``tp``-way tensor-parallel layers, parameter state laid out for
-    ``zero_stage`` (see the module docstring); ``info`` is ``op_memory_info(graph, op)``."""
+    ``zero_stage``, gradients alive as ``micro_batches`` passes keep them (see the module
+    docstring); ``info`` is ``op_memory_info(graph, op)`` and ``op`` carries one pass's
+    batch."""
     parts = layer_parts(op, first, end, tp, cluster, zero_stage)
     if first == 0:
         parts.extend(staged(p, zero_stage) for p in info.inputs)
     kept, working = slice_activations(op, end - first, dp, tp, cluster, recompute, info)
+    loss = 0
     if end == op.layers:
         if info.head is not None:
             parts.append(staged(info.head, zero_stage))
-        head_kept, head_working = head_activations(op, info, dp, cluster)
-        kept, working = kept + head_kept, max(working, head_working)
-    working += grad_in_flight(parts, cluster, zero_stage)
-    return SliceMemory(tuple(parts), kept, working)
+        loss, head_working = head_activations(op, info, dp, cluster)
+        working = max(working, head_working)
+    life = gradient_life(cluster, micro_batches, zero_stage)
+    return SliceMemory(tuple(parts), kept, working, loss, life)
 
 
 def slice_memory_bytes(
     op: MetaOp, layers: int, dp: int, tp: int, cluster: Cluster, n: int | None = None
 ) -> int:
     """Peak bytes on ``n`` devices (default ``dp * tp``) running ``layers`` layers of ``op``
-    and nothing else: the layers' parameters with their optimizer state sharded over the
-    ``n`` devices, and their activations without recompute (no input stages or head: those
-    need the graph, see ``slice_memory``)."""
-    rep, shard = state_split(cluster, not op.frozen)
-    states = op.params_per_layer * layers * (rep / tp + shard / (n or dp * tp))
+    and nothing else, one pass under ZeRO-1: the layers' weights, their optimizer state
+    sharded over the ``n`` devices, and the larger of their activations without recompute and
+    their gradients in the backward (no input stages or head: those need the graph, see
+    ``slice_memory``)."""
+    trainable = not op.frozen
+    rep, shard = state_split(cluster, trainable)
+    g = grad_bytes(cluster, trainable)
+    n = n or dp * tp
+    params = op.params_per_layer * layers
     kept, working = slice_activations(op, layers, dp, tp, cluster, recompute=False)
-    return int(states) + kept + working
+    alive = gradient_life(cluster).peak(kept, params * g / tp, params * g / n)
+    return int(params * (rep / tp + shard / n) + alive) + working

@@ -17,7 +17,7 @@ from spindle_dsl.cost.base import PartBytes
 from spindle_dsl.cost.memory import (
     OpMemoryInfo,
     dtype_bytes,
-    grad_in_flight,
+    gradient_life,
     layer_parts,
     staged,
 )
@@ -33,26 +33,28 @@ def alone_bytes(
     recompute: bool,
     cluster: Cluster,
     zero_stage: int = 1,
+    micro_batches: int = 1,
 ) -> tuple[int, ...]:
     """Peak bytes per device of layers ``[first, end)`` alone on each ``(n, dp, tp)`` of
     ``configs``: n devices running ``dp`` replicas of ``tp``-way layers, parameter state laid
-    out for ``zero_stage``."""
+    out for ``zero_stage``, gradients alive as ``micro_batches`` passes keep them."""
     edges: list[PartBytes] = [staged(p, zero_stage) for p in (info.inputs if first == 0 else ())]
     if end == op.layers and info.head is not None:
         edges.append(staged(info.head, zero_stage))
-    by_tp: dict[int, tuple[list[PartBytes], int]] = {}
+    by_tp: dict[int, list[PartBytes]] = {}
+    life = gradient_life(cluster, micro_batches, zero_stage)
     layers = end - first
     dt = dtype_bytes(cluster)
     text = info.text_tokens if end == op.layers and op.batch > 0 else 0
     out = []
     for n, dp, tp in configs:
-        got = by_tp.get(tp)
-        if got is None:
-            parts = layer_parts(op, first, end, tp, cluster, zero_stage) + edges
-            got = by_tp[tp] = (parts, grad_in_flight(parts, cluster, zero_stage))
-        parts, in_flight = got
+        parts = by_tp.get(tp)
+        if parts is None:
+            parts = by_tp[tp] = layer_parts(op, first, end, tp, cluster, zero_stage) + edges
         state = sum(p.on(n) for p in parts)
-        kept = working = 0
+        grads = sum(p.grads for p in parts)
+        shards = sum(p.grad_share(n) for p in parts)
+        kept = working = loss = 0
         rows = -(-op.batch // dp)
         if layers > 0 and op.batch > 0:
             per_device = rows * dt / tp
@@ -67,7 +69,7 @@ def alone_bytes(
         if text >= 2:
             head_rows = rows * (text - 1) * dt
             if op.needs_backward:
-                kept += head_rows * (info.vocab + 2 * op.out_width)
+                loss = head_rows * (info.vocab + 2 * op.out_width)
             working = max(working, head_rows * info.vocab)
-        out.append(state + kept + working + in_flight)
+        out.append(state + int(life.peak(kept + loss, grads, shards)) + working)
     return tuple(out)

@@ -338,12 +338,15 @@ class ProfiledCostModel(comm.LinkPricing):
         recompute: bool = False,
         ns: Sequence[int] | None = None,
         zero_stage: int = 1,
+        micro_batches: int = 1,
     ) -> tuple[int, ...]:
         recompute = recompute and op.needs_backward
         ns = self.allocations(op, recompute) if ns is None else ns
         configs = [(n, self._dp(op, n, recompute), 1) for n in ns]
         info = self._info(graph, op)
-        return alone_bytes(info, op, first, end, configs, recompute, self.cluster, zero_stage)
+        return alone_bytes(
+            info, op, first, end, configs, recompute, self.cluster, zero_stage, micro_batches
+        )
 
     def slice_memory(
         self,
@@ -354,8 +357,11 @@ class ProfiledCostModel(comm.LinkPricing):
         end: int,
         recompute: bool = False,
         zero_stage: int = 1,
+        micro_batches: int = 1,
     ) -> SliceMemory:
         recompute = recompute and op.needs_backward
         dp = 1 if n == 1 else self._dp(op, n, recompute)
         info = self._info(graph, op)
-        return slice_memory(info, op, first, end, dp, 1, recompute, self.cluster, zero_stage)
+        return slice_memory(
+            info, op, first, end, dp, 1, recompute, self.cluster, zero_stage, micro_batches
+        )

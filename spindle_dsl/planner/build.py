@@ -95,14 +95,23 @@ class PlanContext:
         )
 
 
+def _lever_kwargs(levers: Levers) -> dict[str, int]:
+    """The memory levers a ``SliceMemoryModel`` takes, only where they differ from the
+    protocol's defaults (one pass, ZeRO-1), so a model written before them still plans."""
+    kw = {}
+    if levers.zero_stage != 1:
+        kw["zero_stage"] = levers.zero_stage
+    if levers.micro_batches != 1:
+        kw["micro_batches"] = levers.micro_batches
+    return kw
+
+
 def slice_memory_of(
     cost: CostModel, graph: MetaGraph, op: MetaOp, n: int, first: int, end: int, levers: Levers
 ) -> SliceMemory:
     """``cost.slice_memory`` under ``levers`` (``graph``: the pass's micro-batch view)."""
     rc = op.id in levers.recompute
-    if levers.zero_stage == 1:  # the protocol's default: any SliceMemoryModel takes it
-        return cost.slice_memory(graph, op, n, first, end, rc)  # type: ignore[attr-defined]
-    return cost.slice_memory(graph, op, n, first, end, rc, zero_stage=levers.zero_stage)  # type: ignore[attr-defined]
+    return cost.slice_memory(graph, op, n, first, end, rc, **_lever_kwargs(levers))  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -148,9 +157,7 @@ def alone_bytes_of(
     table = getattr(cost, "alone_bytes", None)
     rc = op.id in levers.recompute
     if table is not None:
-        if levers.zero_stage == 1:  # the protocol's default: any SliceMemoryModel takes it
-            return list(table(graph, op, first, end, rc, ns=ns))
-        return list(table(graph, op, first, end, rc, ns=ns, zero_stage=levers.zero_stage))
+        return list(table(graph, op, first, end, rc, ns=ns, **_lever_kwargs(levers)))
     return [slice_memory_of(cost, graph, op, n, first, end, levers).alone(n) for n in ns]
 
 

@@ -6,10 +6,13 @@ MetaOp of that module), and ``add(piece, devices)``. ``memory()`` gives the pred
 device once every piece is placed.
 
 ``PartLedger`` follows the cost model's ``slice_memory`` (see ``cost.base``): a parameter part
-counts once per device; its sharded optimizer state is split over every device that holds it,
-which is only known at the end, so while placing, a device is charged its share over the
-piece's own group (an upper bound: the final group contains it), and ``memory()`` recomputes
-it exactly. Activations kept for backward add up; working sets count only the largest.
+counts once per device; its sharded optimizer state (and gradient shard) is split over every
+device that holds it, which is only known at the end, so while placing, a device is charged
+its share over the piece's own group (an upper bound: the final group contains it), and
+``memory()`` recomputes it exactly. Activations kept for backward and the loss phase's tensors
+add up; working sets count only the largest; gradients count where the slices'
+``GradientLife`` says they are alive at the device's peak (the larger of the end of the
+forward and the end of the backward), so what a piece adds is the change in that peak.
 
 ``PieceLedger`` serves cost models with only ``memory_bytes``: every piece adds its own
 figure, parameters included.
@@ -23,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from spindle_dsl.cost.base import PartBytes, SliceMemory
+from spindle_dsl.cost.base import GradientLife, PartBytes, SliceMemory
 from spindle_dsl.planner.problem import Piece
 
 SliceFn = Callable[[str, int, int, int], SliceMemory]  # (op id, n, first, end) -> per device
@@ -42,11 +45,15 @@ class Ledger(Protocol):
 
 @dataclass(frozen=True)
 class DeviceBreakdown:
-    """What fills one device: kept activations per op, parameter state, the working set."""
+    """What fills one device at its peak: kept activations per op, parameter state (weights
+    and optimizer state), the largest working set, the loss phase's tensors, and what the
+    gradients alive add to the peak."""
 
     kept: dict[str, int]
     state: int
     working: int
+    loss: int = 0
+    gradients: int = 0
 
 
 class PieceLedger:
@@ -82,6 +89,8 @@ class _Run:
     end: int
     replicated: float  # per layer, per device holding it
     sharded: float  # per layer, the whole optimizer state
+    grads: float = 0.0  # per layer, per device holding it: its whole gradient
+    grads_sharded: float = 0.0  # per layer, the whole gradient reduce-scattered over holders
 
 
 @dataclass(frozen=True)
@@ -89,18 +98,42 @@ class _Slice:
     kept: int
     working: int
     runs: tuple[_Run, ...]
+    loss: int
+    life: GradientLife
 
 
 def _runs(parts: Iterable[PartBytes]) -> tuple[_Run, ...]:
     out = []
     for p in parts:
+        k = p.count
         if p.layers is None:
-            out.append(_Run(p.key, 0, 1, float(p.replicated), float(p.sharded)))
+            family, a, b = p.key, 0, 1
         else:
-            k = p.count
-            a, b = p.layers
-            out.append(_Run(p.module + "/layers", a, b, p.replicated / k, p.sharded / k))
+            family, (a, b) = p.module + "/layers", p.layers
+        out.append(
+            _Run(
+                family,
+                a,
+                b,
+                p.replicated / k,
+                p.sharded / k,
+                p.grads / k,
+                p.grads_sharded / k,
+            )
+        )
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The ledger rows a slice covers and, per layer of each, what the slice holds."""
+
+    idx: np.ndarray
+    lengths: np.ndarray
+    rep: np.ndarray
+    sharded: np.ndarray
+    grads: np.ndarray
+    grads_sharded: np.ndarray
 
 
 class PartLedger:
@@ -125,44 +158,63 @@ class PartLedger:
         self.tiles: dict[str, list[tuple[int, int, int]]] = {}  # family -> (first, end, row)
         self.length: list[int] = []  # layers per row
         self.sharded: list[float] = []  # optimizer bytes per layer, per row
+        self.grads_sharded: list[float] = []  # whole gradient bytes per layer, per row
+        self.life = GradientLife()  # the slices' (a ledger prices one setting of the levers)
         self.cls = np.zeros(devices, dtype=int)  # each device's class
         self.size = np.zeros(16, dtype=int)  # devices per class
         self.size[0] = devices
         self.classes = 1
         self.kept = np.zeros(16)  # per class
+        self.loss = np.zeros(16)
         self.working = np.zeros(16)
+        self.grads = np.zeros(16)  # whole gradient bytes held, per class
+        self.shards = np.zeros(16)  # gradient shards, as charged over each piece's group
         self.held = np.zeros((64, 16), dtype=bool)  # row x class
         self.rep = np.zeros((64, 16))  # replicated bytes per layer held, row x class
+        self.grad = np.zeros((64, 16))  # whole gradient bytes per layer held, row x class
 
     def _slice(self, piece: Piece) -> _Slice:
         key = (piece.op, piece.n, piece.first, piece.end)
         if key not in self.cache:
             sm = self.fn(*key)
-            self.cache[key] = _Slice(sm.kept, sm.working, _runs(sm.parts))
+            self.cache[key] = _Slice(sm.kept, sm.working, _runs(sm.parts), sm.loss, sm.life)
+            self.life = sm.life
         return self.cache[key]
 
-    def _new_row(self, length: int, sharded: float, like: int | None = None) -> int:
+    def _new_row(
+        self, length: int, sharded: float, grads_sharded: float, like: int | None = None
+    ) -> int:
         row = len(self.length)
         if row == len(self.held):
-            self.held = _grown(self.held, 0)
-            self.rep = _grown(self.rep, 0)
+            self.held, self.rep, self.grad = (
+                _grown(a, 0) for a in (self.held, self.rep, self.grad)
+            )
         self.length.append(length)
         self.sharded.append(sharded)
+        self.grads_sharded.append(grads_sharded)
         if like is not None:
-            self.held[row] = self.held[like]
-            self.rep[row] = self.rep[like]
+            for m in (self.held, self.rep, self.grad):
+                m[row] = m[like]
         return row
+
+    def _split_row(self, row: int, length: int) -> int:
+        """A new row of ``length`` layers holding what ``row`` holds, per layer."""
+        return self._new_row(length, self.sharded[row], self.grads_sharded[row], like=row)
 
     def _new_class(self, like: int) -> int:
         c = self.classes
         if c == len(self.size):
-            self.size, self.kept, self.working = (
-                _grown(a, 0) for a in (self.size, self.kept, self.working)
+            self.size, self.kept, self.loss, self.working, self.grads, self.shards = (
+                _grown(a, 0)
+                for a in (self.size, self.kept, self.loss, self.working, self.grads, self.shards)
             )
-            self.held = _grown(self.held, 1)
-            self.rep = _grown(self.rep, 1)
-        self.kept[c], self.working[c] = self.kept[like], self.working[like]
-        self.held[:, c], self.rep[:, c] = self.held[:, like], self.rep[:, like]
+            self.held, self.rep, self.grad = (
+                _grown(a, 1) for a in (self.held, self.rep, self.grad)
+            )
+        for a in (self.kept, self.loss, self.working, self.grads, self.shards):
+            a[c] = a[like]
+        for m in (self.held, self.rep, self.grad):
+            m[:, c] = m[:, like]
         self.classes += 1
         return c
 
@@ -178,49 +230,70 @@ class PartLedger:
             if first < pos:  # split off the part before the run
                 self.length[row] = pos - first
                 out.append((first, pos, row))
-                row = self._new_row(end - pos, self.sharded[row], like=row)
+                row = self._split_row(row, end - pos)
                 first = pos
             if first > pos:  # a gap no slice held yet
-                out.append((pos, first, self._new_row(first - pos, run.sharded)))
+                gap = self._new_row(first - pos, run.sharded, run.grads_sharded)
+                out.append((pos, first, gap))
             if end > run.end:  # split off the part after the run
                 self.length[row] = run.end - first
                 out.append((first, run.end, row))
-                after = self._new_row(end - run.end, self.sharded[row], like=row)
-                out.append((run.end, end, after))
+                out.append((run.end, end, self._split_row(row, end - run.end)))
             else:
                 out.append((first, end, row))
             pos = min(end, run.end)
         if pos < run.end:
-            out.append((pos, run.end, self._new_row(run.end - pos, run.sharded)))
+            out.append((pos, run.end, self._new_row(run.end - pos, run.sharded, run.grads_sharded)))
         out.sort()
         self.tiles[run.family] = out
         return [row for first, end, row in out if first < run.end and end > run.first]
 
-    def _rows(self, s: _Slice) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(rows, layers per row, replicated per layer, sharded per layer) of a slice."""
+    def _rows(self, s: _Slice) -> _Rows:
+        """The rows a slice covers and what it holds of each, per layer."""
         rows: list[int] = []
-        rep: list[float] = []
+        runs: list[_Run] = []
         for run in s.runs:
             got = self._tile(run)
             rows.extend(got)
-            rep.extend([run.replicated] * len(got))
-        idx = np.array(rows, dtype=int)
-        lengths = np.array([self.length[r] for r in rows], dtype=float)
-        shard = np.array([self.sharded[r] for r in rows], dtype=float)
-        return idx, lengths, np.array(rep, dtype=float), shard
+            runs.extend([run] * len(got))
+        return _Rows(
+            np.array(rows, dtype=int),
+            np.array([self.length[r] for r in rows], dtype=float),
+            np.array([r.replicated for r in runs], dtype=float),
+            np.array([self.sharded[r] for r in rows], dtype=float),
+            np.array([r.grads for r in runs], dtype=float),
+            np.array([self.grads_sharded[r] for r in rows], dtype=float),
+        )
+
+    def _gains(
+        self, s: _Slice, n: int, classes: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What the slice on a group of ``n`` devices would add to each of ``classes``: state
+        (weights, optimizer share), whole gradients and gradient shards (shares over the
+        group: an upper bound, see the module docstring)."""
+        zero = np.zeros(len(classes))
+        if not s.runs:
+            return zero, zero, zero
+        r = self._rows(s)
+        w = r.lengths[:, None]
+        grid = np.ix_(r.idx, classes)
+        held = self.held[grid]
+        rep = np.maximum(0.0, r.rep[:, None] - self.rep[grid])
+        state = (w * (rep + np.where(held, 0.0, (r.sharded / n)[:, None]))).sum(axis=0)
+        grads = (w * np.maximum(0.0, r.grads[:, None] - self.grad[grid])).sum(axis=0)
+        shards = (w * np.where(held, 0.0, (r.grads_sharded / n)[:, None])).sum(axis=0)
+        return state, grads, shards
 
     def need(self, piece: Piece) -> np.ndarray:
         s = self._slice(piece)
         k = self.classes
-        out = s.kept + np.maximum(0.0, s.working - self.working[:k])
-        if s.runs:
-            rows, lengths, rep, shard = self._rows(s)
-            w = lengths[:, None]
-            rep_gain = (w * np.maximum(0.0, rep[:, None] - self.rep[rows, :k])).sum(axis=0)
-            share = (shard / piece.n)[:, None]
-            share_gain = (w * np.where(self.held[rows, :k], 0.0, share)).sum(axis=0)
-            out = out + rep_gain + share_gain
-        return out[self.cls]
+        state, grads, shards = self._gains(s, piece.n, np.arange(k))
+        forward = self.kept[:k] + self.loss[:k]
+        before = self.life.peak(forward, self.grads[:k], self.shards[:k]) + self.working[:k]
+        after = self.life.peak(
+            forward + s.kept + s.loss, self.grads[:k] + grads, self.shards[:k] + shards
+        ) + np.maximum(self.working[:k], s.working)
+        return (state + after - before)[self.cls]
 
     def _whole_classes(self, ds: np.ndarray) -> np.ndarray:
         """Split classes so that ``ds`` is a union of whole classes; those classes."""
@@ -245,27 +318,48 @@ class PartLedger:
             return
         cl = self._whole_classes(ds)
         self.kept[cl] += s.kept
+        self.loss[cl] += s.loss
         self.working[cl] = np.maximum(self.working[cl], s.working)
         self.kept_log.append((piece.op, ds, s.kept))
         if s.runs:
-            rows, _, rep, _ = self._rows(s)
-            grid = np.ix_(rows, cl)
-            self.rep[grid] = np.maximum(self.rep[grid], rep[:, None])
+            _, grads, shards = self._gains(s, len(ds), cl)
+            self.grads[cl] += grads
+            self.shards[cl] += shards
+            r = self._rows(s)
+            grid = np.ix_(r.idx, cl)
+            self.rep[grid] = np.maximum(self.rep[grid], r.rep[:, None])
+            self.grad[grid] = np.maximum(self.grad[grid], r.grads[:, None])
             self.held[grid] = True
+
+    def _held(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(layers per row, held row x class, holders per row) over the rows so far."""
+        rows, k = len(self.length), self.classes
+        held = self.held[:rows, :k]
+        holders = np.maximum((held * self.size[:k]).sum(axis=1), 1)
+        return np.array(self.length, dtype=float)[:, None], held, holders
 
     def _state(self) -> np.ndarray:
         """Parameter bytes per class: each row's replicated bytes where held, and its share of
         the optimizer state, split over every device holding it."""
-        rows, k = len(self.length), self.classes
-        held = self.held[:rows, :k]
-        holders = np.maximum((held * self.size[:k]).sum(axis=1), 1)
-        lengths = np.array(self.length, dtype=float)[:, None]
+        lengths, held, holders = self._held()
         share = (np.array(self.sharded, dtype=float) / holders)[:, None]
-        return (lengths * (self.rep[:rows, :k] + held * share)).sum(axis=0)
+        return (lengths * (self.rep[: len(self.length), : self.classes] + held * share)).sum(axis=0)
+
+    def _alive(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per class, what the peak holds beyond parameter state and working set (kept
+        activations, loss tensors and the gradients alive then), and the gradients' part of
+        it, with every gradient shard split over its row's final holders."""
+        lengths, held, holders = self._held()
+        k = self.classes
+        grads = (lengths * self.grad[: len(self.length), :k]).sum(axis=0)
+        share = (np.array(self.grads_sharded, dtype=float) / holders)[:, None]
+        shards = (lengths * held * share).sum(axis=0)
+        forward = self.kept[:k] + self.loss[:k]
+        peak = self.life.peak(forward, grads, shards)
+        return peak, peak - forward
 
     def memory(self) -> tuple[int, ...]:
-        k = self.classes
-        total = self.kept[:k] + self.working[:k] + self._state()
+        total = self._alive()[0] + self.working[: self.classes] + self._state()
         per_class = [int(x) for x in np.ceil(total)]  # Python ints: no int64 to overflow
         return tuple(map(per_class.__getitem__, self.cls.tolist()))
 
@@ -275,7 +369,14 @@ class PartLedger:
             if device in ds:
                 kept[op] = kept.get(op, 0) + nbytes
         c = int(self.cls[device])
-        return DeviceBreakdown(kept, int(self._state()[c]), int(self.working[c]))
+        gradients = self._alive()[1]
+        return DeviceBreakdown(
+            kept,
+            int(self._state()[c]),
+            int(self.working[c]),
+            int(self.loss[c]),
+            int(gradients[c]),
+        )
 
 
 def _grown(a: np.ndarray, axis: int) -> np.ndarray:

@@ -34,8 +34,8 @@ gib = _gib
 class MemoryFloor:
     """Least device memory the whole graph needs, summed over devices."""
 
-    states: int  # every part once: weights, gradients and the whole optimizer state
-    kept: dict[str, int]  # activations each MetaOp keeps for backward, whole batch
+    states: int  # every part once: weights and the whole optimizer state
+    kept: dict[str, int]  # activations each MetaOp keeps for backward and its loss tensors
     kept_recompute: dict[str, int]  # the same with activation recompute
 
     def by_op(self, recompute: Iterable[str]) -> dict[str, int]:
@@ -57,7 +57,7 @@ def memory_floor(graph: MetaGraph, cost: CostModel) -> MemoryFloor:
         rc = cost.slice_memory(graph, op, 1, 0, op.layers, True)  # type: ignore[attr-defined]
         for p in plain.parts:
             parts[p.key] = max(parts.get(p.key, 0), p.replicated + p.sharded)
-        kept[op.id], kept_rc[op.id] = plain.kept, rc.kept
+        kept[op.id], kept_rc[op.id] = plain.kept + plain.loss, rc.kept + rc.loss
     return MemoryFloor(sum(parts.values()), kept, kept_rc)
 
 
@@ -87,8 +87,8 @@ def overflow_message(ctx: PlanContext, ev: Evaluated, limits: str = "") -> str:
         by_op = floor.by_op(ctx.recompute)
         total = floor.total(ctx.recompute)
         what = (
-            f"activations kept for backward {gib(sum(by_op.values()))}, parameters with "
-            f"gradients and optimizer state {gib(floor.states)}; "
+            f"activations kept for backward and loss tensors {gib(sum(by_op.values()))}, "
+            f"parameters with optimizer state {gib(floor.states)}; "
         )
     else:
         by_op = {o.id: _frugal_bytes(ctx, o.id) for o in ctx.problem.ops}
@@ -112,10 +112,12 @@ def overflow_message(ctx: PlanContext, ev: Evaluated, limits: str = "") -> str:
     listed = ", ".join(f"'{k}' {gib(v)}" for k, v in kept[:3] if v) or "no activations"
     extra = ""
     if fullest and (fullest.state or fullest.working):
-        extra = (
-            f"; parameters, gradients and optimizer state {gib(fullest.state)}, "
-            f"working set {gib(fullest.working)}"
-        )
+        extra = f"; parameters and optimizer state {gib(fullest.state)}"
+        if fullest.gradients:
+            extra += f", gradients alive at the peak {gib(fullest.gradients)}"
+        if fullest.loss:
+            extra += f", loss tensors {gib(fullest.loss)}"
+        extra += f", working set {gib(fullest.working)}"
     top = kept[0][0] if kept else "?"
     label = "kept activations: " if ctx.per_part else ""
     whole = ""
@@ -123,7 +125,7 @@ def overflow_message(ctx: PlanContext, ev: Evaluated, limits: str = "") -> str:
         whole = (
             f"; the whole plan needs {gib(sum(mem))}, more than the {N} devices hold "
             f"({gib(N * cap)}), as every device of a MetaOp's group keeps a copy of its "
-            f"weights and gradients"
+            f"weights"
         )
     return (
         f"MetaOp '{top}' does not fit: device {d} would hold {gib(mem[d])} "

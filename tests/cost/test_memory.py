@@ -11,6 +11,8 @@ from spindle_dsl.cost.base import has_slice_memory
 from spindle_dsl.cost.fit import PiecewiseFit, Segment
 from spindle_dsl.cost.memory import (
     GRAD_BUCKET_ELEMENTS,
+    grad_bytes,
+    gradient_life,
     op_memory_info,
     slice_activations,
     state_split,
@@ -50,10 +52,12 @@ def model(graph):
 
 def test_precision_splits_follow_the_distributed_optimizer(cluster) -> None:
     gpu, cpu = cluster(8), cluster(1, "cpu")
-    assert state_split(gpu, True) == (4, 12)  # bf16 weights + grads | fp32 master, Adam m, v
+    assert state_split(gpu, True) == (2, 12)  # bf16 weights | fp32 master, Adam m, v
     assert state_split(gpu, False) == (2, 0)
-    assert state_split(cpu, True) == (8, 8)  # fp32 weights + grads | Adam m, v
+    assert state_split(cpu, True) == (4, 8)  # fp32 weights | Adam m, v
     assert state_split(cpu, False) == (4, 0)
+    # gradients are apart: alive only where the runtime keeps them (GradientLife)
+    assert (grad_bytes(gpu, True), grad_bytes(cpu, True), grad_bytes(gpu, False)) == (2, 4, 0)
 
 
 def test_layer_parts_replicate_weights_and_shard_the_optimizer(graph, model) -> None:
@@ -63,11 +67,16 @@ def test_layer_parts_replicate_weights_and_shard_the_optimizer(graph, model) -> 
     # one run for layers 2 and 3 (nothing counts layers one by one), priced per layer
     (run,) = sm.parts
     assert run.key == "lm/layers.2-4" and run.layers == (2, 4) and run.count == 2
-    assert run.replicated == 2 * int(op.params_per_layer * 4 / cfg.tp)
+    weights = int(op.params_per_layer * 2 / cfg.tp)
+    assert run.replicated == 2 * weights
     assert run.sharded == 2 * op.params_per_layer * 12
+    assert run.grads == 2 * weights and run.grads_sharded == 2 * op.params_per_layer * 2
     shard = -(-(op.params_per_layer * 12) // 4)  # each layer's optimizer state sharded
-    assert run.on(4) == 2 * (int(op.params_per_layer * 4 / cfg.tp) + shard)
-    assert sm.alone(4) == 2 * (int(op.params_per_layer * 4 / cfg.tp) + shard) + sm.kept + sm.working
+    assert run.on(4) == 2 * (weights + shard)
+    # one pass under ZeRO-1: no gradient is alive at the end of the forward, where these
+    # kept activations make the peak (the backward holds a bucket and the shards at most)
+    assert sm.kept > run.grads + run.grad_share(4)
+    assert sm.alone(4) == 2 * (weights + shard) + sm.kept + sm.working
 
 
 def test_frozen_parts_keep_only_their_weights(graph, model) -> None:
@@ -103,7 +112,8 @@ def test_every_parameter_of_a_module_is_in_exactly_one_part(graph, model) -> Non
     for op in graph.metaops:
         for p in model.slice_memory(graph, op, 1, 0, op.layers).parts:
             module = p.key.split("/")[0]
-            bytes_per_param = sum(state_split(graph.cluster, not graph.module(module).frozen))
+            trainable = not graph.module(module).frozen
+            bytes_per_param = sum(state_split(graph.cluster, trainable))
             per_param[p.key] = (p.replicated + p.sharded) // bytes_per_param
     for module in graph.modules:
         held = sum(v for k, v in per_param.items() if k.startswith(module.name + "/"))
@@ -124,15 +134,18 @@ def test_recompute_keeps_layer_inputs_and_rebuilds_one_layer(graph, model) -> No
     assert rc.parts == plain.parts
 
 
-def test_an_lm_sink_keeps_its_log_probabilities(graph, model) -> None:
+def test_an_lm_sink_holds_its_log_probabilities_through_the_loss_phase(graph, model) -> None:
     op = graph.op("listen/lm")  # 16 text tokens: the loss reads 15 positions
     dp = model.config(op, 2).dp
     rows = -(-op.batch // dp) * 15 * 2
-    head_kept = rows * (1000 + 2 * 256)
     last = model.slice_memory(graph, op, 2, 5, 6)
     middle = model.slice_memory(graph, op, 2, 4, 5)
-    assert last.kept - middle.kept == head_kept
+    # not kept for the waves' backward (the loss phase back-propagates them), but alive in
+    # the loss phase with every kept activation, so they add up at the peak
+    assert last.kept == middle.kept and middle.loss == 0
+    assert last.loss == rows * (1000 + 2 * 256)
     assert last.working == rows * 1000  # the logits while the loss runs
+    assert last.alone(2) - middle.alone(2) > last.loss
 
 
 def test_forward_only_ops_keep_nothing_and_ignore_recompute(build_op, cluster) -> None:
@@ -180,9 +193,12 @@ def test_tensor_parallel_recompute_repeats_the_forward_all_reduces(build_op, clu
 
 
 @pytest.mark.parametrize("profiled", [False, True])
-@pytest.mark.parametrize(("recompute", "stage"), [(False, 1), (True, 1), (False, 0), (True, 2)])
+@pytest.mark.parametrize(
+    ("recompute", "stage", "k"),
+    [(False, 1, 1), (True, 1, 1), (False, 0, 1), (True, 2, 4), (False, 1, 2)],
+)
 def test_the_allocation_table_matches_slice_memory_exactly(
-    graph, profiled, recompute, stage
+    graph, profiled, recompute, stage, k
 ) -> None:
     model = make_cost_model(graph.cluster)
     if profiled:
@@ -191,43 +207,82 @@ def test_the_allocation_table_matches_slice_memory_exactly(
     N = graph.cluster.devices
     for op in graph.metaops:
         for a, b in {(0, 1), (op.layers - 1, op.layers), (0, op.layers)}:
-            table = model.alone_bytes(graph, op, a, b, recompute, zero_stage=stage)
+            levers = {"zero_stage": stage, "micro_batches": k}
+            table = model.alone_bytes(graph, op, a, b, recompute, **levers)
             ns = model.allocations(op, recompute)
             assert ns == tuple(range(1, N + 1))  # a small cluster lists every allocation
-            direct = [model.slice_memory(graph, op, n, a, b, recompute, stage).alone(n) for n in ns]
+            direct = [
+                model.slice_memory(graph, op, n, a, b, recompute, **levers).alone(n) for n in ns
+            ]
             assert list(table) == direct, (op.id, a, b)
             some = (N, 3, 1)
-            assert model.alone_bytes(graph, op, a, b, recompute, ns=some, zero_stage=stage) == (
-                tuple(
-                    model.slice_memory(graph, op, n, a, b, recompute, stage).alone(n) for n in some
-                )
+            assert model.alone_bytes(graph, op, a, b, recompute, ns=some, **levers) == tuple(
+                model.slice_memory(graph, op, n, a, b, recompute, **levers).alone(n) for n in some
             )
 
 
 def test_zero_stages_split_the_same_bytes_differently(cluster) -> None:
-    """Stage 0 replicates everything, ZeRO-1 shards the optimizer, ZeRO-2 the gradients too;
-    a frozen part keeps its weights whatever the stage."""
+    """Stage 0 keeps the optimizer state whole on every holder, ZeRO-1 and ZeRO-2 shard it
+    (they differ in when gradients live, not in the layout); a frozen part keeps its weights
+    whatever the stage."""
     gpu, cpu = cluster(8), cluster(1, "cpu")
-    assert [state_split(gpu, True, z) for z in (0, 1, 2)] == [(16, 0), (4, 12), (2, 14)]
-    assert [state_split(cpu, True, z) for z in (0, 1, 2)] == [(16, 0), (8, 8), (4, 12)]
+    assert [state_split(gpu, True, z) for z in (0, 1, 2)] == [(14, 0), (2, 12), (2, 12)]
+    assert [state_split(cpu, True, z) for z in (0, 1, 2)] == [(12, 0), (4, 8), (4, 8)]
     assert {state_split(gpu, False, z) for z in (0, 1, 2)} == {(2, 0)}
 
 
-def test_zero2_moves_gradients_into_the_sharded_term(graph, model) -> None:
+@pytest.mark.parametrize(
+    ("k", "stage", "forward_grads", "backward_grads"),
+    [
+        # one pass: no gradient at the end of the forward; the backward ends with every
+        # gradient (stage 0) or the shards and one bucket in flight (ZeRO-1 and ZeRO-2)
+        (1, 0, 0, "all"),
+        (1, 1, 0, "bucket+shards"),
+        (1, 2, 0, "bucket+shards"),
+        # several passes: the accumulated gradients live through later forwards (stages 0, 1);
+        # ZeRO-2 reduce-scatters every pass, so only its shards do
+        (4, 0, "all", "all"),
+        (4, 1, "all", "bucket+shards"),
+        (4, 2, "shards", "bucket+shards"),
+    ],
+)
+def test_gradients_count_where_the_runtime_keeps_them(
+    cluster, k, stage, forward_grads, backward_grads
+) -> None:
+    life = gradient_life(cluster(8), micro_batches=k, zero_stage=stage)
+    assert life.bucket == GRAD_BUCKET_ELEMENTS * 2  # bf16
+    grads, shards = 3 * life.bucket, life.bucket // 4
+    extra = {0: 0, "all": grads, "shards": shards}[forward_grads]
+    at_backward = grads if backward_grads == "all" else life.bucket + shards
+    for forward in (0, 10 * grads):  # the backward's moment, then the forward's, is the peak
+        assert life.peak(forward, grads, shards) == max(forward + extra, at_backward)
+    # arrays (one per device) alike
+    many = life.peak(np.array([0.0, 10.0 * grads]), np.full(2, grads), np.full(2, shards))
+    assert list(many) == [life.peak(0, grads, shards), life.peak(10 * grads, grads, shards)]
+
+
+def test_zero2_shards_the_gradient_as_zero1_and_stage_0_keeps_the_optimizer(graph, model) -> None:
     op = graph.op("caption/lm")
     z1 = model.slice_memory(graph, op, 4, 0, op.layers)
     z2 = model.slice_memory(graph, op, 4, 0, op.layers, zero_stage=2)
     z0 = model.slice_memory(graph, op, 4, 0, op.layers, zero_stage=0)
     tp = model.config(op, 4).tp
     for a, b, c in zip(z1.parts, z2.parts, z0.parts, strict=True):
-        assert a.grads > 0 and b.replicated == a.replicated - a.grads
-        assert b.sharded == a.sharded + a.grads * tp
-        assert c.sharded == 0 and c.replicated == a.replicated + a.sharded // tp
+        assert a == b and a.grads > 0 and a.grads_sharded == a.grads * tp
+        assert c.sharded == 0 and c.grads_sharded == 0
+        assert c.replicated == a.replicated + a.sharded // tp and c.grads == a.grads
     assert z1.kept == z2.kept == z0.kept
-    # the gradients in flight until their bucket is reduce-scattered: at most one bucket
-    bucket = GRAD_BUCKET_ELEMENTS * graph.dtype_bytes
-    assert z2.working == z1.working + min(bucket, sum(p.grads for p in z1.parts))
-    assert z1.alone(4) < z0.alone(4)
+    # one pass: ZeRO-1 and ZeRO-2 hold the same; stage 0 the whole optimizer state
+    assert z1.alone(4) == z2.alone(4) < z0.alone(4)
+    # several passes: ZeRO-1 carries whole gradients through the forwards, ZeRO-2 shards
+    many = {
+        z: model.slice_memory(graph, op, 4, 0, op.layers, zero_stage=z, micro_batches=4)
+        for z in (1, 2)
+    }
+    grads = sum(p.grads for p in z1.parts)
+    shards = sum(p.grad_share(4) for p in z1.parts)
+    assert many[1].alone(4) - z1.alone(4) == grads
+    assert many[2].alone(4) - z1.alone(4) == shards
 
 
 def test_the_table_handles_mixed_tensor_parallel_degrees(graph) -> None:
@@ -254,10 +309,12 @@ def test_memory_bytes_alone_shards_the_optimizer_over_its_devices(build_op, clus
 
     def expected(n: int) -> int:
         cfg = model.config(op, n)
-        states = op.params_per_layer * 2 * (4 / cfg.tp + 12 / n)
-        return int(states) + int(act * (-(-64 // cfg.dp) * 2 / cfg.tp) * 2)
+        params = op.params_per_layer * 2
+        kept = act * (-(-64 // cfg.dp) * 2 / cfg.tp) * 2
+        backward = params * 2 / cfg.tp + params * 2 / n  # a layer this small: one bucket
+        return int(params * (2 / cfg.tp + 12 / n) + max(kept, backward))
 
-    assert model.memory_bytes(op, 1, 2) == expected(1) == int(op.params_per_layer * 32) + act * 256
+    assert model.memory_bytes(op, 1, 2) == expected(1) == int(op.params_per_layer * 28) + act * 256
     assert model.memory_bytes(op, 8, 2) == expected(8) < expected(1)
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spindle_dsl.cost.base import PartBytes, SliceMemory
+from spindle_dsl.cost.base import GradientLife, PartBytes, SliceMemory
 from spindle_dsl.planner.ledger import PartLedger, PieceLedger
 from spindle_dsl.planner.placement import Topology, place
 from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
@@ -85,21 +85,64 @@ def test_placement_reports_the_exact_memory_and_only_real_overflow(capacity) -> 
     assert placement.fullest is not None and placement.fullest.kept == {"a/m": 20, "b/m": 20}
 
 
+# gradients alive through the forwards (k > 1, ZeRO-1), a bucket of 150 B in the backward
+CARRIED = GradientLife(carried=True, bucket=150)
+
+
 def _run_slice(op: str, n: int, first: int, end: int) -> SliceMemory:
     """The same memory as ``fake_slice`` over 12 layers, as one run (how the cost models
-    price layers), with a tensor-parallel-like replicated share that depends on n."""
+    price layers), with a tensor-parallel-like replicated share that depends on n, and
+    gradients."""
     k = end - first
     rep = REP // (1 + n % 3)
-    return SliceMemory(
-        (PartBytes(f"m/layers.{first}-{end}", rep * k, SHARD * k, (first, end)),), 0, 0
+    run = PartBytes(
+        f"m/layers.{first}-{end}",
+        rep * k,
+        SHARD * k,
+        (first, end),
+        grads=rep * k,
+        grads_sharded=40 * k,
     )
+    return SliceMemory((run,), 0, 0, 0, CARRIED)
 
 
 def _layer_slice(op: str, n: int, first: int, end: int) -> SliceMemory:
     rep = REP // (1 + n % 3)
-    return SliceMemory(
-        tuple(PartBytes(f"m/layer.{j}", rep, SHARD) for j in range(first, end)), 0, 0
+    parts = tuple(
+        PartBytes(f"m/layer.{j}", rep, SHARD, grads=rep, grads_sharded=40)
+        for j in range(first, end)
     )
+    return SliceMemory(parts, 0, 0, 0, CARRIED)
+
+
+@pytest.mark.parametrize(
+    "life",
+    [
+        GradientLife(bucket=150),  # one pass, ZeRO-1
+        GradientLife(whole_backward=True, bucket=150),  # stage 0
+        GradientLife(carried=True, bucket=150),  # k > 1, ZeRO-1
+        GradientLife(shards_carried=True, bucket=150),  # k > 1, ZeRO-2
+    ],
+)
+@pytest.mark.parametrize("kept", [0, 10_000])
+def test_the_ledger_prices_a_lone_slice_as_the_slice_does(life, kept) -> None:
+    """One slice alone on its devices: the ledger's peak is ``SliceMemory.alone``, with the
+    gradients where the life says (activations large or none: either moment can be the
+    peak); a second MetaOp of the same module adds its activations, not the gradients."""
+    parts = (PartBytes("m/layers.0-4", 400, 4800, (0, 4), grads=800, grads_sharded=800),)
+    sm = SliceMemory(parts, kept, 30, 5, life)
+    led = PartLedger(4, lambda op, n, first, end: sm)
+    a = Piece("a/m", 0, 4, 4)
+    need = led.need(a)
+    led.add(a, range(4), need)
+    assert led.memory() == (sm.alone(4),) * 4 == tuple(int(x) for x in need)
+    b = Piece("b/m", 0, 4, 4)
+    more = led.need(b)
+    led.add(b, range(4), more)
+    grown = dict(zip(("before", "after"), (sm.alone(4), led.memory()[0]), strict=True))
+    assert grown["after"] - grown["before"] == more[0]
+    forward = lambda extra: life.peak(extra, 800, 200)  # noqa: E731
+    assert more[0] == forward(2 * (kept + 5)) - forward(kept + 5)
 
 
 @settings(max_examples=60, deadline=None)

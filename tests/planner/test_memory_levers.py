@@ -183,7 +183,7 @@ def test_the_floor_ranks_recompute_by_bytes_per_second(graph) -> None:
 
 
 def test_when_nothing_fits_the_error_names_the_levers_and_the_devices(graph) -> None:
-    g = with_memory(graph, 25)
+    g = with_memory(graph, 20)
     with pytest.raises(PlanError) as err:
         make_plan(g, make_cost_model(g.cluster), scheduler="paper")
     text = str(err.value)
@@ -226,15 +226,17 @@ def test_a_shared_module_counts_once_per_device(graph) -> None:
     """Sequential runs every MetaOp on all 16 devices: lm's parts are held once each."""
     cost = make_cost_model(graph.cluster)
     plan = make_plan(graph, cost, scheduler="sequential")
-    parts: dict[str, tuple[int, int]] = {}
-    kept = working = 0
+    parts: dict[str, tuple[int, int, int, int]] = {}
+    kept = loss = working = 0
     for op in graph.metaops:
         sm = cost.slice_memory(graph, op, 16, 0, op.layers)
-        parts.update({p.key: (p.replicated, p.sharded) for p in sm.parts})
-        kept += sm.kept
-        working = max(working, sm.working)
-    state = sum(r + s / 16 for r, s in parts.values())
-    assert plan.memory_bytes[0] == pytest.approx(state + kept + working, abs=1)
+        parts.update({p.key: (p.replicated, p.sharded, p.grads, p.grads_sharded) for p in sm.parts})
+        kept, loss, working = kept + sm.kept, loss + sm.loss, max(working, sm.working)
+    state = sum(r + s / 16 for r, s, _, _ in parts.values())
+    grads = sum(g for _, _, g, _ in parts.values())
+    shards = sum(gs / 16 for _, _, _, gs in parts.values())
+    alive = sm.life.peak(kept + loss, grads, shards)
+    assert plan.memory_bytes[0] == pytest.approx(state + alive + working, abs=1)
     per_op = sum(cost.slice_memory(graph, op, 16, 0, op.layers).alone(16) for op in graph.metaops)
     assert max(plan.memory_bytes) < per_op - 1  # counting lm once per MetaOp would be more
 
