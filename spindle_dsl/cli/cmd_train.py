@@ -83,14 +83,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="K",
         help="run each step as K micro-batch passes (gradient accumulation, one optimizer "
-        "step; every task's batch split into K contiguous parts) instead of the plan's",
+        "step; every task's batch split into K contiguous parts): the plan made here is made "
+        "for K; with --plan, K replaces the plan's (with a warning)",
     )
     parser.add_argument(
         "--zero-stage",
         type=int,
         choices=(0, 1, 2),
-        help="ZeRO stage instead of the plan's: 0 shards nothing (as --optimizer-sharding off), "
-        "1 each part's AdamW state over its holders, 2 its gradients too",
+        help="ZeRO stage: 0 shards nothing (as --optimizer-sharding off), 1 each part's AdamW "
+        "state over its holders, 2 its gradients too; the plan made here is made for it, "
+        "with --plan it replaces the plan's (with a warning)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -116,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
     from spindle_dsl.plan.bundle import PlanBundle, read_plan_file
     from spindle_dsl.plan.model import Plan
 
+    if args.zero_stage is None and args.optimizer_sharding == "off" and args.dtype != "bfloat16":
+        args.zero_stage = 0  # what runs: plan (and warn about a --plan) for it
     env = None if args.nproc is not None else torchrun_env()
     world = args.nproc if args.nproc is not None else env[1] if env else None
     if world is not None and args.devices is None and args.plan is None:
@@ -149,11 +153,15 @@ def run(args: argparse.Namespace) -> int:
                 load_cost_model(args, graph),
                 scheduler=args.scheduler,
                 time_limit_s=args.time_limit,
+                micro_batches=args.micro_batches,
+                zero_stage=args.zero_stage,
             )
         )
         return made[-1]
 
     plan = read_plan_file(args.plan) if args.plan else None
+    if plan is not None and (env is None or env[0] == 0):
+        _warn_overridden_levers(args, plan)
     trace, own_trace = _trace_path(args)
     config = RunConfig(
         steps=args.steps,
@@ -208,6 +216,27 @@ def run(args: argparse.Namespace) -> int:
                 os.unlink(trace)
     sys.stdout.flush()
     return 0
+
+
+def _warn_overridden_levers(args: argparse.Namespace, plan: Any) -> None:
+    """Say where ``--micro-batches``/``--zero-stage`` override the levers ``--plan`` was made
+    with: the run then differs from what the plan predicts (its waves, memory and step time
+    were priced for its own levers; plan again with the flag to have them priced)."""
+    from spindle_dsl.plan.bundle import PlanBundle
+
+    plans = [p.plan for p in plan.phases] if isinstance(plan, PlanBundle) else [plan]
+    asked = {"micro_batches": args.micro_batches, "zero_stage": args.zero_stage}
+    flags = {"micro_batches": "--micro-batches", "zero_stage": "--zero-stage"}
+    for lever, want in asked.items():
+        had = sorted({getattr(p, lever) for p in plans})
+        if want is not None and had != [want]:
+            print(
+                f"warning: {flags[lever]} {want} overrides the plan's {lever} "
+                f"{', '.join(map(str, had))}: its predicted step time and memory are for its "
+                f"own levers (run without --plan, or `spindle plan {flags[lever]} {want}`, to "
+                "have them priced)",
+                file=sys.stderr,
+            )
 
 
 AUTO_TRACE_STEPS = 500  # longer runs compare only with --trace (spans are kept per step)

@@ -31,8 +31,9 @@ def add_jobs_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def plan_bundle(args: argparse.Namespace, schedule: MixSchedule) -> PlanBundle:
-    """Every phase planned with the command line's options; solver crashes become warnings
-    on stderr, as for one plan."""
+    """Every phase planned with the command line's options (a forced lever, ``--micro-batches``
+    or ``--zero-stage``, in every phase); solver crashes become warnings on stderr, as for one
+    plan."""
     from spindle_dsl.planner.isolate import SolverCrashWarning
     from spindle_dsl.planner.phases import plan_schedule
 
@@ -46,6 +47,8 @@ def plan_bundle(args: argparse.Namespace, schedule: MixSchedule) -> PlanBundle:
             check_memory=not getattr(args, "no_memory_check", False),
             solver=getattr(args, "solver", None),
             jobs=getattr(args, "jobs", None),
+            micro_batches=getattr(args, "micro_batches", None),
+            zero_stage=getattr(args, "zero_stage", None),
         )
     for w in caught:
         if issubclass(w.category, SolverCrashWarning):

@@ -53,6 +53,8 @@ class PlanRequest:
     time_limit_s: float | None = None  # None: the planner's default
     check_memory: bool = True
     solver: str | None = None
+    micro_batches: int | None = None  # force the lever (None: the planner chooses)
+    zero_stage: int | None = None
 
 
 def plan_one(request: PlanRequest) -> Plan:
@@ -68,6 +70,8 @@ def plan_one(request: PlanRequest) -> Plan:
         time_limit_s=DEFAULT_TIME_LIMIT_S if r.time_limit_s is None else r.time_limit_s,
         check_memory=r.check_memory,
         solver=r.solver,
+        micro_batches=r.micro_batches,
+        zero_stage=r.zero_stage,
     )
 
 
@@ -100,15 +104,21 @@ def plan_schedule(
     check_memory: bool = True,
     solver: str | None = None,
     jobs: int | None = None,
+    micro_batches: int | None = None,
+    zero_stage: int | None = None,
 ) -> PlanBundle:
     """A plan per phase of ``schedule``, as a bundle. ``jobs``: worker processes planning
     beside this one (default: one per distinct graph but the first, at most the number of
-    idle cores, ``idle_cores``; 0 plans everything here). Raises ``PlanError`` naming the
-    phase that cannot be planned."""
+    idle cores, ``idle_cores``; 0 plans everything here). ``micro_batches``/``zero_stage``
+    force that lever in every phase (``make_plan``). Raises ``PlanError`` naming the phase
+    that cannot be planned."""
     t0 = time.perf_counter()
     graphs, index = distinct_graphs(schedule)
     requests = [
-        PlanRequest(g, profile, scheduler, time_limit_s, check_memory, solver) for g in graphs
+        PlanRequest(
+            g, profile, scheduler, time_limit_s, check_memory, solver, micro_batches, zero_stage
+        )
+        for g in graphs
     ]
     most = jobs if jobs is not None else idle_cores()
     workers = max(0, min(len(requests) - 1, most))

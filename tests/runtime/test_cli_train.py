@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,50 @@ def test_under_torchrun_each_process_becomes_a_rank(tmp_path, shared_dir):
     assert "trained 2 steps on 2 ranks (gloo)" in done.stdout
     assert done.stdout.count("trained 2 steps") == 1  # only rank 0 reports
     assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1, 2]
+
+
+def _capture_plans(monkeypatch) -> list:
+    """Stand in for the backend: plan as ``spindle train`` would, run nothing."""
+    from spindle_dsl.backends import torch as backend
+
+    made: list = []
+
+    def fake_train(self, graph, plan, config, *, planner=None, **_):
+        made.append(planner() if plan is None else plan)
+        made.append(config)
+
+    monkeypatch.setattr(backend.TorchBackend, "train", fake_train)
+    return made
+
+
+def test_train_plans_with_the_levers_it_runs(monkeypatch, shared_dir) -> None:
+    """--micro-batches and --zero-stage reach the planner as well as the runtime, so the
+    predicted step and memory are for what runs; a schedule's every phase alike."""
+    made = _capture_plans(monkeypatch)
+    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+    base = ["train", "--nproc", "4", "--steps", "1", "--no-progress", "--scheduler", "paper"]
+    assert main([*base[:1], spec, *base[1:], "--micro-batches", "2", "--zero-stage", "2"]) == 0
+    plan, config = made
+    assert (plan.micro_batches, plan.zero_stage) == (2, 2) == (config.micro_batches, 2)
+    made.clear()
+    assert main([*base[:1], spec, *base[1:], "--optimizer-sharding", "off"]) == 0
+    assert made[0].zero_stage == 0  # what runs without optimizer sharding
+    made.clear()
+    scheduled = str(Path(__file__).parents[2] / "examples" / "tiny_schedule.spindle")
+    assert main([*base[:1], scheduled, *base[1:], "--micro-batches", "2"]) == 0
+    assert {p.plan.micro_batches for p in made[0].phases} == {2}
+
+
+def test_levers_that_override_a_plan_are_warned_about(tmp_path, shared_dir, capfd) -> None:
+    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+    plan = tmp_path / "plan.json"
+    assert main(["plan", spec, "--out", str(plan), "--quiet", "--micro-batches", "1"]) == 0
+    capfd.readouterr()
+    # refused for its device count, after the warning
+    args = ["train", spec, "--plan", str(plan), "--nproc", "3", "--steps", "1"]
+    stage = json.loads(plan.read_text())["zero_stage"]
+    assert main([*args, "--micro-batches", "3", "--zero-stage", str(stage)]) == 1
+    err = capfd.readouterr().err
+    assert "--micro-batches 3 overrides the plan's micro_batches 1" in err
+    assert "overrides the plan's zero_stage" not in err  # the same as the plan's: no warning
+    assert "the plan is for 4 devices but 3 processes run it" in err
