@@ -14,12 +14,13 @@ import pytest
 
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.cost.analytic import backward_multiplier
+from spindle_dsl.cost.step import PieceTime
 from spindle_dsl.errors import PlanError, PlanFormatError
 from spindle_dsl.language import compile_file, compile_text
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner import make_plan
-from spindle_dsl.planner.build import alone_bytes_of, context
+from spindle_dsl.planner.build import alone_bytes_of, context, evaluate
 from spindle_dsl.planner.levers import (
     Levers,
     micro_batch_choices,
@@ -29,6 +30,7 @@ from spindle_dsl.planner.levers import (
 )
 from spindle_dsl.planner.leversearch import LeverSearch
 from spindle_dsl.planner.memfit import memory_floor
+from spindle_dsl.planner.wavefront import paper_schedule
 
 MiB = 2**20
 
@@ -98,6 +100,32 @@ def test_forced_micro_batches_price_one_pass_of_the_micro_batch(graph) -> None:
         assert micro.op(m.id).batch == -(-op.batch // 4)
         # on one device there is no gradient all-reduce to share out: the micro-batch's time
         assert dict(m.seconds_per_layer).get(1, one[m.id].at(1)) == pytest.approx(one[m.id].at(1))
+
+
+@pytest.mark.parametrize(("k", "stage"), [(4, 2), (2, 1), (1, 0)])
+def test_the_step_model_prices_the_levers_evaluated(graph, k, stage) -> None:
+    """One timing path: the step model prices k passes under the setting's ZeRO stage (not
+    a default), and the plan's breakdown adds up to its iteration time."""
+    cost = make_cost_model(graph.cluster)
+    ctx = context(graph, cost, Levers(k, stage))
+    assert ctx.step is not None
+    ev = evaluate(ctx, paper_schedule(ctx.problem))
+    t = ev.timing
+    waves = [
+        [
+            PieceTime(p.op, p.first, p.end, p.devices, p.layers * ctx.problem.op(p.op).t(p.n))
+            for p in w
+        ]
+        for w in ev.placement.waves
+    ]
+    price = ctx.step.price(waves, micro_batches=k, zero_stage=stage)
+    assert t.compute_s == pytest.approx(k * sum(price.durations))
+    assert t.loss_s == pytest.approx(k * price.loss_s) and t.optimizer_s == price.optimizer_s
+    assert sum(v for _, v in t.breakdown()) == pytest.approx(t.iteration_s)
+    plan = make_plan(graph, cost, time_limit_s=0.3, micro_batches=k, zero_stage=stage)
+    assert validate_plan(plan) == []
+    assert sum(v for _, v in plan.breakdown) == pytest.approx(plan.iteration_s)
+    assert {"wave_overhead_s", "loss_s", "optimizer_s"} <= dict(plan.breakdown).keys()
 
 
 def test_micro_graph_carries_the_ceil_split(graph) -> None:
