@@ -26,9 +26,11 @@ from spindle_dsl.planner.levers import (
     micro_batch_choices,
     micro_graph,
     pass_curves,
+    pass_problem,
     reduction_share,
 )
 from spindle_dsl.planner.leversearch import LeverSearch
+from spindle_dsl.planner.lp_bound import lp_bound
 from spindle_dsl.planner.memfit import memory_floor
 from spindle_dsl.planner.wavefront import paper_schedule
 
@@ -126,6 +128,24 @@ def test_the_step_model_prices_the_levers_evaluated(graph, k, stage) -> None:
     assert validate_plan(plan) == []
     assert sum(v for _, v in plan.breakdown) == pytest.approx(plan.iteration_s)
     assert {"wave_overhead_s", "loss_s", "optimizer_s"} <= dict(plan.breakdown).keys()
+
+
+def test_the_lower_bound_is_the_least_over_the_k_tried(graph) -> None:
+    """k x the LP of one pass at k (every allocation, the quickest curves at k), least over
+    the k the lever search tried: below the plan, whichever levers it pulled."""
+    g, plan = plan_at(graph, 60)
+    b = plan.extra["bounds"]
+    assert plan.micro_batches > 1 and plan.micro_batches in b["micro_batches"]
+    assert len(b["micro_batches"]) > 1
+    cost = make_cost_model(g.cluster)
+    each = {
+        k: lp_bound(pass_problem(g, cost, Levers(k)), micro_batches=k).lower_bound_s
+        for k in b["micro_batches"]
+    }
+    assert plan.lower_bound_s == pytest.approx(min(each.values()), rel=1e-9)
+    assert b["lp_s"] == pytest.approx(plan.lower_bound_s)
+    assert b["area_path_s"] <= b["lp_s"] * (1 + 1e-9)
+    assert plan.lower_bound_s <= plan.iteration_s and validate_plan(plan) == []
 
 
 def test_micro_graph_carries_the_ceil_split(graph) -> None:
