@@ -65,6 +65,11 @@ class Failure:
     detail: str = ""  # the traceback of an unexpected Python error
 
 
+# Seconds a worker may take to start (import torch, join the process group) before it counts as
+# hung, when --hang-timeout is shorter: 4 workers on 2 busy cores took 14-30 s to start here.
+START_TIMEOUT_S = 120.0
+
+
 class Heartbeat:
     """A worker's last sign of life: a small file rewritten at every phase of a step."""
 
@@ -222,6 +227,9 @@ def _watch(
                 f"stopped ranks {', '.join(map(str, others))}"
             )
         now = time.time()
+        # a worker that has not beaten yet is still importing torch and joining the group,
+        # which a busy machine can stretch well past a wave's hang timeout
+        start_s = max(hang_s, START_TIMEOUT_S)
         ages = []
         for r, (p, b) in enumerate(zip(procs, beats, strict=True)):
             if p.poll() is None:
@@ -229,14 +237,14 @@ def _watch(
                     ages.append((now - b.stat().st_mtime, r, b.read_text().strip()))
                 except OSError:
                     ages.append((0.0, r, "?"))
-        if ages:
-            age, r, what = max(ages)
-            if age > hang_s:
-                _stop(procs)
-                raise ExecutionError(
-                    f"rank {r} failed: hung, no progress for {age:.0f} s (last: {what}); "
-                    f"stopped every rank (raise --hang-timeout if a wave legitimately takes longer)"
-                )
+        late = [a for a in ages if a[0] > (start_s if a[2] == "starting" else hang_s)]
+        if late:
+            age, r, what = max(late)
+            _stop(procs)
+            raise ExecutionError(
+                f"rank {r} failed: hung, no progress for {age:.0f} s (last: {what}); "
+                f"stopped every rank (raise --hang-timeout if a wave legitimately takes longer)"
+            )
         time.sleep(poll_s)
 
 

@@ -69,8 +69,8 @@ def _skip_without_proc() -> None:
 @pytest.mark.parametrize(("how", "rank"), [("kill", 2), ("freeze", 1)])
 def test_a_dead_or_hung_worker_stops_every_rank(tmp_path, how, rank):
     _skip_without_proc()
-    # 20 s, not less: the hang timeout also covers a worker's start (importing torch), which
-    # took 14 s with 4 workers on 2 cores the machine's other jobs kept busy (load 8)
+    # 20 s: a wave of a step on 4 workers sharing 2 busy cores can stall for seconds (the
+    # start itself has its own allowance, launch.START_TIMEOUT_S)
     proc, _ = _start(tmp_path, "--hang-timeout", "20")
     workers = _workers(proc.pid)
     assert sorted(workers) == [0, 1, 2, 3]
