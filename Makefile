@@ -39,12 +39,16 @@ system-deps:
 demo: $(STAMP) system-deps
 	mkdir -p $(OUT)
 	$(BIN)/spindle check examples/tiny_mm.spindle
-	$(BIN)/spindle plan examples/tiny_mm.spindle --out $(OUT)/plan.json \
-	  --svg $(OUT)/waves.svg --trace $(OUT)/plan-trace.json
-	$(BIN)/spindle report examples/tiny_mm.spindle -o $(OUT)/report.html
-	$(BIN)/spindle train examples/tiny_mm.spindle --plan $(OUT)/plan.json --nproc 4 --steps 5 \
+	$(BIN)/spindle profile examples/tiny_mm.spindle --devices 4 --nproc 4 --out $(OUT)/profile.json
+	$(BIN)/spindle plan examples/tiny_mm.spindle --profile $(OUT)/profile.json \
+	  --out $(OUT)/plan.json --svg $(OUT)/waves.svg --trace $(OUT)/plan-trace.json
+	$(BIN)/spindle report examples/tiny_mm.spindle --profile $(OUT)/profile.json \
+	  -o $(OUT)/report.html
+	$(BIN)/spindle train examples/tiny_mm.spindle --plan $(OUT)/plan.json \
+	  --profile $(OUT)/profile.json --nproc 4 --steps 10 \
 	  --log-json $(OUT)/train-log.jsonl --trace $(OUT)/train-trace.json
-	@echo "outputs in $(OUT)/: plan.json waves.svg plan-trace.json report.html train-log.jsonl train-trace.json"
+	@echo "outputs in $(OUT)/: profile.json plan.json waves.svg plan-trace.json report.html" \
+	  "train-log.jsonl train-trace.json"
 
 test: $(STAMP) system-deps
 	$(BIN)/ruff check .
