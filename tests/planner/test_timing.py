@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from spindle_dsl.cost.overheads import analytic_overheads
 from spindle_dsl.cost.step import BackwardClock, PieceTime, make_step_model
 from spindle_dsl.language import compile_text
+from spindle_dsl.planner.build import flows_of
 from spindle_dsl.planner.placement import PlacedPiece, Placement
 from spindle_dsl.planner.timing import Flows, SharedModule, grad_sync_seconds, time_placement
 
@@ -179,3 +181,28 @@ task a { text -> lm; loss = lm }
 task b { text -> lm; loss = lm }
 mix default { global_batch = 16; a = 1; b = 1 }
 """
+
+
+def test_a_step_priced_plan_overlaps_the_shared_sync_when_the_switch_says_so():
+    """``time_placement`` with the analytic step model: a shared layer's extra sync runs under
+    the backward still to come and only what outlasts it counts; with the overlap switch off
+    it is the whole extra, after the backward."""
+    g = compile_text(CLOCK_SPEC).graph
+    flows = flows_of(g)
+    # lm's layer 0 in wave 0 (its backward is the last to run), layer 1 in wave 1 (its
+    # backward runs first, then wave 0's: seconds long, enough to hide layer 1's sync)
+    p = placement(
+        [PlacedPiece("a/lm", 0, 1, (0, 1)), PlacedPiece("b/lm", 0, 1, (2, 3))],
+        [PlacedPiece("a/lm", 1, 2, (0, 1)), PlacedPiece("b/lm", 1, 2, (2, 3))],
+    )
+
+    def sync_of(overheads):
+        step = make_step_model(g, overheads, grad_in_curves=True)
+        t = time_placement(p, lambda op, n: 1.0, flows, transfer, allreduce, step)
+        return t.grad_sync_s - overheads.all_reduce.seconds(8.0 * 2, g.cluster.devices)
+
+    base = analytic_overheads(g.cluster)
+    extra = grad_sync_seconds(p, flows, allreduce)
+    assert 0 < extra < 1e-3
+    assert sync_of(replace(base, reduction_overlap=False)) == pytest.approx(extra)
+    assert sync_of(replace(base, reduction_overlap=True)) == pytest.approx(extra / 2)
