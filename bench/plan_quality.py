@@ -38,9 +38,16 @@ the enforced one is not (the issue's target: never), and for the large jobs whet
 is at least 3x faster than sequential and at most 3x its lower bound.
 
 Table 4 (``gap``): issue 15's rows, planned as ``spindle plan`` plans them (memory enforced):
-iteration, the area / critical-path bound, the LP bound, iteration / LP bound, the gradient
-sync share, the LP's own solving time and the planning time; the bundled workloads at 16 to
-128 devices and two more multi-task specs written for it (``bench/specs``).
+iteration, the area / critical-path bound, the LP bound, iteration / LP bound, the plan's
+compute (its waves, all passes) over the LP bound (what the LP bounds; the rest of ``it/LP`` is
+transfers, sync, overheads, losses and the optimizer, which it does not count), the gradient
+sync not hidden by the backward (``breakdown.grad_sync_s``: shared modules' extra reduction
+past the end of the backward, and the step's closing all-reduce of the losses) and its share,
+``after-bwd``: what the shared modules' extra reduction of the same plan would cost run after
+the whole backward, none of it hidden (how it was priced before), the LP's own solving time
+and the planning time; the bundled workloads at 16 to 128 devices and two more multi-task
+specs written for it (``bench/specs``). The check column holds the issue's targets: within
+1.10x the LP bound, unhidden sync at most 5% of the iteration.
 
 Table 5 (``ablation``): what each pass of the ``milp`` scheduler buys (``PassOptions``):
 the same workloads planned with all passes, with each switched off in turn, and with none,
@@ -62,10 +69,14 @@ sys.path.insert(0, str(HERE))
 from synthetic_spec import synthetic_spec  # noqa: E402
 
 from spindle_dsl.cost import make_cost_model  # noqa: E402
+from spindle_dsl.cost.step import reductions_per_step  # noqa: E402
 from spindle_dsl.errors import PlanError  # noqa: E402
 from spindle_dsl.language import compile_file, compile_text  # noqa: E402
 from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S, make_plan  # noqa: E402
+from spindle_dsl.planner.build import flows_of  # noqa: E402
 from spindle_dsl.planner.passes import ALL_PASSES, NO_PASSES, PassOptions  # noqa: E402
+from spindle_dsl.planner.placement import PlacedPiece, Placement  # noqa: E402
+from spindle_dsl.planner.timing import grad_sync_seconds  # noqa: E402
 from spindle_dsl.render.memory import levers_text  # noqa: E402
 
 SPEC = HERE.parent.parent / "shared" / "spec"
@@ -86,6 +97,7 @@ NAMES = ("milp", "paper", "sequential", "distmm", "optimus")
 COMPUTE_TARGET = 1.05
 PLAN_S_TARGET = 3.0
 GAP_TARGET = 1.10  # issue 15: the default plan within 1.10 x the LP bound
+SYNC_TARGET = 0.05  # issue 15: gradient sync not hidden by compute <= 5% of the iteration
 # issue 15's table (workload, mix, devices), planned with memory enforced
 GAP_ROWS = [
     *(("multitask_clip", None, n) for n in (16, 32, 64, 128)),
@@ -343,22 +355,51 @@ def _enforced_rows(rows, time_limit: float, solver: str | None):
             yield label, n, plan, wall
 
 
+def shared_sync_after_backward(graph, plan) -> float:
+    """What the plan's shared modules' extra gradient sync would cost run after the whole
+    backward, one reduction after another per device (none of it hidden): the pricing the
+    planner's ``grad_sync_s`` had before it overlapped them with the backward (issue 15)."""
+    placement = Placement(
+        tuple(
+            tuple(PlacedPiece(e.metaop, e.first, e.end, e.devices) for e in w.entries)
+            for w in plan.waves
+        ),
+        tuple(plan.memory_bytes),
+        (),
+    )
+    cost = make_cost_model(graph.cluster)
+    return grad_sync_seconds(
+        placement,
+        flows_of(graph),
+        lambda b, ds: cost.allreduce_seconds(b, ds, graph.cluster),
+        scale=reductions_per_step(plan.micro_batches, plan.zero_stage),
+    )
+
+
 def table_gap(time_limit: float, solver: str | None) -> None:
     print("\nTable 4: gap to the LP bound (issue 15; memory enforced, as `spindle plan` plans)")
     print(
         f"{'workload':<26} {'N':>4} {'iter ms':>9} {'area/path':>10} {'LP ms':>9} {'it/LP':>6}"
-        f" {'sync ms':>8} {'sync %':>7} {'LP solve':>9} {'plan s':>7}  check"
+        f" {'comp/LP':>7} {'sync ms':>8} {'sync %':>7} {'after-bwd':>10} {'LP solve':>9}"
+        f" {'plan s':>7}  check"
     )
     for label, n, plan, wall in _enforced_rows(GAP_ROWS, time_limit, solver):
         b = plan.extra["bounds"]
         sync = dict(plan.breakdown).get("grad_sync_s", 0.0)
+        compute = dict(plan.breakdown)["compute_s"] / b["lp_s"] if b["lp_s"] else float("nan")
+        name, _, mix = label.partition("/")
+        after = shared_sync_after_backward(_graph(name, mix or None, n), plan)
         r = lp_ratio(plan)
         ok = r is not None and r <= GAP_TARGET
+        sync_ok = sync <= SYNC_TARGET * plan.iteration_s
         print(
             f"{label:<26} {n:>4} {plan.iteration_s * 1e3:>9.1f} {b['area_path_s'] * 1e3:>10.1f}"
-            f" {(b['lp_s'] or float('nan')) * 1e3:>9.1f} {_ratio(r):>6} {sync * 1e3:>8.1f}"
-            f" {sync / plan.iteration_s:>7.1%} {b['lp_wall_s'] * 1e3:>7.1f}ms {wall:>7.2f}"
-            f"  {'<=' if ok else '>'}{GAP_TARGET:.2f}x LP",
+            f" {(b['lp_s'] or float('nan')) * 1e3:>9.1f} {_ratio(r):>6} {compute:>7.2f}"
+            f" {sync * 1e3:>8.1f}"
+            f" {sync / plan.iteration_s:>7.1%} {after * 1e3:>8.1f}ms"
+            f" {b['lp_wall_s'] * 1e3:>7.1f}ms {wall:>7.2f}"
+            f"  {'<=' if ok else '>'}{GAP_TARGET:.2f}x LP"
+            f" sync{'<=' if sync_ok else '>'}{SYNC_TARGET:.0%}",
             flush=True,
         )
 

@@ -45,14 +45,45 @@ def ring_allreduce_seconds(nbytes: float, group: int, bandwidth: float, latency:
 
 
 def allreduce_seconds(nbytes: float, devices: Sequence[int], cluster: Cluster) -> float:
-    """All-reduce over the given device ids; the slowest link (inter-node if any) bounds it.
+    """All-reduce over the given device ids. Inside one node, a ring on the node's links.
+    Across nodes, a flat ring is bound by the network link; on GPUs the cheaper of that and
+    the hierarchical schedule (``hierarchical_allreduce_seconds``), which is what NCCL's
+    topology-aware algorithms reach on nodes with a network link per device (one ring per
+    rail); gloo on CPU has no such algorithm, so CPU groups are priced flat.
     (Nodes hold consecutive ids, so the group spans nodes iff its extremes do.)"""
     if len(devices) == 0:
         return 0.0
     per = cluster.devices_per_node
     crosses = min(devices) // per != max(devices) // per
     bandwidth, latency = link(cluster, crosses)
-    return ring_allreduce_seconds(nbytes, len(set(devices)), bandwidth, latency)
+    flat = ring_allreduce_seconds(nbytes, len(set(devices)), bandwidth, latency)
+    if not crosses or is_cpu(cluster):
+        return flat
+    return min(flat, hierarchical_allreduce_seconds(nbytes, devices, cluster))
+
+
+def hierarchical_allreduce_seconds(
+    nbytes: float, devices: Sequence[int], cluster: Cluster
+) -> float:
+    """All-reduce over a group spanning nodes, intra-node first: a reduce-scatter among each
+    node's members (node links), then each member all-reduces its shard with its
+    counterparts on the other nodes (one ring per member, each on its own network link, in
+    parallel), then an all-gather inside each node. The node with the fewest members holds the
+    largest shards, so it bounds the network phase: with m members there and q nodes,
+    ``2 (m-1)/m B / intra + 2 (q-1)/q (B / m) / inter`` plus each phase's step latencies."""
+    members: dict[int, int] = {}
+    for d in set(devices):
+        members[cluster.node_of(d)] = members.get(cluster.node_of(d), 0) + 1
+    if nbytes <= 0 or len(devices) <= 1:
+        return 0.0
+    nodes = len(members)
+    inner = max(members.values())  # the longest intra-node ring
+    fewest = min(members.values())  # the largest shard crossing the network
+    intra_bw, intra_lat = link(cluster, False)
+    inter_bw, inter_lat = link(cluster, True)
+    local = ring_allreduce_seconds(nbytes, inner, intra_bw, intra_lat)  # scatter + gather
+    across = ring_allreduce_seconds(nbytes / fewest, nodes, inter_bw, inter_lat)
+    return local + across
 
 
 def contiguous_group_spans_nodes(group: int, cluster: Cluster) -> bool:
@@ -155,6 +186,7 @@ __all__ = [
     "busiest_bytes",
     "ceil_div",
     "contiguous_group_spans_nodes",
+    "hierarchical_allreduce_seconds",
     "is_cpu",
     "link",
     "ring_allreduce_seconds",

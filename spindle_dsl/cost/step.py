@@ -97,6 +97,21 @@ class StepPrice:
     closing_s: float = 0.0  # the step's last collective: the losses summed over every rank
 
 
+@dataclass(frozen=True)
+class BackwardClock:
+    """The last pass's backward as a clock for reductions overlapped with it: backward runs the
+    waves in reverse, each for its layers' backward share of the wave (with its extras);
+    ``ends[w]`` is when wave w's backward ends, counted from the start of the backward."""
+
+    ends: tuple[float, ...]
+    total_s: float
+
+    def ready_s(self, wave: int) -> float:
+        """When a part whose last backward is in ``wave`` is ready (past the last wave: at
+        once)."""
+        return self.ends[wave] if wave < len(self.ends) else 0.0
+
+
 def reductions_per_step(micro_batches: int, zero_stage: int) -> float:
     """Gradient reductions per step, in all-reduces' worth: the runtime reduces once after
     the last of ``micro_batches`` passes under ZeRO stages 0 and 1; under ZeRO-2 every pass
@@ -222,6 +237,27 @@ class StepModel:
                 load[d] = load.get(d, 0.0) + self.loss_seconds(s, shard)
         return self._share(load)
 
+    def backward_clock(
+        self, waves: Sequence[Sequence[PieceTime]], price: StepPrice
+    ) -> BackwardClock:
+        """The backward of ``waves`` as ``price`` timed them (``BackwardClock``)."""
+        return self._clock(waves, price.durations, price.wave_extra)
+
+    def _clock(
+        self,
+        waves: Sequence[Sequence[PieceTime]],
+        durations: Sequence[float],
+        extras: Sequence[float],
+    ) -> BackwardClock:
+        share = [max((self.ops[p.op].backward_share for p in wave), default=0.0) for wave in waves]
+        bwd = [(durations[w] + extras[w]) * share[w] for w in range(len(waves))]
+        ends = [0.0] * len(bwd)
+        t = 0.0
+        for w in range(len(bwd) - 1, -1, -1):
+            t += bwd[w]
+            ends[w] = t
+        return BackwardClock(tuple(ends), t)
+
     def _holders(self, waves: Sequence[Sequence[PieceTime]]) -> dict[str, Held]:
         """Every trainable part the waves run, as the runtime assigns parts: a layer to its
         entries' devices, input stages to the first entry's, an LM head to the sink's last
@@ -284,10 +320,7 @@ class StepModel:
             return 0.0  # the planner adds the shared modules' extra itself
         o = self.overheads
         buckets = self._buckets(held)
-        # each wave's backward: its layers' backward share of the wave, with its extras
-        share = [max((self.ops[p.op].backward_share for p in wave), default=0.0) for wave in waves]
-        bwd = [(durations[w] + extras[w]) * share[w] for w in range(len(waves))]
-        backward_total = sum(bwd)
+        backward = self._clock(waves, durations, extras)
         worst = 0.0
         for d in sorted({d for ranks, _, _ in buckets for d in ranks}):
             overlapped: list[tuple[float, float]] = []  # (ready time, seconds)
@@ -300,13 +333,13 @@ class StepModel:
                     first_s *= k  # a reduce-scatter into the gradient shard every pass
                 after += last_s
                 if o.reduction_overlap:
-                    overlapped.append((sum(bwd[wave:]), first_s))
+                    overlapped.append((backward.ready_s(wave), first_s))
                 else:
                     after += first_s
             clock = 0.0
             for at, secs in sorted(overlapped):
                 clock = max(clock, at) + secs
-            worst = max(worst, max(0.0, clock - backward_total) + after)
+            worst = max(worst, max(0.0, clock - backward.total_s) + after)
         return worst
 
     def _collectives(self, nbytes: float, group: int, zero_stage: int) -> tuple[float, float]:

@@ -25,7 +25,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from spindle_dsl.cost.step import PieceTime, StepModel, reductions_per_step
+from spindle_dsl.cost.step import BackwardClock, PieceTime, StepModel, reductions_per_step
 from spindle_dsl.planner.placement import PlacedPiece, Placement
 
 TransferFn = Callable[[float, Sequence[int], Sequence[int]], float]
@@ -172,8 +172,9 @@ def _time_step(
     if step.grad_in_curves:
         # each layer's own all-reduce is in the pass curves at its per-pass share
         # (``planner.levers``); what shared modules add is reduced as often as the stage says
-        reduction = reductions_per_step(k, zero_stage) * grad_sync_seconds(
-            placement, flows, allreduce
+        clock = step.backward_clock(waves, price) if step.overheads.reduction_overlap else None
+        reduction = grad_sync_seconds(
+            placement, flows, allreduce, clock, reductions_per_step(k, zero_stage)
         )
     else:
         reduction = price.grad_sync_s
@@ -226,45 +227,76 @@ def _wave_transfers(placement: Placement, flows: Flows, transfer: TransferFn) ->
     return tuple(f.busiest() + b.busiest() for f, b in zip(fwd, bwd, strict=True))
 
 
-def grad_sync_seconds(placement: Placement, flows: Flows, allreduce: AllreduceFn) -> float:
-    """What summing shared modules' gradients over their holders costs beyond T_m(n).
+def grad_sync_seconds(
+    placement: Placement,
+    flows: Flows,
+    allreduce: AllreduceFn,
+    backward: BackwardClock | None = None,
+    scale: float = 1.0,
+) -> float:
+    """What summing shared modules' gradients over their holders costs beyond T_m(n), and,
+    given the ``backward`` pass's clock, the part of it the backward does not hide.
 
     The runtime accumulates a shared layer's gradient locally over every MetaOp a device ran
     it for, then all-reduces it once over all its holders (the union U of the groups S_i of
     the MetaOps holding it). Each MetaOp's curve already paid an all-reduce over its own S_i,
     so the extra is AR(U) - sum_i AR(S_i), never counted below zero: nothing when every
     MetaOp ran the layer on the same devices, an inter-node all-reduce when intra-node
-    groups of different tasks share a layer across nodes.
+    groups of different tasks share a layer across nodes. ``scale`` multiplies each (the
+    reductions a step makes, ``cost.step.reductions_per_step``).
+
+    Without a clock, every device's extras run after the waves, one after another: the
+    busiest device's sum. With one, as the runtime issues its asynchronous buckets: a layer's
+    reduction is ready when the last of its holders' backward of it ends (backward runs the
+    waves in reverse, so at the end of the backward of the earliest wave holding it); each
+    device runs its reductions one after another in the order they become ready, under the
+    backward still to come, and only what ends past the end of the backward counts.
     """
-    where: dict[str, list[tuple[int, int, tuple[int, ...]]]] = {}
-    for wave in placement.waves:
+    where: dict[str, list[tuple[int, int, tuple[int, ...], int]]] = {}
+    for wi, wave in enumerate(placement.waves):
         for p in wave:
-            where.setdefault(p.op, []).append((p.first, p.end, tuple(sorted(p.devices))))
-    load = _Load()
+            where.setdefault(p.op, []).append((p.first, p.end, tuple(sorted(p.devices)), wi))
+    groups: dict[tuple[tuple[tuple[int, ...], ...], int], float] = {}  # (sets, ready wave)
     for mod in flows.shared:
-        groups: dict[tuple[tuple[int, ...], ...], int] = {}  # holder groups -> layers
         # the module's layers split into runs at every piece boundary of every holder: within
         # a run each holder runs every layer on the same devices (no loop over layers)
         cuts = {0, mod.layers}
         for op, offset in mod.holders:
-            for first, end, _ in where.get(op, []):
+            for first, end, _, _ in where.get(op, []):
                 cuts.update(min(max(x - offset, 0), mod.layers) for x in (first, end))
         bounds = sorted(cuts)
         for lo, hi in pairwise(bounds):
             sets = []
+            ready = len(placement.waves)
             for op, offset in mod.holders:
                 layer = offset + lo
-                for first, end, devs in where.get(op, []):
+                for first, end, devs, wi in where.get(op, []):
                     if first <= layer < end:
                         sets.append(devs)
+                        ready = min(ready, wi)
                         break
             if len(set(sets)) > 1:
-                key = tuple(sorted(sets))
-                groups[key] = groups.get(key, 0) + hi - lo
-        for sets, count in groups.items():
-            nbytes = count * mod.bytes_per_layer
-            union = tuple(sorted(set().union(*sets)))
-            extra = allreduce(nbytes, union) - sum(allreduce(nbytes, s) for s in sets)
-            if extra > 0:
-                load.charge(_ids(union), extra)
-    return load.busiest()
+                key = (tuple(sorted(sets)), ready if backward is not None else 0)
+                groups[key] = groups.get(key, 0.0) + (hi - lo) * mod.bytes_per_layer
+    load = _Load()
+    queued: dict[int, list[tuple[float, float]]] = {}  # device -> (ready s, seconds)
+    for (sets, ready), nbytes in groups.items():
+        union = tuple(sorted(set().union(*sets)))
+        extra = scale * (allreduce(nbytes, union) - sum(allreduce(nbytes, s) for s in sets))
+        if extra <= 0:
+            continue
+        if backward is None:
+            load.charge(_ids(union), extra)
+            continue
+        at = backward.ready_s(ready)
+        for d in union:
+            queued.setdefault(d, []).append((at, extra))
+    if backward is None:
+        return load.busiest()
+    worst = 0.0
+    for jobs in queued.values():
+        clock = 0.0
+        for at, secs in sorted(jobs):
+            clock = max(clock, at) + secs
+        worst = max(worst, clock - backward.total_s)
+    return max(worst, 0.0)

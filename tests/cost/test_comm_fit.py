@@ -23,8 +23,39 @@ def test_allreduce_uses_network_when_group_crosses_nodes(cluster) -> None:
     inside = allreduce_seconds(1e9, range(8), c)
     across = allreduce_seconds(1e9, range(4, 12), c)
     assert inside == pytest.approx(ring_allreduce_seconds(1e9, 8, c.device.intra_bandwidth, 5e-6))
-    assert across == pytest.approx(ring_allreduce_seconds(1e9, 8, c.device.inter_bandwidth, 1e-5))
-    assert across > inside
+    flat = ring_allreduce_seconds(1e9, 8, c.device.inter_bandwidth, 1e-5)
+    # 4 members on each of 2 nodes: node rings of 4, then 4 network rings of 2 on quarters
+    hierarchical = ring_allreduce_seconds(
+        1e9, 4, c.device.intra_bandwidth, 5e-6
+    ) + ring_allreduce_seconds(1e9 / 4, 2, c.device.inter_bandwidth, 1e-5)
+    assert comm.hierarchical_allreduce_seconds(1e9, range(4, 12), c) == pytest.approx(hierarchical)
+    assert across == pytest.approx(hierarchical)
+    assert inside < across < flat
+
+
+def test_hierarchical_allreduce_is_bound_by_the_node_with_fewest_members(cluster) -> None:
+    c = cluster(16)
+    even = comm.hierarchical_allreduce_seconds(1e9, range(4, 12), c)  # 4 + 4 members
+    lopsided = comm.hierarchical_allreduce_seconds(1e9, range(1, 9), c)  # 7 + 1 members
+    # the lone member on the second node sends the whole buffer over its own network link
+    assert lopsided == pytest.approx(
+        ring_allreduce_seconds(1e9, 7, c.device.intra_bandwidth, 5e-6)
+        + ring_allreduce_seconds(1e9, 2, c.device.inter_bandwidth, 1e-5)
+    )
+    assert lopsided > even
+    # never priced above the flat ring: a lone member per node gains nothing from it
+    spread = [0, 8]
+    assert allreduce_seconds(1e9, spread, c) == pytest.approx(
+        ring_allreduce_seconds(1e9, 2, c.device.inter_bandwidth, 1e-5)
+    )
+
+
+def test_cpu_groups_across_nodes_are_priced_as_a_flat_ring(cluster) -> None:
+    c = cluster(8, device="cpu", per_node=4)
+    bandwidth, latency = comm.link(c, True)
+    assert allreduce_seconds(1e6, range(8), c) == pytest.approx(
+        ring_allreduce_seconds(1e6, 8, bandwidth, latency)
+    )
 
 
 def test_transfer_is_free_on_the_same_devices_and_priced_otherwise(cluster) -> None:

@@ -84,8 +84,17 @@ def test_tight_memory_pulls_levers_and_the_plan_fits(graph, mib) -> None:
 
 
 def test_less_memory_costs_time(graph) -> None:
-    times = [plan_at(graph, mib)[1].iteration_s for mib in (100000, 150, 40)]
-    assert times[0] < times[1] < times[2]
+    plans = [plan_at(graph, mib)[1] for mib in (100000, 150, 40)]
+    # each lever pulled costs compute where it acts (recompute: a second forward; micro-
+    # batches: k passes of smaller kernels) ...
+    compute = [dict(p.breakdown)["compute_s"] for p in plans]
+    assert compute[0] < compute[1] < compute[2]
+    # ... and the tightest budget costs iteration time. (A middle budget's plan may come out
+    # a little faster than the unconstrained one: the schedulers weigh compute, and the
+    # optimizer term, here as large as compute, only follows from where placement puts
+    # parts, so a different schedule can win it back.)
+    times = [p.iteration_s for p in plans]
+    assert max(times[0], times[1]) < times[2]
 
 
 def test_forced_micro_batches_price_one_pass_of_the_micro_batch(graph) -> None:

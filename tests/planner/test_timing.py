@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spindle_dsl.cost.overheads import analytic_overheads
+from spindle_dsl.cost.step import BackwardClock, PieceTime, make_step_model
+from spindle_dsl.language import compile_text
+from spindle_dsl.planner.build import flows_of
 from spindle_dsl.planner.placement import PlacedPiece, Placement
 from spindle_dsl.planner.timing import Flows, SharedModule, grad_sync_seconds, time_placement
 
@@ -103,3 +108,101 @@ def test_gradient_sync_by_runs_equals_the_per_layer_definition(data):
     flows = Flows({}, {}, (), (mod,))
     got = grad_sync_seconds(placement(*waves), flows, allreduce)
     assert got == pytest.approx(_per_layer_grad_sync(waves, mod), rel=1e-12, abs=1e-15)
+
+
+def _split_x():
+    """Shared module x: a on {0,1} in wave 0, b on {2,3} in wave 1, then a/y in wave 2. The
+    extra all-reduce of x's 2 layers (2000 bytes) over {0..3}: 2000e-9 * (16 - 4 - 4)."""
+    return placement(
+        [PlacedPiece("a/x", 0, 2, (0, 1))],
+        [PlacedPiece("b/x", 0, 2, (2, 3))],
+        [PlacedPiece("a/y", 0, 1, (0, 1))],
+    )
+
+
+EXTRA = 2000e-9 * 8
+
+
+def test_shared_sync_overlapped_with_the_backward_counts_only_what_outlasts_it():
+    p = _split_x()
+    assert grad_sync_seconds(p, FLOWS, allreduce) == pytest.approx(EXTRA)
+    # x's last backward is wave 0's (the earliest wave holding it): the reduction is ready
+    # when wave 0's backward ends; here backward runs 2, 1, 0 and wave 0's ends last.
+    last = BackwardClock(ends=(3e-6, 2e-6, 1e-6), total_s=3e-6)
+    assert grad_sync_seconds(p, FLOWS, allreduce, last) == pytest.approx(EXTRA)
+    # if some backward still follows (say the input stages), that much of it is hidden
+    partly = BackwardClock(ends=(3e-6, 2e-6, 1e-6), total_s=3e-6 + EXTRA / 4)
+    assert grad_sync_seconds(p, FLOWS, allreduce, partly) == pytest.approx(EXTRA * 3 / 4)
+    hidden = BackwardClock(ends=(3e-6, 2e-6, 1e-6), total_s=3e-6 + 2 * EXTRA)
+    assert grad_sync_seconds(p, FLOWS, allreduce, hidden) == 0.0
+    # the reductions a step makes scale it (ZeRO-2's one per pass)
+    assert grad_sync_seconds(p, FLOWS, allreduce, last, scale=2.5) == pytest.approx(2.5 * EXTRA)
+
+
+def test_overlapped_reductions_on_one_device_queue_in_the_order_they_become_ready():
+    # x's layer 0 split in wave 0 (ready late), layer 1 split in wave 2 (ready early): two
+    # reductions of 1000 bytes, each 1000e-9 * 8, on the same devices
+    p = placement(
+        [PlacedPiece("a/x", 0, 1, (0, 1)), PlacedPiece("b/x", 0, 1, (2, 3))],
+        [PlacedPiece("a/y", 0, 1, (0, 1))],
+        [PlacedPiece("a/x", 1, 2, (0, 1)), PlacedPiece("b/x", 1, 2, (2, 3))],
+    )
+    one = 1000e-9 * 8
+    # backward: wave 2 ends at 0, wave 1 at 10 one-units, wave 0 at 11: the early one is done
+    # long before, the late one ends one unit past the end of backward
+    clock = BackwardClock(ends=(11 * one, 10 * one, 0.0), total_s=11 * one)
+    assert grad_sync_seconds(p, FLOWS, allreduce, clock) == pytest.approx(one)
+    # everything ready together at the end: both run after the backward, one after the other
+    late = BackwardClock(ends=(11 * one, 11 * one, 11 * one), total_s=11 * one)
+    assert grad_sync_seconds(p, FLOWS, allreduce, late) == pytest.approx(2 * one)
+    assert grad_sync_seconds(p, FLOWS, allreduce) == pytest.approx(2 * one)
+
+
+def test_the_backward_clock_runs_the_waves_in_reverse_for_their_backward_share():
+    g = compile_text(CLOCK_SPEC).graph
+    step = make_step_model(g, analytic_overheads(g.cluster), grad_in_curves=True)
+    waves = [[PieceTime(op.id, 0, op.layers, (0, 1), 0.01)] for op in g.metaops]
+    price = step.price(waves)
+    clock = step.backward_clock(waves, price)
+    shares = [step.ops[w[0].op].backward_share for w in waves]
+    bwd = [(d + e) * s for d, e, s in zip(price.durations, price.wave_extra, shares, strict=True)]
+    assert 0 < shares[0] < 1
+    assert clock.total_s == pytest.approx(sum(bwd))
+    for w in range(len(waves)):
+        assert clock.ready_s(w) == pytest.approx(sum(bwd[w:]))
+    assert clock.ready_s(len(waves)) == 0.0
+
+
+CLOCK_SPEC = """
+cluster { devices = 4; device = "cpu" }
+modality text  { tokens = 12; vocab = 64 }
+shared  lm     : transformer(layers = 2, hidden = 32, heads = 2, causal = true, vocab = 64)
+task a { text -> lm; loss = lm }
+task b { text -> lm; loss = lm }
+mix default { global_batch = 16; a = 1; b = 1 }
+"""
+
+
+def test_a_step_priced_plan_overlaps_the_shared_sync_when_the_switch_says_so():
+    """``time_placement`` with the analytic step model: a shared layer's extra sync runs under
+    the backward still to come and only what outlasts it counts; with the overlap switch off
+    it is the whole extra, after the backward."""
+    g = compile_text(CLOCK_SPEC).graph
+    flows = flows_of(g)
+    # lm's layer 0 in wave 0 (its backward is the last to run), layer 1 in wave 1 (its
+    # backward runs first, then wave 0's: seconds long, enough to hide layer 1's sync)
+    p = placement(
+        [PlacedPiece("a/lm", 0, 1, (0, 1)), PlacedPiece("b/lm", 0, 1, (2, 3))],
+        [PlacedPiece("a/lm", 1, 2, (0, 1)), PlacedPiece("b/lm", 1, 2, (2, 3))],
+    )
+
+    def sync_of(overheads):
+        step = make_step_model(g, overheads, grad_in_curves=True)
+        t = time_placement(p, lambda op, n: 1.0, flows, transfer, allreduce, step)
+        return t.grad_sync_s - overheads.all_reduce.seconds(8.0 * 2, g.cluster.devices)
+
+    base = analytic_overheads(g.cluster)
+    extra = grad_sync_seconds(p, flows, allreduce)
+    assert 0 < extra < 1e-3
+    assert sync_of(replace(base, reduction_overlap=False)) == pytest.approx(extra)
+    assert sync_of(replace(base, reduction_overlap=True)) == pytest.approx(extra / 2)
