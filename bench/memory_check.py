@@ -45,34 +45,22 @@ def _slices(graph, plan, cost):
 
 
 def predicted_terms(graph, plan, cost) -> list[dict[str, float]]:
-    """Per device, the planner memory model's terms for ``plan`` (as ``PartLedger`` adds
-    them): weights and optimizer state of each held part (state shared by its holders), the
-    gradients alive at the peak, kept activations summed, the loss phase's tensors, the
-    largest working set."""
-    from spindle_dsl.planner.ledger import PartLedger
-    from spindle_dsl.planner.problem import Piece
+    """Per device, the planner memory model's terms for ``plan`` (``planner/plan_memory.py``:
+    weights and optimizer state of each held part, state shared by its holders; the gradients
+    alive at the peak; kept activations summed; the loss phase's tensors; the largest working
+    set)."""
+    from spindle_dsl.planner.plan_memory import predicted_breakdowns
 
-    memo = {}
-    for e, sm in _slices(graph, plan, cost):
-        memo[(e.metaop, len(e.devices), e.first, e.end)] = sm
-    ledger = PartLedger(plan.cluster.devices, lambda *key: memo[key])
-    for wave in plan.waves:
-        for e in wave.entries:
-            piece = Piece(e.metaop, e.first, e.end, len(e.devices))
-            ledger.add(piece, list(e.devices), ledger.need(piece))
-    out = []
-    for d in range(plan.cluster.devices):
-        b = ledger.breakdown(d)
-        out.append(
-            {
-                "state": b.state,
-                "gradients": b.gradients,
-                "kept": sum(b.kept.values()),
-                "loss": b.loss,
-                "working": b.working,
-            }
-        )
-    return out
+    return [
+        {
+            "state": b.state,
+            "gradients": b.gradients,
+            "kept": sum(b.kept.values()),
+            "loss": b.loss,
+            "working": b.working,
+        }
+        for b in predicted_breakdowns(graph, plan, cost)
+    ]
 
 
 def _stage_table(graph, plan, cost, kept_by_stage) -> None:

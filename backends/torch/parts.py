@@ -45,25 +45,13 @@ def tied_stage(graph: MetaGraph, module: str) -> Part | None:
     """The input stage whose token embedding ``module``'s LM head multiplies by, when the
     module ties them (the checker makes sure it reads exactly one vocab modality); else None.
     Whoever holds the head holds this stage too, so its gradient sums both uses."""
-    from spindle_dsl.kinds import get_kind
+    from spindle_dsl.cost.tied import tied_embedding_modality
 
-    info = graph.module(module)
-    if not get_kind(info.kind).tied_embeddings(dict(info.args)):
-        return None
-    raw = {m for m, _ in info.raw_inputs} or {  # a graph built by hand records no raw_inputs
-        i.source
-        for op in graph.metaops
-        if op.segments[0][0] == module
-        for i in op.inputs
-        if i.from_modality
-    }
-    vocab = sorted(m for m in raw if graph.modality(m).vocab is not None)
-    if len(vocab) != 1:
-        raise ExecutionError(
-            f"module {module} ties its head to its token embedding but reads "
-            f"{len(vocab)} token-id modalities; it must read exactly one"
-        )
-    return Part(module, f"input.{vocab[0]}")
+    try:
+        modality = tied_embedding_modality(graph, module)
+    except ValueError as e:
+        raise ExecutionError(str(e)) from None
+    return None if modality is None else Part(module, f"input.{modality}")
 
 
 def head_module(op: MetaOp) -> str:

@@ -19,7 +19,8 @@ gradients are alive through every later forward, under ZeRO-2 the shards are; at
 the backward every gradient is alive under stage 0, the shards and at most one bucket in
 flight (``GRAD_BUCKET_ELEMENTS``, the runtime's bucket cap) under ZeRO-1 and ZeRO-2.
 Tensor parallelism splits a layer's weights over its degree. A MetaOp's input stages live with
-its first layer and a task's LM head with the sink's last layer, where the runtime puts them.
+its first layer and a task's LM head with the sink's last layer, where the runtime puts them;
+a tied head's embedding stage (``cost/tied.py``) lives with the head as well.
 
 Activations, per device (data parallelism splits the batch as ``ceil(batch / dp)``, tensor
 parallelism with sequence parallelism divides by its degree):
@@ -44,6 +45,7 @@ from dataclasses import dataclass, replace
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost.base import GradientLife, PartBytes, SliceMemory
 from spindle_dsl.cost.comm import ceil_div, is_cpu
+from spindle_dsl.cost.tied import tied_embedding_modality
 from spindle_dsl.kinds import get_kind
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 
@@ -178,6 +180,18 @@ class OpMemoryInfo:
     head: PartBytes | None  # the LM head, held with the last layer
     text_tokens: int  # tokens the LM loss reads (0: no LM loss on this op)
     vocab: int
+    tied: PartBytes | None = None  # the input stage a tied head multiplies by, held with it
+
+    def last_layer_parts(self, first: int) -> tuple[PartBytes, ...]:
+        """The parts a slice ending at the op's last layer holds besides its layers: the
+        head and, for a tied head, the embedding stage it multiplies by (unless the slice
+        starts at layer 0 and holds that stage as its input already)."""
+        out = [] if self.head is None else [self.head]
+        if self.tied is not None and not (
+            first == 0 and any(p.key == self.tied.key for p in self.inputs)
+        ):
+            out.append(self.tied)
+        return tuple(out)
 
 
 def op_memory_info(graph: MetaGraph, op: MetaOp) -> OpMemoryInfo:
@@ -193,11 +207,18 @@ def op_memory_info(graph: MetaGraph, op: MetaOp) -> OpMemoryInfo:
             key = f"{first.name}/input.{inp.source}"
             inputs.append(_part(key, params, 1, cluster, not first.frozen))
     text = lm_text_tokens(graph, op)
-    head = None
+    head = tied = None
     if text:
         last = graph.module(op.segments[-1][0])
         params = kind.head_params(dict(last.args))
         head = _part(f"{last.name}/head", params, 1, cluster, not last.frozen)
+        modality = tied_embedding_modality(graph, last.name)
+        if modality is not None:
+            params = kind.input_stage_params(
+                dict(last.args), graph.stage_modality(last.name, modality)
+            )
+            key = f"{last.name}/input.{modality}"
+            tied = _part(key, params, 1, cluster, not last.frozen)
     return OpMemoryInfo(
         activation_elements_per_sample(op),
         layer_input_elements_per_sample(op),
@@ -205,6 +226,7 @@ def op_memory_info(graph: MetaGraph, op: MetaOp) -> OpMemoryInfo:
         head,
         text,
         int(dict(op.args).get("vocab") or 0),
+        tied,
     )
 
 
@@ -282,8 +304,7 @@ def slice_memory(
     kept, working = slice_activations(op, end - first, dp, tp, cluster, recompute, info)
     loss = 0
     if end == op.layers:
-        if info.head is not None:
-            parts.append(staged(info.head, zero_stage))
+        parts.extend(staged(p, zero_stage) for p in info.last_layer_parts(first))
         loss, head_working = head_activations(op, info, dp, cluster)
         working = max(working, head_working)
     life = gradient_life(cluster, micro_batches, zero_stage)

@@ -39,8 +39,8 @@ def alone_bytes(
     ``configs``: n devices running ``dp`` replicas of ``tp``-way layers, parameter state laid
     out for ``zero_stage``, gradients alive as ``micro_batches`` passes keep them."""
     edges: list[PartBytes] = [staged(p, zero_stage) for p in (info.inputs if first == 0 else ())]
-    if end == op.layers and info.head is not None:
-        edges.append(staged(info.head, zero_stage))
+    if end == op.layers:
+        edges.extend(staged(p, zero_stage) for p in info.last_layer_parts(first))
     by_tp: dict[int, list[PartBytes]] = {}
     life = gradient_life(cluster, micro_batches, zero_stage)
     layers = end - first

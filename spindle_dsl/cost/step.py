@@ -283,6 +283,8 @@ class StepModel:
             got = last_piece.get(s.sink)
             if got is not None and s.head_part:
                 add(s.head_part, s.head_bytes, got[1].devices, got[0])
+            if got is not None and s.tied_part:  # the runtime holds it with the head too
+                add(s.tied_part, s.tied_bytes, got[1].devices, got[0])
         return held
 
     def _buckets(self, held: Mapping[str, Held]) -> list[tuple[tuple[int, ...], float, int]]:

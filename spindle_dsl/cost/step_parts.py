@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spindle_dsl.cost.analytic import backward_multiplier
+from spindle_dsl.cost.tied import tied_embedding_modality
 from spindle_dsl.kinds import get_kind
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 
@@ -56,6 +57,8 @@ class SinkLoss:
     flops_per_sample: float  # forward+backward, for the analytic fallback
     head_part: str | None  # "module/head" for lm
     head_bytes: float  # its gradient bytes (0 when frozen or no head)
+    tied_part: str | None = None  # the embedding stage a tied head multiplies by
+    tied_bytes: float = 0.0  # its gradient bytes
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,7 @@ def sink_losses(graph: MetaGraph) -> tuple[SinkLoss, ...]:
             sink = graph.op(sink_id)
             passes = 3.0 if sink.needs_backward else 1.0
             head_part, head_bytes, flops = None, 0.0, 0.0
+            tied_part, tied_bytes = None, 0.0
             text = 0
             if task.loss == "lm":
                 text = _text_tokens(graph, sink)
@@ -148,6 +152,12 @@ def sink_losses(graph: MetaGraph) -> tuple[SinkLoss, ...]:
                 head_part = f"{last.name}/head"
                 if not last.frozen:
                     head_bytes = kind.head_params(dict(last.args)) * dt
+                modality = tied_embedding_modality(graph, last.name)
+                if modality is not None:
+                    tied_part = f"{last.name}/input.{modality}"
+                    if not last.frozen:
+                        stage = graph.stage_modality(last.name, modality)
+                        tied_bytes = kind.input_stage_params(dict(last.args), stage) * dt
             else:
                 flops = passes * 4.0 * sink.out_tokens * sink.out_width
             out.append(
@@ -159,6 +169,8 @@ def sink_losses(graph: MetaGraph) -> tuple[SinkLoss, ...]:
                     flops,
                     head_part,
                     head_bytes,
+                    tied_part,
+                    tied_bytes,
                 )
             )
     return tuple(out)

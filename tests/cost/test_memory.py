@@ -329,3 +329,35 @@ def test_the_profiled_model_prices_recompute_at_one_more_forward(graph) -> None:
         model.slice_memory(graph, op, 1, 0, 3, True).kept
         < model.slice_memory(graph, op, 1, 0, 3).kept
     )
+
+
+TIED_SPEC = """
+cluster { devices = 2; device = "cpu" }
+modality text  { tokens = 8; vocab = 512 }
+modality audio { tokens = 6; features = 10 }
+encoder ear : transformer(layers = 2, hidden = 32, heads = 4) <- audio
+shared lm : transformer(layers = 2, hidden = 32, heads = 4, causal = true, vocab = 512,
+                        tie_embeddings = true)
+task chat { text -> lm; loss = lm; batch = 4 }
+task hear { audio -> ear -> lm; text[6] -> lm; loss = lm; batch = 4 }
+"""
+
+
+def test_a_tied_head_holds_the_embedding_it_multiplies_by() -> None:
+    """The runtime keeps a tied head's embedding stage on the head's devices too, so a slice
+    ending at an lm sink's last layer holds it, once even when it starts at layer 0."""
+    graph = compile_text(TIED_SPEC).graph
+    model = make_cost_model(graph.cluster)
+    op = graph.op("chat/lm")
+    info = op_memory_info(graph, op)
+    assert info.tied is not None and info.tied == info.inputs[0]  # the same part, same bytes
+    assert info.tied.key == "lm/input.text" and info.tied.sharded > 0
+
+    def keys(a: int, b: int) -> list[str]:
+        return [p.key for p in model.slice_memory(graph, op, 1, a, b).parts]
+
+    assert keys(1, 2) == ["lm/layers.1-2", "lm/head", "lm/input.text"]
+    assert keys(0, 2).count("lm/input.text") == 1
+    assert "lm/input.text" not in keys(0, 1)[2:] and keys(0, 1)[-1] == "lm/input.text"
+    untied = compile_text(TIED_SPEC.replace(",\n                        tie_embeddings = true", ""))
+    assert op_memory_info(untied.graph, untied.graph.op("chat/lm")).tied is None

@@ -179,3 +179,20 @@ def test_a_plan_breakdown_adds_up_and_the_plan_is_valid() -> None:
     record = plan.extra["step_model"]
     assert record["cores"] == 2 and record["reduction_overlap"] is True
     assert len(record["wave_extra_s"]) == len(plan.waves)
+
+
+def test_a_tied_heads_embedding_is_reduced_over_the_head_devices_too() -> None:
+    """The runtime holds a tied head's embedding stage with the head, so the stage's
+    gradient is reduced over the input's devices and the head's together."""
+    tied = SPEC.replace("vocab = 64)", "vocab = 64, tie_embeddings = true)")
+    g = compile_text(tied).graph
+    step = make_step_model(g, overheads(), grad_in_curves=False)
+    chat = next(s for s in step.sinks if s.task == "chat")
+    assert chat.tied_part == "lm/input.text" and chat.tied_bytes > 0
+    # chat's lm: layer 0 on device 0, layer 1 (and so the head) on device 1
+    waves = [[PieceTime("chat/lm", 0, 1, (0,), 0.01)], [PieceTime("chat/lm", 1, 2, (1,), 0.01)]]
+    held = step._holders(waves)
+    assert held["lm/input.text"].devices == {0, 1}
+    untied = make_step_model(graph(), overheads(), grad_in_curves=False)
+    assert untied._holders(waves)["lm/input.text"].devices == {0}
+    assert step.price(waves).grad_sync_s > untied.price(waves).grad_sync_s

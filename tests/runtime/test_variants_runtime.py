@@ -54,3 +54,20 @@ def test_variant_model_with_tied_head_matches_the_oracle(tmp_path) -> None:
     worst, where = worst_relative(ref.state(), checkpoint_state(tmp_path))
     assert worst < 1e-9, where
     assert history[-1]["chat"] < history[0]["chat"]
+
+
+def test_the_memory_model_counts_the_tied_embedding_on_the_head_ranks() -> None:
+    """chat's head runs alone on rank 1, whose layers do not read text: the runtime holds the
+    tied embedding there as well (and shares its optimizer state between ranks 0 and 1), and
+    the planner's prediction for this very plan follows it on every rank."""
+    from spindle_dsl.cost import make_cost_model
+    from spindle_dsl.planner.plan_memory import predicted_peaks
+
+    graph = compile_text(SPEC.replace("vocab = 64", "vocab = 2048")).graph  # embedding-heavy
+    waves = [*WAVES[:2], [("hear/lm", 0, 2, (0,))]]
+    plan = h.make_plan(graph, waves)
+    predicted = predicted_peaks(graph, plan, make_cost_model(graph.cluster))
+    config = RunConfig(steps=2, progress=False)
+    measured = TorchBackend().train(graph, plan, config, nproc=2).extra["measured_peak_bytes"]
+    ratios = [p / m for p, m in zip(predicted, measured, strict=True)]
+    assert all(abs(r - 1) < 0.10 for r in ratios), ratios

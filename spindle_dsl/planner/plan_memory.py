@@ -1,0 +1,51 @@
+"""The planner's memory model applied to a plan it did not make.
+
+A plan written by hand, or one whose entries someone edited, has no trustworthy
+``memory_bytes``; checking the memory model against what the runtime measures needs the
+prediction for exactly the plan that ran. This prices each entry's slice under the plan's
+own levers (micro-batches, ZeRO stage, recompute) on one pass's view of the graph and adds
+the slices up on a ``PartLedger``, the way placement adds them while planning.
+"""
+
+from __future__ import annotations
+
+from spindle_dsl.cost.base import CostModel
+from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.plan.model import Plan
+from spindle_dsl.planner.build import slice_memory_of
+from spindle_dsl.planner.ledger import DeviceBreakdown, PartLedger
+from spindle_dsl.planner.levers import Levers, micro_graph
+from spindle_dsl.planner.problem import Piece
+
+
+def plan_ledger(graph: MetaGraph, plan: Plan, cost: CostModel) -> PartLedger:
+    """A ledger holding every entry of ``plan`` on its devices (``cost`` must price slice
+    memory: the analytic and profiled models do)."""
+    recompute = frozenset(m.id for m in plan.metaops if m.recompute)
+    levers = Levers(plan.micro_batches, plan.zero_stage, recompute)
+    view = micro_graph(graph, plan.micro_batches)
+    memo = {}
+    for wave in plan.waves:
+        for e in wave.entries:
+            key = (e.metaop, len(e.devices), e.first, e.end)
+            if key not in memo:
+                op = view.op(e.metaop)
+                memo[key] = slice_memory_of(cost, view, op, len(e.devices), e.first, e.end, levers)
+    ledger = PartLedger(plan.cluster.devices, lambda *key: memo[key])
+    for wave in plan.waves:
+        for e in wave.entries:
+            piece = Piece(e.metaop, e.first, e.end, len(e.devices))
+            ledger.add(piece, list(e.devices), ledger.need(piece))
+    return ledger
+
+
+def predicted_peaks(graph: MetaGraph, plan: Plan, cost: CostModel) -> tuple[int, ...]:
+    """Predicted peak bytes per device of ``plan`` (what the planner writes as
+    ``memory_bytes`` for plans it makes)."""
+    return plan_ledger(graph, plan, cost).memory()
+
+
+def predicted_breakdowns(graph: MetaGraph, plan: Plan, cost: CostModel) -> list[DeviceBreakdown]:
+    """Per device, the terms the peak adds up from (state, gradients, kept, loss, working)."""
+    ledger = plan_ledger(graph, plan, cost)
+    return [ledger.breakdown(d) for d in range(plan.cluster.devices)]
