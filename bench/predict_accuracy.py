@@ -8,10 +8,12 @@ For each case (a spec on N worker processes) it runs, back to back, what a user 
 
 and prints each plan's predicted step time (the plan's ``iteration_s``), the measured one (the
 median of steps 2..S), their ratio, whether it is within the target (25%; 35% with more
-processes than cores), and the step term that misses most (``spindle compare``). The machine's
-load average is printed when the case was profiled and after each run: on a shared machine the
-figures move with it, and a profile made under another load than the run predicts another
-machine.
+processes than cores), predicted over measured peak memory per rank (the lowest and highest
+ratio), and the step term that misses most (``spindle compare``); then, per case, the default
+plan's measured step over the sequential plan's (issue 11: never more than 10% slower). The
+machine's load average is printed when the case was profiled and after each run: on a shared
+machine the figures move with it, and a profile made under another load than the run predicts
+another machine.
 
     .venv/bin/python bench/predict_accuracy.py [--steps 8] [--cases tiny_mm@2 cpu_medium@2 ...]
 """
@@ -95,8 +97,22 @@ def run_case(name: str, nproc: int, steps: int, work: Path) -> list[dict]:
                 "profile_s": profiled_s,
                 "load": (load_profile, os.getloadavg()[0]),  # when profiling, after the run
                 "worst_term": worst_term(plan, trace),
+                "peak_ratios": [  # predicted / measured peak tensor bytes, per rank
+                    p / m
+                    for p, m in zip(
+                        s["predicted_peak_bytes"], s["measured_peak_bytes"], strict=True
+                    )
+                    if p and m
+                ],
             }
         )
+    return out
+
+
+def _by_case(rows: list[dict]) -> dict[tuple[str, int], dict[str, dict]]:
+    out: dict[tuple[str, int], dict[str, dict]] = {}
+    for r in rows:
+        out.setdefault((r["spec"], r["ranks"]), {})[r["plan"]] = r
     return out
 
 
@@ -133,17 +149,25 @@ def main() -> int:
     )
     print(
         f"{'spec':<15}{'ranks':>6}  {'plan':<11}{'predicted s':>12}{'measured s':>12}"
-        f"{'meas/pred':>10}  {'target':<7}{'profile s':>10}{'load':>10}  worst term (pred/meas)"
+        f"{'meas/pred':>10}  {'target':<7}{'peak p/m':>10}{'profile s':>10}{'load':>10}"
+        "  worst term (pred/meas)"
     )
     for r in rows:
         ratio = r["measured_s"] / r["predicted_s"]
         limit = 0.35 if r["ranks"] > cores else 0.25
         ok = "ok" if abs(ratio - 1) <= limit else "MISS"
+        peaks = r["peak_ratios"]
+        peak = f"{min(peaks):.2f}-{max(peaks):.2f}" if peaks else "-"
         print(
             f"{r['spec']:<15}{r['ranks']:>6}  {r['plan']:<11}{r['predicted_s']:>12.4f}"
-            f"{r['measured_s']:>12.4f}{ratio:>10.2f}  {ok:<7}{r['profile_s']:>10.1f}"
+            f"{r['measured_s']:>12.4f}{ratio:>10.2f}  {ok:<7}{peak:>10}{r['profile_s']:>10.1f}"
             f"{r['load'][0]:>5.1f}{r['load'][1]:>5.1f}  {r['worst_term']}"
         )
+    print("\nmeasured default / measured sequential (target: at most 1.10)")
+    for (name, n), case in _by_case(rows).items():
+        if {"default", "sequential"} <= case.keys():
+            ratio = case["default"]["measured_s"] / case["sequential"]["measured_s"]
+            print(f"  {name}@{n}: {ratio:.2f}  {'ok' if ratio <= 1.10 else 'SLOWER'}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0
