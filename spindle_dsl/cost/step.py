@@ -201,6 +201,12 @@ class StepModel:
         )
 
     def _loss(self, waves: Sequence[Sequence[PieceTime]], k: int) -> float:
+        return self._share(self.loss_load(waves, k))
+
+    def loss_load(self, waves: Sequence[Sequence[PieceTime]], k: int) -> dict[int, float]:
+        """Seconds of the loss phase (one pass) per device: each sink's loss heads on the
+        devices of its last piece in ``waves``, as the runtime computes them after the last
+        forward wave. The planner reads it to spread the phase (``planner.lossbalance``)."""
         last: dict[str, PieceTime] = {}
         for wave in waves:
             for p in wave:
@@ -220,7 +226,7 @@ class StepModel:
                 continue
             for d in p.devices:
                 load[d] = load.get(d, 0.0) + self.loss_seconds(s, shard)
-        return self._share(load)
+        return load
 
     def _holders(self, waves: Sequence[Sequence[PieceTime]]) -> dict[str, Held]:
         """Every trainable part the waves run, as the runtime assigns parts: a layer to its
