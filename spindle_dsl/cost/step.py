@@ -20,7 +20,9 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   with the cost model's point-to-point price).
 - ``loss_s``: the loss phase after the last forward wave: each device computes the loss heads
   of the sinks whose last entry it runs (lm: vocab head and cross-entropy; mse; contrastive:
-  pooled readouts, InfoNCE of the whole batch on one device), forward and backward.
+  pooled readouts, InfoNCE of the whole batch on one device), forward and backward; the
+  busiest device counts (``loss_load`` gives each device's, which ``planner.lossbalance``
+  evens out).
 - ``grad_sync_s``: gradient reduction as the runtime issues it, and the step's closing
   all-reduce of the losses over every rank (which also lines the ranks up). A parameter part
   (a layer, an input stage, an LM head) is summed over the ranks holding it; parts with the
