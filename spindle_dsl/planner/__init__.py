@@ -41,7 +41,7 @@ from spindle_dsl.planner.build import (
 from spindle_dsl.planner.isolate import warm_up
 from spindle_dsl.planner.levers import Levers, pass_problem
 from spindle_dsl.planner.leversearch import Fit, Judge, LeverSearch
-from spindle_dsl.planner.lossbalance import rebalance_losses, spread_round
+from spindle_dsl.planner.lossbalance import SPREAD_NOTE, rebalance_losses, spread_round
 from spindle_dsl.planner.lp_bound import LpBound
 from spindle_dsl.planner.lp_bound import lp_bound as lp_relaxation_bound
 from spindle_dsl.planner.memfit import no_fit_message, overflow_message
@@ -216,6 +216,7 @@ def make_plan(
     baselines = {k: ranked[k].iteration_s for k in BASELINES}
     candidates = {k: e.iteration_s for k, e in ranked.items()}
     notes = _notes(scheduler, chosen, ranked, baselines)
+    notes += tuple(n for n in chosen.schedule.notes if n.startswith(SPREAD_NOTE))
     if search is not None:
         notes += _lever_notes(ctx, fit, tuned)
     if not chosen.fits:

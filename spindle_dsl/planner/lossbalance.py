@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -40,6 +41,7 @@ from spindle_dsl.planner.problem import Piece
 
 MIN_GAIN = 0.002  # skip a plan whose loss phase could gain less than this share of its step
 MAX_TRIALS = 12  # full step pricings per plan, at most
+SPREAD_NOTE = "loss phase spread by renaming devices"  # how a spread plan's note begins
 
 Waves = tuple[tuple[PlacedPiece, ...], ...]
 
@@ -194,7 +196,14 @@ def rebalance_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
                 trial = Evaluated(start.schedule, pl, time_of(ctx, pl))
                 if trial.iteration_s < best.iteration_s * (1 - 1e-9):
                     best, improved = trial, True  # the round's best; the next starts there
-    return best
+    if best is ev:
+        return ev
+    note = (
+        f"{SPREAD_NOTE}: losses {ev.timing.loss_s * 1e3:.1f} -> "
+        f"{best.timing.loss_s * 1e3:.1f} ms, iteration {ev.iteration_s * 1e3:.1f} -> "
+        f"{best.iteration_s * 1e3:.1f} ms"
+    )
+    return replace(best, schedule=replace(best.schedule, notes=(*best.schedule.notes, note)))
 
 
 def spread_round(

@@ -121,6 +121,7 @@ def test_a_piled_plan_gets_a_quicker_loss_phase_and_still_fits_and_validates(ctx
     assert after.timing.loss_s < before.timing.loss_s * 0.9
     assert after.iteration_s < before.iteration_s
     assert after.fits
+    assert any(n.startswith("loss phase spread") for n in after.schedule.notes)
     assert [[p.n for p in w] for w in after.placement.waves] == [[p.n for p in w] for w in PILED]
     others = dict.fromkeys(("sequential", "distmm", "optimus"), before.iteration_s)
     plan = to_plan(ctx, after, lower_bound_s=0.0, baselines=others, wall_s=0.0, notes=(), extra={})
