@@ -20,7 +20,9 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   with the cost model's point-to-point price).
 - ``loss_s``: the loss phase after the last forward wave: each device computes the loss heads
   of the sinks whose last entry it runs (lm: vocab head and cross-entropy; mse; contrastive:
-  pooled readouts, InfoNCE of the whole batch on one device), forward and backward.
+  pooled readouts, InfoNCE of the whole batch on one device), forward and backward; the
+  busiest device counts (``loss_load`` gives each device's, which ``planner.lossbalance``
+  evens out).
 - ``grad_sync_s``: gradient reduction as the runtime issues it, and the step's closing
   all-reduce of the losses over every rank (which also lines the ranks up). A parameter part
   (a layer, an input stage, an LM head) is summed over the ranks holding it; parts with the
@@ -216,6 +218,12 @@ class StepModel:
         )
 
     def _loss(self, waves: Sequence[Sequence[PieceTime]], k: int) -> float:
+        return self._share(self.loss_load(waves, k))
+
+    def loss_load(self, waves: Sequence[Sequence[PieceTime]], k: int) -> dict[int, float]:
+        """Seconds of the loss phase (one pass) per device: each sink's loss heads on the
+        devices of its last piece in ``waves``, as the runtime computes them after the last
+        forward wave. The planner reads it to spread the phase (``planner.lossbalance``)."""
         last: dict[str, PieceTime] = {}
         for wave in waves:
             for p in wave:
@@ -235,7 +243,7 @@ class StepModel:
                 continue
             for d in p.devices:
                 load[d] = load.get(d, 0.0) + self.loss_seconds(s, shard)
-        return self._share(load)
+        return load
 
     def backward_clock(
         self, waves: Sequence[Sequence[PieceTime]], price: StepPrice

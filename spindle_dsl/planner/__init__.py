@@ -41,6 +41,7 @@ from spindle_dsl.planner.build import (
 from spindle_dsl.planner.isolate import warm_up
 from spindle_dsl.planner.levers import Levers, pass_problem
 from spindle_dsl.planner.leversearch import Fit, Judge, LeverSearch
+from spindle_dsl.planner.lossbalance import SPREAD_NOTE, rebalance_losses, spread_round
 from spindle_dsl.planner.lp_bound import LpBound
 from spindle_dsl.planner.lp_bound import lp_bound as lp_relaxation_bound
 from spindle_dsl.planner.memfit import no_fit_message, overflow_message
@@ -97,7 +98,11 @@ def _plan_round(
     """Every candidate schedule evaluated, and the one ``scheduler`` picks."""
     cached = _cached(ctx)
     schedules = _schedules(ctx, scheduler, time_limit_s, check_memory, cached, solver, passes)
-    evaluated = {k: cached(s) for k, s in schedules.items()}
+    # the pick is spread whatever it could gain, and the baselines too where the plan reports
+    # this round's (without the lever search; with it, their own tuned plans, spread there)
+    reported = not (check_memory and ctx.per_part)
+    always = {scheduler, *(BASELINES if reported else ())}
+    evaluated = spread_round(ctx, {k: cached(s) for k, s in schedules.items()}, always)
     if scheduler == "default":
         chosen = min(evaluated.values(), key=lambda e: _key(e, ctx, check_memory))
     else:
@@ -211,6 +216,7 @@ def make_plan(
     baselines = {k: ranked[k].iteration_s for k in BASELINES}
     candidates = {k: e.iteration_s for k, e in ranked.items()}
     notes = _notes(scheduler, chosen, ranked, baselines)
+    notes += tuple(n for n in chosen.schedule.notes if n.startswith(SPREAD_NOTE))
     if search is not None:
         notes += _lever_notes(ctx, fit, tuned)
     if not chosen.fits:
@@ -243,14 +249,15 @@ def make_plan(
 
 
 def _tuned_baselines(search: LeverSearch | None) -> dict[str, tuple[Evaluated, PlanContext]]:
-    """Each baseline planned with its own best setting of the memory levers."""
+    """Each baseline planned with its own best setting of the memory levers, its loss phase
+    spread as the planner's own plans are (``planner.lossbalance``)."""
     out: dict[str, tuple[Evaluated, PlanContext]] = {}
     if search is None:
         return out
     for name in BASELINES:
         best = search.search(_quick(name), tuple(search.explored)).best
         if best is not None and best.ctx is not None and best.fitting is not None:
-            out[name] = (best.fitting, best.ctx)
+            out[name] = (rebalance_losses(best.ctx, best.fitting), best.ctx)
     return out
 
 

@@ -325,9 +325,14 @@ def _switch_s(graph: MetaGraph, cost: CostModel, flows: Flows, op: OpSpec, n_sta
 
 def evaluate(ctx: PlanContext, sched: Schedule) -> Evaluated:
     """Place ``sched`` on devices and predict its iteration time."""
-    cost, cluster = ctx.cost, ctx.graph.cluster
     placement = place(ctx.problem, sched, ctx.topology, ctx.ledger())
-    timing = time_placement(
+    return Evaluated(sched, placement, time_of(ctx, placement))
+
+
+def time_of(ctx: PlanContext, placement: Placement) -> Timing:
+    """The iteration time of ``placement`` under ``ctx``'s levers (the step model's)."""
+    cost, cluster = ctx.cost, ctx.graph.cluster
+    return time_placement(
         placement,
         lambda op, n: ctx.problem.op(op).t(n),
         ctx.flows,
@@ -337,7 +342,6 @@ def evaluate(ctx: PlanContext, sched: Schedule) -> Evaluated:
         micro_batches=ctx.levers.micro_batches,
         zero_stage=ctx.levers.zero_stage,
     )
-    return Evaluated(sched, placement, timing)
 
 
 def evaluate_cached(ctx: PlanContext, sched: Schedule) -> Evaluated:

@@ -1,0 +1,239 @@
+"""Spread the loss phase: relabel devices on one side of a wave boundary so that the LM
+sinks' losses do not pile up on the same few devices.
+
+The runtime computes every sink's loss heads after the last forward wave, on the devices of
+the sink's last piece (``cost.step``, ``loss_s``), so a device that ends two sinks computes
+both losses while the others wait. Placement cannot see this when it places a sink's first
+piece (its later pieces follow it, and the other sinks are placed waves later), and a
+concurrent plan whose sinks end on overlapping device groups can lose much of what its waves
+gained: with vocabulary-sized heads the loss phase is several percent of a step (qwen_val at
+16 devices: two sinks' losses on the same 6 devices cost 0.45 s of a 21 s step).
+
+Renaming devices by one permutation in every wave before a cut (or in every wave from it
+on) keeps every wave a valid wave (the same pieces, on groups of the same sizes, still
+disjoint) and changes only what crosses the cut: which later pieces meet which earlier ones
+on a device (the activation transfers at the cut, the parameter holders, each device's
+memory) and which devices end which sinks. For each way of splitting the sinks by where
+their last piece lies, the losses that move (``a``) are paired with those that stay (``b``):
+greedily, the busiest device exchanges with the one that lowers the pair's larger load the
+most (``spread``), which reaches the bottleneck pairing's peak (``best_peak``) while moving
+few devices. A relabeling is kept only when the whole step, priced by the same step model as
+any plan (transfers, gradient reduction, optimizer and memory included), is quicker and
+fits no worse; the best of a round is kept and the search starts again from it. Only
+relabelings whose loss phase could be at least ``MIN_GAIN`` of the step shorter are priced,
+at most ``MAX_TRIALS`` per plan, and a round of candidates spreads only those that could still
+become the quickest (``spread_round``). It changes nothing where the loss is already even
+(the sequential plan's sinks each end on every device).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from spindle_dsl.cost.step import PieceTime, StepModel
+from spindle_dsl.planner.build import Evaluated, PlanContext, time_of
+from spindle_dsl.planner.placement import PlacedPiece, Placement
+from spindle_dsl.planner.problem import Piece
+
+MIN_GAIN = 0.002  # skip a plan whose loss phase could gain less than this share of its step
+MAX_TRIALS = 12  # full step pricings per plan, at most
+SPREAD_NOTE = "loss phase spread by renaming devices"  # how a spread plan's note begins
+
+Waves = tuple[tuple[PlacedPiece, ...], ...]
+
+
+def loss_loads(step: StepModel, waves: Waves, micro_batches: int) -> dict[int, float]:
+    """One pass's loss seconds per device for these placed waves."""
+    return step.loss_load(
+        [[PieceTime(p.op, p.first, p.end, p.devices, 0.0) for p in w] for w in waves],
+        micro_batches,
+    )
+
+
+def relabeled(waves: Waves, label: Sequence[int], cut: int, prefix: bool = True) -> Waves:
+    """``waves`` with device ``x`` renamed ``label[x]`` in every wave before ``cut`` (with
+    ``prefix``; else in every wave from ``cut`` on), ``label`` a permutation of the ids."""
+
+    def move(p: PlacedPiece) -> PlacedPiece:
+        ids = tuple(sorted(label[x] for x in p.devices))
+        return p if ids == p.devices else PlacedPiece(p.op, p.first, p.end, ids)
+
+    return tuple(tuple(map(move, w)) if (i < cut) == prefix else w for i, w in enumerate(waves))
+
+
+def sink_loads(
+    step: StepModel, waves: Waves, micro_batches: int, devices: int
+) -> list[tuple[int, np.ndarray]]:
+    """Per sink that runs: the wave of its last piece and its loss seconds per device."""
+    last: dict[str, tuple[int, PlacedPiece]] = {}
+    for i, w in enumerate(waves):
+        for p in w:
+            last[p.op] = (i, p)
+    out = []
+    for sink in dict.fromkeys(s.sink for s in step.sinks):
+        if sink in last:
+            i, p = last[sink]
+            vec = np.zeros(devices)
+            for x, v in loss_loads(step, ((p,),), micro_batches).items():
+                vec[x] = v
+            out.append((i, vec))
+    return out
+
+
+def spread(a: np.ndarray, b: np.ndarray, tie: str = "low") -> list[int] | None:
+    """A relabeling ``label`` (device ``x`` becomes ``label[x]``) of the waves whose losses
+    are ``a`` per device, the others' ``b`` staying, that lowers the peak of
+    ``a[x] + b[label[x]]``, or None. Greedily, the most loaded device exchanges with the
+    device that lowers the larger of the pair's new loads the most, while that is below the
+    current peak (each exchange lowers the peak or the number of devices at it): few devices
+    move, and pairing large ``a`` with small ``b`` is what evens the sums. Among exchanges as
+    good, ``tie`` takes the lowest id ("low") or the highest ("high"): what they cost
+    elsewhere (transfers, the gradient reduction's groups) differs, and the caller prices
+    each."""
+    n = len(a)
+    src = np.arange(n)  # src[y]: the device whose relabeled waves now run on y
+    load = a + b
+    moved = False
+    for _ in range(n):
+        y = int(np.argmax(load))
+        peak = load[y]
+        pair = np.maximum(a[src] + b[y], a[src[y]] + b)  # if y exchanged with z
+        pair[y] = np.inf
+        least = pair.min()
+        if not least < peak * (1 - 1e-9):
+            break
+        ties = np.flatnonzero(pair <= least * (1 + 1e-12))
+        z = int(ties[-1] if tie == "high" else ties[0])
+        src[y], src[z] = src[z], src[y]
+        load[y], load[z] = a[src[y]] + b[y], a[src[z]] + b[z]
+        moved = True
+    if not moved:
+        return None
+    label = [0] * n
+    for y, x in enumerate(src.tolist()):
+        label[x] = y
+    return label
+
+
+def best_peak(a: np.ndarray, b: np.ndarray) -> float:
+    """The least peak of ``a[x] + b[label[x]]`` over all relabelings: the largest ``a``
+    with the smallest ``b`` (the bottleneck pairing)."""
+    return float((np.sort(a)[::-1] + np.sort(b)).max())
+
+
+def candidates(
+    step: StepModel, waves: Waves, micro_batches: int, devices: int
+) -> list[tuple[float, int, bool, np.ndarray, np.ndarray]]:
+    """(least loss peak, cut, prefix, a, b) for each way to split the sinks at a wave
+    boundary: those whose last piece comes before the cut move with a relabeling of the
+    waves before it (``prefix``, the cut right after the last of them: the fewest waves
+    relabeled) or with one of the waves from the cut on (the cut at the first of the others),
+    best first."""
+    sinks = sink_loads(step, waves, micro_batches, devices)
+    ends = sorted({i for i, _ in sinks})
+    out = []
+    for lo, hi in itertools.pairwise(ends):
+        early = sum((v for i, v in sinks if i <= lo), np.zeros(devices))
+        late = sum((v for i, v in sinks if i >= hi), np.zeros(devices))
+        peak = best_peak(early, late)
+        out.append((peak, lo + 1, True, early, late))
+        out.append((peak, hi, False, late, early))
+    out.sort(key=lambda c: (c[0], c[1], not c[2]))
+    return out
+
+
+def placed(ctx: PlanContext, waves: Waves) -> Placement:
+    """The placement of ``waves`` as they are, its memory priced by a fresh ledger in the
+    order placement adds pieces (a wave's largest groups first)."""
+    ledger = ctx.ledger()
+    last_op: dict[int, str] = {}
+    for wave in waves:
+        for p in sorted(wave, key=lambda p: -p.n):
+            piece = Piece(p.op, p.first, p.end, p.n)
+            ledger.add(piece, p.devices, ledger.need(piece))
+            for x in p.devices:
+                last_op[x] = p.op
+    memory = ledger.memory()
+    cap = ctx.topology.capacity
+    overflow = tuple((x, last_op.get(x, ""), b) for x, b in enumerate(memory) if b > cap)
+    fullest = ledger.breakdown(max(range(len(memory)), key=memory.__getitem__)) if memory else None
+    return Placement(waves, memory, overflow, fullest)
+
+
+def rebalance_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
+    """``ev`` with the loss phase spread by relabeling devices on one side of a cut (module
+    docstring), or ``ev`` itself when no relabeling makes the whole step quicker and fit.
+    Only relabelings whose loss phase could be at least ``MIN_GAIN`` of the step shorter are
+    priced, at most ``MAX_TRIALS`` of them."""
+    step = ctx.step
+    if step is None or not step.sinks or len(ev.placement.waves) < 2:
+        return ev
+    k = ctx.levers.micro_batches
+    cap, n = ctx.topology.capacity, ctx.topology.devices
+    best, trials = ev, 0
+    improved = True
+    while improved and trials < MAX_TRIALS:
+        improved = False
+        start = best
+        waves = start.placement.waves
+        now = float(sum(v for _, v in sink_loads(step, waves, k, n)).max(initial=0.0))
+        worth = now - MIN_GAIN * start.iteration_s / k
+        for peak, cut, prefix, a, b in candidates(step, waves, k, n):
+            if peak > worth or trials >= MAX_TRIALS:
+                break
+            for tie in ("low", "high"):
+                label = spread(a, b, tie)
+                if label is None or trials >= MAX_TRIALS:
+                    continue
+                trials += 1
+                pl = placed(ctx, relabeled(waves, label, cut, prefix))
+                if _over(pl.memory, cap) > _over(start.placement.memory, cap):
+                    continue  # a plan that fits keeps fitting
+                trial = Evaluated(start.schedule, pl, time_of(ctx, pl))
+                if trial.iteration_s < best.iteration_s * (1 - 1e-9):
+                    best, improved = trial, True  # the round's best; the next starts there
+    if best is ev:
+        return ev
+    note = (
+        f"{SPREAD_NOTE}: losses {ev.timing.loss_s * 1e3:.1f} -> "
+        f"{best.timing.loss_s * 1e3:.1f} ms, iteration {ev.iteration_s * 1e3:.1f} -> "
+        f"{best.iteration_s * 1e3:.1f} ms"
+    )
+    return replace(best, schedule=replace(best.schedule, notes=(*best.schedule.notes, note)))
+
+
+def spread_round(
+    ctx: PlanContext, evaluated: Mapping[str, Evaluated], always: Collection[str]
+) -> dict[str, Evaluated]:
+    """``rebalance_losses`` over one round's candidates, quickest first, skipping those that
+    could not become the quickest fitting plan even with their loss spread evenly
+    (``_floor``: relabeling moves the same loss work between devices, so the busiest
+    carries at least the mean), except the names in ``always`` (the requested scheduler and the
+    baselines, whose reported times must be priced the same way as the plan's)."""
+    out = dict(evaluated)
+    best = float("inf")
+    for name in sorted(evaluated, key=lambda n: evaluated[n].iteration_s):
+        ev = evaluated[name]
+        if name in always or _floor(ctx, ev) < best:
+            out[name] = ev = rebalance_losses(ctx, ev)
+        if ev.fits:
+            best = min(best, ev.iteration_s)
+    return out
+
+
+def _floor(ctx: PlanContext, ev: Evaluated) -> float:
+    step = ctx.step
+    if step is None:
+        return ev.iteration_s
+    k = ctx.levers.micro_batches
+    n = ctx.topology.devices
+    total = sum(float(v.sum()) for _, v in sink_loads(step, ev.placement.waves, k, n))
+    return ev.iteration_s - ev.timing.loss_s + k * total / n
+
+
+def _over(memory: Sequence[int], cap: int) -> int:
+    return sum(max(0, m - cap) for m in memory)
