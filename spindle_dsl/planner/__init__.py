@@ -269,7 +269,7 @@ class Bound:
     lp_wall_s: float
     ks: tuple[int, ...]  # the micro-batch counts bounded
     note: str | None = None
-    step_floor_s: float = 0.0  # what the step's floors add at the k that sets ``seconds``
+    step_floor_s: float = 0.0  # ``seconds`` less the LP alone, at the k that sets it
 
 
 def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverChoice) -> Bound:
@@ -290,9 +290,11 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
         ks = sorted({*search.explored, ctx.levers.micro_batches})
         problems = {k: pass_problem(ctx.graph, ctx.cost, Levers(k), search.pricing) for k in ks}
     cheap = {k: k * area_path_bound_s(p) for k, p in problems.items()}
-    floors = {k: step_floor(ctx.step, k).total_s(k) for k in problems}
+    each_floor = {k: step_floor(ctx.step, k) for k in problems}
+    floors = {k: f.total_s(k) for k, f in each_floor.items()}
     best: LpBound | None = None  # the least LP alone
     best_total, total_k = float("inf"), min(problems)
+    lp_at: dict[int, float] = {}
     wall = 0.0
     failed = False
     for k in sorted(cheap, key=cheap.__getitem__):
@@ -303,12 +305,20 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
         ):
             break
         got = lp_relaxation_bound(problems[k], micro_batches=k, solver=choice)
+        lp_at[k] = got.lower_bound_s
         wall += got.wall_s
         failed = failed or got.seconds is None
         if best is None or got.lower_bound_s < best.lower_bound_s:
             best = got
-        if got.lower_bound_s + floors[k] < best_total:
-            best_total, total_k = got.lower_bound_s + floors[k], k
+        total = got.lower_bound_s + floors[k]
+        f = each_floor[k]
+        if f.holder_work and got.seconds is not None:  # the optimizer weighed in the LP too
+            joint = lp_relaxation_bound(problems[k], k, choice, f.holder_work)
+            wall += joint.wall_s
+            if joint.seconds is not None:
+                total = max(total, joint.seconds + f.beside_lp_s(k))
+        if total < best_total:
+            best_total, total_k = total, k
     assert best is not None
     return Bound(
         best_total,
@@ -317,7 +327,7 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
         wall,
         tuple(sorted(problems)),
         best.note,
-        floors[total_k],
+        best_total - lp_at[total_k],
     )
 
 

@@ -31,13 +31,24 @@ P, the sum over parts. The busiest holder pays at least the average, ``alpha + (
 ``alpha + beta b_p / N + part_seconds(p)``. This needs ``beta >= 0`` and every per-part
 work >= 0 (a fitted line could break that: then the optimizer gets no floor).
 
+The optimizer's per-part work again, weighed by the LP. A layer is run by exactly one piece
+of each MetaOp using it, on that piece's n devices, so a layer part is held by at least the
+largest (hence at least the average) of those n over the ops sharing it: summed over the
+devices, the per-part work is at least ``sum_m w_m sum_layers n`` with ``w_m`` the least over
+m's layers of part_seconds / (ops sharing the part), which is ``sum_m w_m L_m sum_n x[m,n] n``
+in the LP's terms, plus the per-part work of the other parts on one holder each. The busiest
+device pays at least ``alpha`` plus the average over N of all that and the AdamW bytes, so
+``lp_bound(holder_work=w)`` plus the rest bounds k x compute plus the optimizer, and the LP
+may find that narrower allocations (fewer holders) pay.
+
 Closing all-reduce: a fixed price per step (``StepPrice.closing_s``), read from the step
 model by pricing no waves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from spindle_dsl.cost.comm import ceil_div
 from spindle_dsl.cost.step import StepModel
@@ -47,15 +58,24 @@ from spindle_dsl.cost.step_parts import SinkLoss
 @dataclass(frozen=True)
 class StepFloor:
     """Seconds no plan at k passes can go below, per term (see the module docstring):
-    ``loss_s`` one pass's loss phase, ``optimizer_s`` and ``closing_s`` once per step."""
+    ``loss_s`` one pass's loss phase, ``optimizer_s`` and ``closing_s`` once per step.
+    ``holder_work`` (per op: seconds per layer on each device holding it) and ``rest_s`` split
+    the optimizer another way, for the LP to weigh (``lp_bound(holder_work=...)``): the LP's
+    value plus ``rest_s`` bounds k x compute plus the optimizer."""
 
     loss_s: float
     optimizer_s: float
     closing_s: float
+    holder_work: Mapping[str, float] = field(default_factory=dict)
+    rest_s: float = 0.0
 
     def total_s(self, micro_batches: int) -> float:
         """What the floors add to an iteration of ``micro_batches`` passes."""
         return max(1, micro_batches) * self.loss_s + self.optimizer_s + self.closing_s
+
+    def beside_lp_s(self, micro_batches: int) -> float:
+        """What they add beside an LP that weighed ``holder_work``."""
+        return max(1, micro_batches) * self.loss_s + self.rest_s + self.closing_s
 
 
 NO_FLOOR = StepFloor(0.0, 0.0, 0.0)
@@ -128,13 +148,49 @@ def optimizer_floor_s(step: StepModel) -> float:
     return max(average, single, 0.0)
 
 
+def holder_split(step: StepModel) -> tuple[dict[str, float], float]:
+    """The optimizer split for the LP (module docstring, last paragraph): per op the least
+    over its layers of the layer part's per-part work over the number of ops sharing that
+    part, and the rest: ``alpha + (beta T + P') / N`` with P' the per-part work of the parts
+    that are not layers (input stages, LM heads), each on at least one holder. Nothing (an
+    empty map and 0) where a negative slope or per-part price voids the argument."""
+    o = step.overheads
+    parts = _parts(step)
+    if not parts:
+        return {}, 0.0
+    work = {key: o.part_seconds(key, nbytes) for key, nbytes in parts.items()}
+    if o.optimizer.beta_s < 0 or min(work.values()) < 0:
+        return {}, 0.0
+    sharing: dict[str, int] = {}
+    for op in step.ops.values():
+        for key in {key for key, nbytes in op.layer_parts if nbytes > 0}:
+            sharing[key] = sharing.get(key, 0) + 1
+    per_op = {}
+    for op_id, op in step.ops.items():
+        if op.layer_parts and all(key in work for key, _ in op.layer_parts):
+            per_op[op_id] = min(work[key] / sharing[key] for key, _ in op.layer_parts)
+    others = sum(w for key, w in work.items() if key not in sharing)
+    rest = o.optimizer.alpha_s + (o.optimizer.beta_s * sum(parts.values()) + others) / step.devices
+    return per_op, max(rest, 0.0)
+
+
 def step_floor(step: StepModel | None, micro_batches: int) -> StepFloor:
     """The floors for plans of ``micro_batches`` passes priced by ``step`` (none without a
     step model: then the iteration is compute, transfers and sync, and the LP is the bound)."""
     if step is None:
         return NO_FLOOR
     closing = step.price((), micro_batches=micro_batches).closing_s
-    return StepFloor(loss_floor_s(step, micro_batches), optimizer_floor_s(step), closing)
+    per_op, rest = holder_split(step)
+    return StepFloor(
+        loss_floor_s(step, micro_batches), optimizer_floor_s(step), closing, per_op, rest
+    )
 
 
-__all__ = ["NO_FLOOR", "StepFloor", "loss_floor_s", "optimizer_floor_s", "step_floor"]
+__all__ = [
+    "NO_FLOOR",
+    "StepFloor",
+    "holder_split",
+    "loss_floor_s",
+    "optimizer_floor_s",
+    "step_floor",
+]

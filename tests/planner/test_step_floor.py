@@ -102,6 +102,12 @@ def test_floors_are_below_every_placement(seed: int) -> None:
         assert price.loss_s >= floor.loss_s * (1 - 1e-12)
         assert price.optimizer_s >= floor.optimizer_s * (1 - 1e-12)
         assert price.closing_s == pytest.approx(floor.closing_s)
+        # the split the LP weighs: per-layer holder work over N plus the rest
+        held = sum(
+            (p.end - p.first) * len(p.devices) * floor.holder_work[p.op] for w in waves for p in w
+        )
+        assert floor.holder_work and floor.rest_s > 0
+        assert price.optimizer_s >= (floor.rest_s + held / g.cluster.devices) * (1 - 1e-12)
 
 
 def test_loss_floor_is_reached_by_one_sink_on_every_device() -> None:
@@ -139,3 +145,19 @@ def test_the_plan_bound_adds_the_floors_and_stays_below_the_plan() -> None:
     assert b["step_floor_s"] >= least * (1 - 1e-9)
     assert b["lp_s"] <= dict(plan.breakdown)["compute_s"] * (1 + 1e-9)
     assert plan.lower_bound_s <= plan.iteration_s and validate_plan(plan) == []
+
+
+def test_a_layer_shared_by_several_metaops_counts_once() -> None:
+    """Every MetaOp on every device: each layer part is held once per device, however many
+    MetaOps run it, and the LP's per-layer holder work adds up to exactly that."""
+    g = compile_text(SPEC).graph
+    step = make_step_model(g, overheads(), grad_in_curves=False)
+    assert sum(1 for o in g.metaops if o.segments[0][0] == "lm") > 1  # lm is shared
+    everyone = tuple(range(g.cluster.devices))
+    waves = [[PieceTime(op.id, 0, op.layers, everyone, 0.01)] for op in g.metaops]
+    floor = step_floor(step, 1)
+    held = sum(op.layers * floor.holder_work[op.id] for op in g.metaops)
+    layer_parts = {key: b for op in step.ops.values() for key, b in op.layer_parts if b > 0}
+    once = sum(step.overheads.part_seconds(key, b) for key, b in layer_parts.items())
+    assert held == pytest.approx(once, rel=1e-12)
+    assert step.price(waves).optimizer_s >= floor.rest_s + held * (1 - 1e-12)
