@@ -47,6 +47,14 @@ allocation, not only the frontier, so the reported bound is valid even if the so
 frontier were wrong; at an optimal dual it equals the LP optimum (the bench and tests check
 that it matches the primal value).
 
+Holder work (``lp_bound(holder_work=w)``). Work paid once per step on every device holding
+a layer (the optimizer's per-part work; ``step_floor`` says why a layer's holders are at
+least the n it runs on) adds ``L_m w_m sum_n x[m,n] n / N`` to the objective: the bound is
+then on k x compute plus that work's average over the devices. The same dual weights
+certify it, each op's weight at n growing by ``w_m n / (k N)`` per pass, since every
+feasible solution pays that term exactly. The 2-D frontier no longer suffices (n counts
+apart from n T(n)); the LP takes the points quicker than every smaller n (``quicker``).
+
 Solving: python-mip with the planner's solver (HiGHS by default), in the isolated worker
 process when the choice says so (``isolate``), since a native crash must not take planning
 down; if the solve fails, ``lp_bound`` returns the area / critical-path bound with a note.
