@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from spindle_dsl.cli.cmd_plan import summary, summary_text
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.cost.overheads import Collective, Line, StepOverheads
 from spindle_dsl.cost.step import PieceTime, make_step_model
@@ -145,6 +146,8 @@ def test_the_plan_bound_adds_the_floors_and_stays_below_the_plan() -> None:
     assert b["step_floor_s"] >= least * (1 - 1e-9)
     assert b["lp_s"] <= dict(plan.breakdown)["compute_s"] * (1 + 1e-9)
     assert plan.lower_bound_s <= plan.iteration_s and validate_plan(plan) == []
+    text = summary_text(summary(plan))
+    assert f"{b['step_floor_s'] * 1e3:.2f} ms of step floors" in text
 
 
 def test_a_layer_shared_by_several_metaops_counts_once() -> None:
