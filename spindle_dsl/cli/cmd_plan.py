@@ -180,6 +180,8 @@ def bound_text(s: dict[str, Any]) -> str:
     the plan has no LP figure), and the plan's ratio to it."""
     b = s.get("bounds") or {}
     kind = "LP relaxation" if b.get("lp_s") is not None else "area / critical path"
+    if b.get("step_floor_s"):
+        kind += f" + {b['step_floor_s'] * 1e3:.2f} ms of step floors (losses, optimizer)"
     other = (
         f"; area / critical path {b['area_path_s'] * 1e3:.2f} ms"
         if b.get("lp_s") is not None and b.get("area_path_s") is not None

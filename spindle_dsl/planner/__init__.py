@@ -49,6 +49,7 @@ from spindle_dsl.planner.milp_scheduler import milp_schedule
 from spindle_dsl.planner.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.problem import Problem, Schedule
 from spindle_dsl.planner.solver import SolverChoice, choose_solver
+from spindle_dsl.planner.step_floor import step_floor
 from spindle_dsl.planner.wavefront import paper_schedule
 
 SCHEDULERS: tuple[str, ...] = ("default", "milp", "paper", *BASELINES)
@@ -164,11 +165,14 @@ def make_plan(
     see ``planner.solver``). ``passes``: the ``milp`` scheduler's passes to run (all by
     default; ``bench/plan_quality.py --ablation`` switches each off in turn).
     ``lower_bound_s`` is the LP bound (``lp_bound``) over the micro-batch counts the planner
-    tried: the least over k of k times the LP of one pass's curves at k (``_lower_bound``),
-    proven below every plan the planner could have made with those k; ``extra["bounds"]``
-    holds it (``lp_s``, None if an LP that mattered failed) beside the area / critical-path
-    bound taken the same way (``area_path_s``), the LPs' solving time (``lp_wall_s``) and the
-    k bounded (``micro_batches``).
+    tried: the least over k of k times the LP of one pass's curves at k plus the floors of the
+    step terms the LP does not count (``step_floor``: loss phase, optimizer, closing
+    all-reduce; ``_lower_bound``), proven below every plan the planner could have made with
+    those k; ``extra["bounds"]`` holds the least of the LP alone (``lp_s``, a bound on the
+    compute; None if an LP that mattered failed), the floors added at the k that sets the
+    bound (``step_floor_s``), the area / critical-path bound taken the same way
+    (``area_path_s``), the LPs' solving time (``lp_wall_s``) and the k bounded
+    (``micro_batches``).
     """
     if scheduler not in SCHEDULERS:
         raise PlanError(f"unknown scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})")
@@ -235,6 +239,7 @@ def make_plan(
             "area_path_s": bound.area_path_s,
             "lp_wall_s": bound.lp_wall_s,
             "micro_batches": list(bound.ks),
+            "step_floor_s": bound.step_floor_s,
         },
     }
     return to_plan(
@@ -271,43 +276,65 @@ class Bound:
     lp_wall_s: float
     ks: tuple[int, ...]  # the micro-batch counts bounded
     note: str | None = None
+    step_floor_s: float = 0.0  # ``seconds`` less the LP alone, at the k that sets it
 
 
 def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverChoice) -> Bound:
     """A proven lower bound on the iteration time of any plan with the levers the planner
     considered: the least over the k tried of k times the LP bound of one pass at k
-    (``lp_bound(problem, micro_batches=k)``). At each k the pass problem is the envelope of
-    every setting at that k (``levers.pass_problem``: every allocation the curves list,
-    memory aside, no recompute, the least gradient share; recompute and ZeRO-2 only slow a
-    pass down), so it holds whichever of them the plan pulled. Without a lever search it is
-    the plan's own problem at the plan's k. The LPs are solved in order of the area /
-    critical-path bound, which is below each, and stop once that alone passes the best LP
-    value: the least is the same, with fewer LPs solved."""
+    (``lp_bound(problem, micro_batches=k)``) plus the floors of the step terms the LP does not
+    count at k (``step_floor``: the loss phase, the optimizer, the closing all-reduce). At each
+    k the pass problem is the envelope of every setting at that k (``levers.pass_problem``:
+    every allocation the curves list, memory aside, no recompute, the least gradient share;
+    recompute and ZeRO-2 only slow a pass down), so it holds whichever of them the plan
+    pulled. Without a lever search it is the plan's own problem at the plan's k. ``lp_s`` is
+    the least over k of the LP alone (a bound on the compute). The LPs are solved in order of
+    the area / critical-path bound, which is below each, and stop once that alone passes both
+    best values: the least are the same, with fewer LPs solved."""
     if search is None:
         problems = {ctx.levers.micro_batches: ctx.problem}
     else:
         ks = sorted({*search.explored, ctx.levers.micro_batches})
         problems = {k: pass_problem(ctx.graph, ctx.cost, Levers(k), search.pricing) for k in ks}
     cheap = {k: k * area_path_bound_s(p) for k, p in problems.items()}
-    best: LpBound | None = None
+    each_floor = {k: step_floor(ctx.step, k) for k in problems}
+    floors = {k: f.total_s(k) for k, f in each_floor.items()}
+    best: LpBound | None = None  # the least LP alone
+    best_total, total_k = float("inf"), min(problems)
+    lp_at: dict[int, float] = {}
     wall = 0.0
     failed = False
     for k in sorted(cheap, key=cheap.__getitem__):
-        if best is not None and cheap[k] >= best.lower_bound_s:
+        if (
+            best is not None
+            and cheap[k] >= best.lower_bound_s
+            and cheap[k] + floors[k] >= best_total
+        ):
             break
         got = lp_relaxation_bound(problems[k], micro_batches=k, solver=choice)
+        lp_at[k] = got.lower_bound_s
         wall += got.wall_s
         failed = failed or got.seconds is None
         if best is None or got.lower_bound_s < best.lower_bound_s:
             best = got
+        total = got.lower_bound_s + floors[k]
+        f = each_floor[k]
+        if f.holder_work and got.seconds is not None:  # the optimizer weighed in the LP too
+            joint = lp_relaxation_bound(problems[k], k, choice, f.holder_work)
+            wall += joint.wall_s
+            if joint.seconds is not None:
+                total = max(total, joint.seconds + f.beside_lp_s(k))
+        if total < best_total:
+            best_total, total_k = total, k
     assert best is not None
     return Bound(
-        best.lower_bound_s,
+        best_total,
         None if failed else best.seconds,
         min(cheap.values()),
         wall,
         tuple(sorted(problems)),
         best.note,
+        best_total - lp_at[total_k],
     )
 
 

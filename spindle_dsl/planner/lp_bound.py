@@ -47,6 +47,14 @@ allocation, not only the frontier, so the reported bound is valid even if the so
 frontier were wrong; at an optimal dual it equals the LP optimum (the bench and tests check
 that it matches the primal value).
 
+Holder work (``lp_bound(holder_work=w)``). Work paid once per step on every device holding
+a layer (the optimizer's per-part work; ``step_floor`` says why a layer's holders are at
+least the n it runs on) adds ``L_m w_m sum_n x[m,n] n / N`` to the objective: the bound is
+then on k x compute plus that work's average over the devices. The same dual weights
+certify it, each op's weight at n growing by ``w_m n / (k N)`` per pass, since every
+feasible solution pays that term exactly. The 2-D frontier no longer suffices (n counts
+apart from n T(n)); the LP takes the points quicker than every smaller n (``quicker``).
+
 Solving: python-mip with the planner's solver (HiGHS by default), in the isolated worker
 process when the choice says so (``isolate``), since a native crash must not take planning
 down; if the solve fails, ``lp_bound`` returns the area / critical-path bound with a note.
@@ -69,7 +77,7 @@ below the plan (its k is among them), and a statement about the planner's choice
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import mip
@@ -103,6 +111,9 @@ class LpInput:
     deps: tuple[tuple[int, ...], ...]
     points: tuple[tuple[tuple[int, float], ...], ...]  # (n, T(n) / scale) per op
     devices: int
+    # per op: work per layer on each device holding it, once per step, over k and ``scale``
+    # (``holder_work`` of ``lp_bound``); empty: none
+    holder: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -166,6 +177,20 @@ def frontier(curve: Curve) -> tuple[tuple[int, float], ...]:
     return tuple((n, t) for n, t, _ in hull)
 
 
+def quicker(curve: Curve) -> tuple[tuple[int, float], ...]:
+    """The points no other beats on n, T(n) and n T(n) at once: by increasing n, those
+    quicker than every smaller allocation (a larger n that is not quicker has more of all
+    three). With holder work the LP weighs n apart from n T(n), so the 2-D frontier is not
+    enough; the certificate still takes every valid allocation."""
+    out: list[tuple[int, float]] = []
+    best = np.inf
+    for n, t in sorted(zip(curve.ns.tolist(), curve.seconds.tolist(), strict=True)):
+        if t < best:
+            out.append((n, t))
+            best = t
+    return tuple(out)
+
+
 def envelope(problems: Sequence[Problem]) -> Problem:
     """Per op, the union of the allocations of several problems over the same ops (e.g. one
     per memory-lever setting at one k), keeping the least T(n) where several have n: the
@@ -197,6 +222,8 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
     starts = [model.add_var(f"s_{m}", lb=0.0) for m in range(k)]
     area_vars: list[mip.Var] = [C]
     area_coeffs: list[float] = [1.0]
+    objective_vars: list[mip.Var] = [C]
+    objective_coeffs: list[float] = [1.0]
     for m, (layers, pts) in enumerate(zip(inp.layers, inp.points, strict=True)):
         xs = [model.add_var(f"x_{m}_{n}", lb=0.0) for n, _ in pts]
         model.add_constr(mip.LinExpr(xs, [1.0] * len(xs)) == 1, f"conv_{m}")
@@ -205,6 +232,9 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
         )
         area_vars.extend(xs)
         area_coeffs.extend(-layers * n * t / N for n, t in pts)
+        if inp.holder and inp.holder[m] > 0:
+            objective_vars.extend(xs)
+            objective_coeffs.extend(layers * n * inp.holder[m] / N for n, _ in pts)
     ends = [
         model.add_constr(mip.LinExpr([C, starts[m], d[m]], [1.0, -1.0, -1.0]) >= 0, f"end_{m}")
         for m in range(k)
@@ -220,7 +250,7 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
         for m, deps in enumerate(inp.deps)
     ]
     area_c = model.add_constr(mip.LinExpr(area_vars, area_coeffs) >= 0, "area")
-    model.objective = mip.LinExpr([C], [1.0])
+    model.objective = mip.LinExpr(objective_vars, objective_coeffs)
     with _quiet_stdout():
         status = model.optimize(max_seconds=LP_TIME_LIMIT_S)
     wall = time.perf_counter() - t0
@@ -240,9 +270,10 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
     )
 
 
-def certify(inp: LpInput, curves: Sequence[Curve], sol: LpSolution) -> float:
+def certify(inp: LpInput, curves: Sequence[Curve], sol: LpSolution, scale: float = 1.0) -> float:
     """The weak-duality bound (seconds, one pass) from ``sol``'s duals repaired into valid
-    weights (module docstring), evaluated over every valid allocation in ``curves``."""
+    weights (module docstring), evaluated over every valid allocation in ``curves``
+    (``scale``: what ``inp``'s times were divided by, to price its holder work in seconds)."""
     k = len(inp.layers)
     flows = [list(row) for row in sol.edges]  # flows[m][j]: dep inp.deps[m][j] -> m
     out = [0.0] * k
@@ -262,29 +293,53 @@ def certify(inp: LpInput, curves: Sequence[Curve], sol: LpSolution) -> float:
     for m, curve in enumerate(curves):
         phi = out[m] / norm
         weights = curve.seconds * (phi + mu * curve.ns / inp.devices)
+        if inp.holder:
+            weights = weights + inp.holder[m] * scale * curve.ns / inp.devices
         value += inp.layers[m] * float(weights.min())
     return max(0.0, value * (1 - SAFETY))
 
 
-def lp_input(problem: Problem, scale: float) -> tuple[LpInput, list[Curve]]:
+def lp_input(
+    problem: Problem,
+    scale: float,
+    holder_work: Mapping[str, float] | None = None,
+    micro_batches: int = 1,
+) -> tuple[LpInput, list[Curve]]:
     index = {o.id: i for i, o in enumerate(problem.ops)}
     curves = [curve_of(o, problem.devices) for o in problem.ops]
-    points = tuple(tuple((n, t / scale) for n, t in frontier(c)) for c in curves)
+    holder: tuple[float, ...] = ()
+    if holder_work:
+        k = max(1, micro_batches)
+        holder = tuple(max(0.0, holder_work.get(o.id, 0.0)) / k / scale for o in problem.ops)
+        points = tuple(tuple((n, t / scale) for n, t in quicker(c)) for c in curves)
+    else:
+        points = tuple(tuple((n, t / scale) for n, t in frontier(c)) for c in curves)
     inp = LpInput(
         tuple(o.layers for o in problem.ops),
         tuple(tuple(index[d] for d in o.deps) for o in problem.ops),
         points,
         problem.devices,
+        holder,
     )
     return inp, curves
 
 
 def lp_bound(
-    problem: Problem, micro_batches: int = 1, solver: SolverChoice | None = None
+    problem: Problem,
+    micro_batches: int = 1,
+    solver: SolverChoice | None = None,
+    holder_work: Mapping[str, float] | None = None,
 ) -> LpBound:
     """The LP bound for plans of ``problem`` run ``micro_batches`` passes per iteration (see
     the module docstring), certified by weak duality; the area / critical-path bound with a
-    note if the LP cannot be solved."""
+    note if the LP cannot be solved.
+
+    ``holder_work`` (per op id: seconds per layer on every device that holds the layer, once
+    per step, e.g. the optimizer's per-part work, ``step_floor.holder_work``) adds that work
+    averaged over the N devices to the objective: the bound is then on k x compute plus the
+    busiest device's share of it, and the LP may trade wider allocations (more holders) for
+    less of it. The certificate adds ``w_m n / N`` (over k) to op m's weight at n: every
+    feasible solution pays at least that (module docstring), so it stays valid."""
     t0 = time.perf_counter()
     solver = solver or SolverChoice()
     k = micro_batches
@@ -296,7 +351,7 @@ def lp_bound(
 
     if old <= 0:
         return without_lp("nothing to bound: no MetaOp takes time")
-    inp, curves = lp_input(problem, old)
+    inp, curves = lp_input(problem, old, holder_work, k)
     if any(not len(c.ns) for c in curves):
         return without_lp("a MetaOp has no allocation within the devices")
     n_points = sum(len(p) for p in inp.points)
@@ -310,7 +365,7 @@ def lp_bound(
         return without_lp(e.reason if isinstance(e, isolate.SolverCrash) else repr(e), n_points)
     if sol.primal is None:
         return without_lp(f"solver status {sol.status}", n_points)
-    seconds = certify(inp, curves, sol) * k
+    seconds = certify(inp, curves, sol, old) * k
     primal = sol.primal * old * k
     return LpBound(seconds, primal, old * k, k, n_points, time.perf_counter() - t0)
 

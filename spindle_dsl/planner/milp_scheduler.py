@@ -13,7 +13,8 @@
    started from the best start (never worse than it), adds a fifth candidate.
 4. ``polish``: local search on the placed plan's real iteration time (transfers and
    gradient sync included), when the caller gives that objective, from each of the three
-   best distinct candidates (its local optimum depends on where it starts).
+   best distinct candidates (its local optimum depends on where it starts); then
+   ``refill``: each wave re-allocated min-max where that makes the placed plan quicker.
 
 Candidates are ranked by memory overflow, then by whether their compute exceeds
 ``COMPUTE_SLACK`` x the sum of MetaLevel continuous optima (the issue's quality bar: polish
@@ -33,7 +34,7 @@ from dataclasses import replace
 from spindle_dsl.planner.allocator import level_optimum
 from spindle_dsl.planner.baselines import distmm_schedule, optimus_schedule, sequential_schedule
 from spindle_dsl.planner.bounds import level_reference_s
-from spindle_dsl.planner.crosslevel import improve
+from spindle_dsl.planner.crosslevel import improve, rebalance
 from spindle_dsl.planner.isolate import SolverCrashWarning, crash_count
 from spindle_dsl.planner.listsched import cpa_schedule
 from spindle_dsl.planner.milp import MilpResult, SolveStatus, WaveModelSpec, solve_waves
@@ -255,6 +256,10 @@ def _stages(
 
         best, via = _polish_best(problem, improved, keys, key, t0 + time_limit_s, cap, refine)
         notes.append(f"polished on placed iteration time; kept the start from {via}")
+        if passes.refill:
+            best, filled = _rebalance_waves(problem, best, key)
+            if filled:
+                notes.append(f"re-allocated {filled} wave(s) after polish to use idle devices")
     return replace(best, status=status, gap=gap, notes=tuple(notes))
 
 
@@ -292,6 +297,26 @@ def _polish_best(
         if pk < best_key:
             best, best_key, best_k = polished, pk, k
     return best, best_k
+
+
+def _rebalance_waves(
+    problem: Problem, sched: Schedule, objective: Objective
+) -> tuple[Schedule, int]:
+    """Polish's edits (merges, absorbed pieces, copied allocations) can end on waves whose
+    pieces leave devices idle while the wave's slowest piece could have run faster on them.
+    ``rebalance`` re-picks each wave's allocations min-max; each wave's new allocation is
+    kept only if the placed plan gets better by ``objective`` (its transfers may not allow
+    it). Returns the schedule and how many waves changed."""
+    full = rebalance(problem, sched)
+    best, best_key, changed = sched, objective(sched), 0
+    for wi, wave in enumerate(full.waves):
+        if wave == best.waves[wi]:
+            continue
+        trial = replace(best, waves=(*best.waves[:wi], wave, *best.waves[wi + 1 :]))
+        trial_key = objective(trial)
+        if trial_key < best_key:
+            best, best_key, changed = trial, trial_key, changed + 1
+    return best, changed
 
 
 def _summarise(results: list[MilpResult]) -> tuple[str, float | None]:

@@ -25,6 +25,8 @@ class PassOptions:
     ``resplit``: the LP/MILP re-split of layers between a schedule's pieces (in ``improve``
     and after a polish edit that dissolves a wave).
     ``polish``: local search on the placed plan's iteration time.
+    ``refill``: after polish, each wave's allocations re-picked min-max (``rebalance``), a
+    wave's change kept where the placed plan gets quicker.
     """
 
     level_milps: bool = True
@@ -33,6 +35,7 @@ class PassOptions:
     global_milp: bool = True
     resplit: bool = True
     polish: bool = True
+    refill: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -179,3 +179,47 @@ def test_every_plan_reports_the_lp_bound(scheduler):
         "LP relaxation" in text
         and f"iteration / bound = {plan.iteration_s / plan.lower_bound_s:.2f}x" in text
     )
+
+
+def _holder_work(rng: random.Random, p: Problem) -> dict[str, float]:
+    return {o.id: rng.uniform(0.0, 0.5) * min(o.seconds) for o in p.ops}
+
+
+def _held(p: Problem, s, work: dict[str, float], k: int) -> float:
+    """k x a schedule's compute plus its holder work averaged over the devices: what the LP
+    with holder work bounds."""
+    held = sum(q.layers * q.n * work[q.op] for w in s.waves for q in w) / p.devices
+    return k * s.compute_s(p) + held
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 100_000), st.sampled_from([2, 8, 16, 40]), st.integers(1, 8))
+def test_holder_work_lp_lies_below_every_schedule_and_above_the_plain_lp(seed, N, k):
+    """With each layer's per-holder work priced in, the certified bound is below every
+    schedule's k x compute plus that work over N, at least the plain LP, and tight."""
+    rng = random.Random(seed)
+    p = jagged_problem(rng, N, k)
+    passes = rng.choice((1, 3))
+    work = _holder_work(rng, p)
+    plain = lp_bound(p, passes, IN_PROCESS)
+    held = lp_bound(p, passes, IN_PROCESS, work)
+    assert held.seconds is not None and held.seconds >= plain.seconds * (1 - 1e-9)
+    assert held.seconds == pytest.approx(held.primal_s, rel=1e-6)
+    scheds = [paper_schedule(p), cpa_schedule(p)] + [f(p) for f in BASELINES.values()]
+    for s in scheds:
+        assert _held(p, s, work, passes) >= held.seconds * (1 - 1e-9), s.name
+
+
+def test_holder_work_makes_the_lp_prefer_fewer_holders():
+    """Two independent ops, each with two allocations of equal device-seconds: area binds
+    (C = 4 s either way) and holder work makes the wide one dearer, so the bound takes the
+    narrow one and rises by its share exactly; alone, the narrow one would double the path,
+    so the wide one stays and pays its own."""
+    curve = {2: 1.0, 4: 0.5}
+    p = Problem((op("a", 4, (), curve), op("b", 4, (), curve)), 4)
+    assert lp_bound(p, solver=IN_PROCESS).seconds == pytest.approx(4.0)
+    held = lp_bound(p, solver=IN_PROCESS, holder_work={"a": 0.1, "b": 0.1}).seconds
+    assert held == pytest.approx(4.0 + 2 * 4 * 2 * 0.1 / 4, rel=1e-9)
+    alone = Problem((op("a", 4, (), curve),), 4)
+    held = lp_bound(alone, solver=IN_PROCESS, holder_work={"a": 0.1}).seconds
+    assert held == pytest.approx(2.0 + 4 * 4 * 0.1 / 4, rel=1e-9)

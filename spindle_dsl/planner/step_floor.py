@@ -1,0 +1,196 @@
+"""Floors under the step terms the LP bound does not count: the loss phase, the optimizer and
+the step's closing all-reduce.
+
+Why. The LP bound (``lp_bound``) bounds the waves' compute. A step priced by a step model
+(``cost.step``) adds, as plain terms of ``iteration_s`` that nothing overlaps, the loss phase
+(k passes), the optimizer (once) and the closing all-reduce of the losses (once), besides
+wave overheads, transfers and the gradient reduction (which a plan can make small, so they get
+no floor here). On a job whose LM heads are heavy the loss phase alone is a tenth of the
+iteration, and a bound that ignores it calls an optimal plan 10% off. Each floor below holds
+for every placement of every plan of that step model at k passes, whatever its waves and
+ZeRO stage, so ``k * (LP(k) + loss_floor(k)) + optimizer_floor + closing`` is still below
+every plan made with k micro-batches (``planner._lower_bound`` takes the least over the k).
+
+Loss phase, one pass (``StepModel._loss``): a sink's loss runs on the devices of its last
+entry, n of them, each on a shard ``ceil(ceil(B / k) / n)`` (a contrastive loss: half its
+price on the shard on each, plus half the whole micro-batch's price on the first). A device
+carrying sink s therefore pays at least ``min_n own_s(n)``, and all of s's devices together
+at least ``min_n area_s(n)``; the phase lasts as long as its busiest device (core sharing only
+lengthens it: a shared makespan is at least the longest job), which is at least the largest
+single floor and at least the summed areas over N devices. The minimum is taken over every
+n from 1 to N (the shard values those reach), so no monotonicity of a measured line is
+assumed.
+
+Optimizer (``StepModel._optimizer``): every trainable part (non-zero gradient bytes) is held
+by at least one device; a holder pays ``alpha + beta * owned`` (AdamW on the bytes it owns,
+``owned > 0`` on every holder) plus the per-part work of every part it holds. Under ZeRO 1
+or 2 the parts' bytes are sharded over their holders, so owned bytes sum to the total T over
+the D <= N holding devices (under ZeRO 0 they sum to more); per-part work sums to at least
+P, the sum over parts. The busiest holder pays at least the average, ``alpha + (beta T + P)
+/ D >= alpha + (beta T + P) / N``, and at least what one part alone brings,
+``alpha + beta b_p / N + part_seconds(p)``. This needs ``beta >= 0`` and every per-part
+work >= 0 (a fitted line could break that: then the optimizer gets no floor).
+
+The optimizer's per-part work again, weighed by the LP. A layer is run by exactly one piece
+of each MetaOp using it, on that piece's n devices, so a layer part is held by at least the
+largest (hence at least the average) of those n over the ops sharing it: summed over the
+devices, the per-part work is at least ``sum_m w_m sum_layers n`` with ``w_m`` the least over
+m's layers of part_seconds / (ops sharing the part), which is ``sum_m w_m L_m sum_n x[m,n] n``
+in the LP's terms, plus the per-part work of the other parts on one holder each. The busiest
+device pays at least ``alpha`` plus the average over N of all that and the AdamW bytes, so
+``lp_bound(holder_work=w)`` plus the rest bounds k x compute plus the optimizer, and the LP
+may find that narrower allocations (fewer holders) pay.
+
+Closing all-reduce: a fixed price per step (``StepPrice.closing_s``), read from the step
+model by pricing no waves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from spindle_dsl.cost.comm import ceil_div
+from spindle_dsl.cost.step import StepModel
+from spindle_dsl.cost.step_parts import SinkLoss
+
+
+@dataclass(frozen=True)
+class StepFloor:
+    """Seconds no plan at k passes can go below, per term (see the module docstring):
+    ``loss_s`` one pass's loss phase, ``optimizer_s`` and ``closing_s`` once per step.
+    ``holder_work`` (per op: seconds per layer on each device holding it) and ``rest_s`` split
+    the optimizer another way, for the LP to weigh (``lp_bound(holder_work=...)``): the LP's
+    value plus ``rest_s`` bounds k x compute plus the optimizer."""
+
+    loss_s: float
+    optimizer_s: float
+    closing_s: float
+    holder_work: Mapping[str, float] = field(default_factory=dict)
+    rest_s: float = 0.0
+
+    def total_s(self, micro_batches: int) -> float:
+        """What the floors add to an iteration of ``micro_batches`` passes."""
+        return max(1, micro_batches) * self.loss_s + self.optimizer_s + self.closing_s
+
+    def beside_lp_s(self, micro_batches: int) -> float:
+        """What they add beside an LP that weighed ``holder_work``."""
+        return max(1, micro_batches) * self.loss_s + self.rest_s + self.closing_s
+
+
+NO_FLOOR = StepFloor(0.0, 0.0, 0.0)
+
+
+def _shards(batch: int, k: int, devices: int) -> list[tuple[int, int]]:
+    """(n, shard) for the least n reaching each distinct shard of one pass's micro-batch."""
+    micro = ceil_div(batch, k)
+    out: dict[int, int] = {}
+    for n in range(1, min(devices, micro) + 1):
+        out.setdefault(ceil_div(micro, n), n)
+    return sorted((n, s) for s, n in out.items())
+
+
+def _sink_floor(step: StepModel, sink: SinkLoss, k: int) -> tuple[float, float]:
+    """(least seconds on one device carrying ``sink``, least device-seconds of it), one pass."""
+    batch = step.ops[sink.sink].batch
+    if batch <= 0:
+        return 0.0, 0.0
+    shards = _shards(batch, k, step.devices)
+    if sink.loss == "contrastive":
+        whole = step.loss_seconds(sink, ceil_div(batch, k)) / 2
+        own = min(step.loss_seconds(sink, s) / 2 for _, s in shards) + whole
+        area = min(n * step.loss_seconds(sink, s) / 2 for n, s in shards) + whole
+        return max(own, 0.0), max(area, 0.0)
+    own = min(step.loss_seconds(sink, s) for _, s in shards)
+    area = min(n * step.loss_seconds(sink, s) for n, s in shards)
+    return max(own, 0.0), max(area, 0.0)
+
+
+def loss_floor_s(step: StepModel, micro_batches: int) -> float:
+    """One pass's loss phase can be no shorter than this (module docstring)."""
+    floors = [_sink_floor(step, s, max(1, micro_batches)) for s in step.sinks]
+    if not floors:
+        return 0.0
+    return max(max(own for own, _ in floors), sum(area for _, area in floors) / step.devices)
+
+
+def _parts(step: StepModel) -> dict[str, float]:
+    """Every trainable part the step reduces and updates, with its gradient bytes."""
+    parts: dict[str, float] = {}
+
+    def add(key: str | None, nbytes: float) -> None:
+        if key is not None and nbytes > 0:
+            parts[key] = min(nbytes, parts.get(key, nbytes))
+
+    for op in step.ops.values():
+        for key, nbytes in op.layer_parts:
+            add(key, nbytes)
+        for stage in op.inputs:
+            add(stage.part, stage.grad_bytes)
+    for sink in step.sinks:
+        add(sink.head_part, sink.head_bytes)
+    return parts
+
+
+def optimizer_floor_s(step: StepModel) -> float:
+    """The optimizer can take no less than this on the busiest device (module docstring)."""
+    o = step.overheads
+    parts = _parts(step)
+    if not parts:
+        return 0.0
+    work = {key: o.part_seconds(key, nbytes) for key, nbytes in parts.items()}
+    if o.optimizer.beta_s < 0 or min(work.values()) < 0:
+        return 0.0
+    N = step.devices
+    alpha, beta = o.optimizer.alpha_s, o.optimizer.beta_s
+    average = alpha + (beta * sum(parts.values()) + sum(work.values())) / N
+    single = max(alpha + beta * parts[key] / N + work[key] for key in parts)
+    return max(average, single, 0.0)
+
+
+def holder_split(step: StepModel) -> tuple[dict[str, float], float]:
+    """The optimizer split for the LP (module docstring, last paragraph): per op the least
+    over its layers of the layer part's per-part work over the number of ops sharing that
+    part, and the rest: ``alpha + (beta T + P') / N`` with P' the per-part work of the parts
+    that are not layers (input stages, LM heads), each on at least one holder. Nothing (an
+    empty map and 0) where a negative slope or per-part price voids the argument."""
+    o = step.overheads
+    parts = _parts(step)
+    if not parts:
+        return {}, 0.0
+    work = {key: o.part_seconds(key, nbytes) for key, nbytes in parts.items()}
+    if o.optimizer.beta_s < 0 or min(work.values()) < 0:
+        return {}, 0.0
+    sharing: dict[str, int] = {}
+    for op in step.ops.values():
+        for key in {key for key, nbytes in op.layer_parts if nbytes > 0}:
+            sharing[key] = sharing.get(key, 0) + 1
+    per_op = {}
+    for op_id, op in step.ops.items():
+        if op.layer_parts and all(key in work for key, _ in op.layer_parts):
+            per_op[op_id] = min(work[key] / sharing[key] for key, _ in op.layer_parts)
+    others = sum(w for key, w in work.items() if key not in sharing)
+    rest = o.optimizer.alpha_s + (o.optimizer.beta_s * sum(parts.values()) + others) / step.devices
+    return per_op, max(rest, 0.0)
+
+
+def step_floor(step: StepModel | None, micro_batches: int) -> StepFloor:
+    """The floors for plans of ``micro_batches`` passes priced by ``step`` (none without a
+    step model: then the iteration is compute, transfers and sync, and the LP is the bound)."""
+    if step is None:
+        return NO_FLOOR
+    closing = step.price((), micro_batches=micro_batches).closing_s
+    per_op, rest = holder_split(step)
+    return StepFloor(
+        loss_floor_s(step, micro_batches), optimizer_floor_s(step), closing, per_op, rest
+    )
+
+
+__all__ = [
+    "NO_FLOOR",
+    "StepFloor",
+    "holder_split",
+    "loss_floor_s",
+    "optimizer_floor_s",
+    "step_floor",
+]
