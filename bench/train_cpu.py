@@ -1,11 +1,12 @@
 """Measured training step time of the default plan vs the sequential plan on the same local
 worker processes (gloo, CPU), and measured vs predicted step time.
 
-Profiles the spec's layers on this machine first (``spindle profile``, one thread per worker,
-as the workers run) unless ``--profile`` names a profile, plans with the default scheduler and
-with the sequential baseline under both the profile-fitted and the analytic cost model, trains
-every distinct plan for ``--steps`` steps on the same ``--nproc`` worker processes (each plan a
-fresh model, one step of each in turn, so a busy machine slows all of them alike), and prints
+Profiles the spec on this machine first (``spindle profile --nproc N``: layers, collectives,
+optimizer, losses and stage costs on N worker processes, as the workers run) unless
+``--profile`` names a profile, plans with the default scheduler and with the sequential baseline
+under both the profile-fitted and the analytic cost model, trains every distinct plan for
+``--steps`` steps on the same ``--nproc`` worker processes (each plan a fresh model, one step of
+each in turn, so a busy machine slows all of them alike), and prints
 the median step time of each beside its prediction. ``--exactness`` also trains the default
 plan in float32 and in float64 and prints how far its losses and parameters are from the
 single-process oracle. ``--optimizer-sharding`` also steps the default plan with the sharded
@@ -181,8 +182,8 @@ def main() -> int:
         if profile is None and not args.no_profile:
             profile = os.path.join(workdir, "profile.json")
             t0 = time.perf_counter()
-            code = spindle(["profile", args.spec, "--devices", str(args.nproc), "--out", profile,
-                            "--threads", "1", "-q"])  # fmt: skip
+            code = spindle(["profile", args.spec, "--devices", str(args.nproc),
+                            "--nproc", str(args.nproc), "--out", profile, "-q"])  # fmt: skip
             if code:
                 return code
             print(f"profiled {args.spec} in {time.perf_counter() - t0:.1f} s -> {profile}")
