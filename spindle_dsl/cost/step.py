@@ -58,6 +58,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from spindle_dsl.cost import comm
 from spindle_dsl.cost.overheads import StepOverheads
 from spindle_dsl.cost.step_parts import OpStep, SinkLoss, op_steps, sink_losses
@@ -170,8 +172,16 @@ class StepModel:
             return line.at(samples)
         return sink.flops_per_sample * samples * self.overheads.seconds_per_flop if samples else 0.0
 
+    @property
+    def core_each(self) -> bool:
+        """Whether every device of a node has a core of its own (GPUs; CPU nodes with at
+        least as many cores as devices): then a makespan is the largest device's work."""
+        return self.cores is None or self.cores >= self.devices_per_node
+
     def _share(self, devices: Mapping[int, float]) -> float:
         """Makespan of per-device work, each node's devices sharing its cores."""
+        if self.core_each:
+            return max(max(devices.values(), default=0.0), 0.0)
         nodes: dict[int, list[float]] = {}
         for d, secs in devices.items():
             nodes.setdefault(d // self.devices_per_node, []).append(secs)
@@ -198,12 +208,21 @@ class StepModel:
                 if p.first == 0 and op.inputs:
                     extra += self.input_seconds(p.op, _shard(op.batch, k, len(p.devices)))
                 mine.append(extra)
-                for d in p.devices:
-                    layers[d] = layers.get(d, 0.0) + p.seconds
-                    total[d] = total.get(d, 0.0) + p.seconds + extra
-            base = self._share(layers)
+            if self.core_each and _disjoint(wave):  # a wave's groups are disjoint in a plan
+                busy = [
+                    (p.seconds, extra) for p, extra in zip(wave, mine, strict=True) if p.devices
+                ]
+                base = max((secs for secs, _ in busy), default=0.0)
+                whole = max((secs + extra for secs, extra in busy), default=0.0)
+            else:  # devices time-sliced over a node's cores, or a hand-made overlapping wave
+                for p, extra in zip(wave, mine, strict=True):
+                    for d in p.devices:
+                        layers[d] = layers.get(d, 0.0) + p.seconds
+                        total[d] = total.get(d, 0.0) + p.seconds + extra
+                base, whole = self._share(layers), self._share(total)
+            base = max(base, 0.0)
             durations.append(base)
-            extras.append(max(self._share(total) - base, 0.0))
+            extras.append(max(whole - base, 0.0))
             entry_extra.append(tuple(mine))
         holders = self._holders(waves)
         tasks = len({s.task for s in self.sinks})
@@ -364,16 +383,25 @@ class StepModel:
 
     def _optimizer(self, held: Mapping[str, Held], zero_stage: int) -> float:
         o = self.overheads
-        owned: dict[int, float] = {}
-        per_part: dict[int, float] = {}
+        owned = np.zeros(self.devices)
+        per_part = np.zeros(self.devices)
+        holds = np.zeros(self.devices, dtype=bool)
         for key, h in held.items():
             share = h.nbytes / len(h.devices) if zero_stage >= 1 else h.nbytes
-            copies = o.part_seconds(key, h.nbytes)
-            for d in h.devices:
-                owned[d] = owned.get(d, 0.0) + share
-                per_part[d] = per_part.get(d, 0.0) + copies
-        work = {d: o.optimizer.at(owned[d]) + per_part[d] for d in owned}
-        return self._share(work)
+            idx = np.fromiter(h.devices, dtype=np.int64, count=len(h.devices))
+            owned[idx] += share  # a set: no device twice
+            per_part[idx] += o.part_seconds(key, h.nbytes)
+            holds[idx] = True
+        (ranks,) = np.nonzero(holds)
+        line, mine = o.optimizer, owned[ranks]
+        work = np.where(mine > 0, line.alpha_s + line.beta_s * mine, 0.0) + per_part[ranks]
+        return self._share(dict(zip(ranks.tolist(), work.tolist(), strict=True)))
+
+
+def _disjoint(wave: Sequence[PieceTime]) -> bool:
+    """Whether no device runs two pieces of ``wave``."""
+    count = sum(len(p.devices) for p in wave)
+    return count == len(set().union(*(p.devices for p in wave))) if count else True
 
 
 def _shard(batch: int, k: int, n: int) -> int:

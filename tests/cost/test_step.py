@@ -196,3 +196,27 @@ def test_a_tied_heads_embedding_is_reduced_over_the_head_devices_too() -> None:
     untied = make_step_model(graph(), overheads(), grad_in_curves=False)
     assert untied._holders(waves)["lm/input.text"].devices == {0}
     assert step.price(waves).grad_sync_s > untied.price(waves).grad_sync_s
+
+
+def test_the_one_core_each_fast_path_prices_as_the_per_device_sum() -> None:
+    """With a core per device a wave's duration is its slowest piece; priced per device over
+    a node's cores instead (cores one fewer than devices, no node running more pieces than
+    cores), the same waves cost the same, term by term."""
+    g = graph()
+    step = make_step_model(g, overheads(wave_s=1e-4), grad_in_curves=False)
+    assert step.core_each
+    sliced = replace(step, cores=step.devices_per_node - 1)
+    assert not sliced.core_each
+    ops = [op for op in g.metaops if op.batch > 0]
+    waves = [
+        [
+            PieceTime(ops[i].id, 0, ops[i].layers, (0,), 0.01 * (i + 1)),
+            PieceTime(ops[i + 1].id, 0, ops[i + 1].layers, (1, 2), 0.003 * (i + 1)),
+        ]
+        for i in range(len(ops) - 1)
+    ]
+    assert step.price(waves) == sliced.price(waves)
+    overlapping = [
+        [PieceTime(ops[0].id, 0, 1, (0, 1), 0.01), PieceTime(ops[1].id, 0, 1, (1,), 0.02)]
+    ]
+    assert step.price(overlapping).durations == pytest.approx((0.03,))  # device 1 runs both
