@@ -29,21 +29,6 @@ DEFAULT_SPEC = REPO.parent / "shared" / "spec" / "cpu_medium.spindle"
 MiB = 2**20
 
 
-def _slices(graph, plan, cost):
-    """Per plan entry, its slice memory as the planner priced it: one pass's micro-batch
-    view of the graph, the plan's levers."""
-    from spindle_dsl.planner.build import slice_memory_of
-    from spindle_dsl.planner.levers import Levers, micro_graph
-
-    recompute = frozenset(m.id for m in plan.metaops if m.recompute)
-    levers = Levers(plan.micro_batches, plan.zero_stage, recompute)
-    view = micro_graph(graph, plan.micro_batches)
-    for wave in plan.waves:
-        for e in wave.entries:
-            op = view.op(e.metaop)
-            yield e, slice_memory_of(cost, view, op, len(e.devices), e.first, e.end, levers)
-
-
 def predicted_terms(graph, plan, cost) -> list[dict[str, float]]:
     """Per device, the planner memory model's terms for ``plan`` (``planner/plan_memory.py``:
     weights and optimizer state of each held part, state shared by its holders; the gradients
@@ -66,8 +51,10 @@ def predicted_terms(graph, plan, cost) -> list[dict[str, float]]:
 def _stage_table(graph, plan, cost, kept_by_stage) -> None:
     """Per plan entry: the activation bytes the model says one device keeps for the backward,
     beside what the entry's first device measured (its forward's saved tensors and output)."""
+    from spindle_dsl.planner.plan_memory import entry_slices
+
     print(f"  {'entry':<34}{'devices':>9}{'kept pred MiB':>15}{'measured':>10}{'pred/meas':>11}")
-    for e, sm in _slices(graph, plan, cost):
+    for e, sm in entry_slices(graph, plan, cost):
         key = f"{e.metaop} [{e.first},{e.end})"
         got = kept_by_stage[e.devices[0]].get(key, 0)
         ratio = f"{sm.kept / got:>11.2f}" if got else f"{'-':>11}"

@@ -9,33 +9,44 @@ the slices up on a ``PartLedger``, the way placement adds them while planning.
 
 from __future__ import annotations
 
-from spindle_dsl.cost.base import CostModel
+from collections.abc import Iterator
+
+from spindle_dsl.cost.base import CostModel, SliceMemory
 from spindle_dsl.metagraph import MetaGraph
-from spindle_dsl.plan.model import Plan
+from spindle_dsl.plan.model import Entry, Plan
 from spindle_dsl.planner.build import slice_memory_of
 from spindle_dsl.planner.ledger import DeviceBreakdown, PartLedger
 from spindle_dsl.planner.levers import Levers, micro_graph
 from spindle_dsl.planner.problem import Piece
 
 
-def plan_ledger(graph: MetaGraph, plan: Plan, cost: CostModel) -> PartLedger:
-    """A ledger holding every entry of ``plan`` on its devices (``cost`` must price slice
-    memory: the analytic and profiled models do)."""
+def entry_slices(
+    graph: MetaGraph, plan: Plan, cost: CostModel
+) -> Iterator[tuple[Entry, SliceMemory]]:
+    """Per entry of ``plan``, in wave order, its slice memory as the planner prices it: one
+    pass's view of the graph under the plan's levers (``cost`` must price slice memory: the
+    analytic and profiled models do). Entries of the same shape are priced once."""
     recompute = frozenset(m.id for m in plan.metaops if m.recompute)
     levers = Levers(plan.micro_batches, plan.zero_stage, recompute)
     view = micro_graph(graph, plan.micro_batches)
-    memo = {}
+    memo: dict[tuple[str, int, int, int], SliceMemory] = {}
     for wave in plan.waves:
         for e in wave.entries:
             key = (e.metaop, len(e.devices), e.first, e.end)
             if key not in memo:
                 op = view.op(e.metaop)
                 memo[key] = slice_memory_of(cost, view, op, len(e.devices), e.first, e.end, levers)
+            yield e, memo[key]
+
+
+def plan_ledger(graph: MetaGraph, plan: Plan, cost: CostModel) -> PartLedger:
+    """A ledger holding every entry of ``plan`` on its devices."""
+    entries = list(entry_slices(graph, plan, cost))
+    memo = {(e.metaop, len(e.devices), e.first, e.end): sm for e, sm in entries}
     ledger = PartLedger(plan.cluster.devices, lambda *key: memo[key])
-    for wave in plan.waves:
-        for e in wave.entries:
-            piece = Piece(e.metaop, e.first, e.end, len(e.devices))
-            ledger.add(piece, list(e.devices), ledger.need(piece))
+    for e, _ in entries:
+        piece = Piece(e.metaop, e.first, e.end, len(e.devices))
+        ledger.add(piece, list(e.devices), ledger.need(piece))
     return ledger
 
 
