@@ -24,6 +24,11 @@ underlying storage once, and tracks the peak of their sum over the run:
   until its collective is done, the all-gather rows of the update, and the persistent receive
   buffers of the activation exchange.
 
+The CPU meter watches the first ``WATCHED_STEPS`` steps of a run (``stop``): its hooks run
+Python for every tensor autograd saves, a few percent of a small model's step, and from the
+second step on every step holds the same tensors (the optimizer's state exists from the first
+update), so the steps after add nothing to the peak but that cost.
+
 Not counted on CPU: intermediates of a layer that autograd does not save (they are freed as
 the layer runs), the gradients flowing between autograd nodes during the backward, the
 activations a recomputing layer rebuilds inside its backward, the logits of a loss before
@@ -43,6 +48,7 @@ import torch
 from .params import PartStore
 
 TERMS = ("parameters", "gradients", "optimizer", "activations", "buffers")
+WATCHED_STEPS = 3  # steps the CPU meter watches: the first (state allocated), then steady ones
 
 
 class _Token:
@@ -73,6 +79,7 @@ class MemoryMeter:
     def __init__(self, store: PartStore, device: torch.device, *, enabled: bool = True):
         self.enabled = enabled
         self.cuda = device.type == "cuda"
+        self.watching = enabled and not self.cuda  # the CPU hooks count (until ``stop``)
         self.device = device
         self.live = dict.fromkeys(TERMS, 0)
         self.peak = 0
@@ -82,6 +89,7 @@ class MemoryMeter:
         self.stage_kept: dict[str, int] = {}
         self._storages: dict[int, list[Any]] = {}  # data_ptr -> [references, bytes, term]
         self._param_ptrs: set[int] = set()
+        self._hooks: list[Any] = []  # the gradient hooks, removed by ``stop``
         if not enabled:
             return
         if self.cuda:
@@ -92,15 +100,26 @@ class MemoryMeter:
             if storage.data_ptr() not in self._param_ptrs and storage.nbytes():
                 self._param_ptrs.add(storage.data_ptr())
                 self.live["parameters"] += storage.nbytes()
-        for _, _, t in store.trainable():
-            t.register_post_accumulate_grad_hook(self._grad_hook)
+        self._hooks = [
+            t.register_post_accumulate_grad_hook(self._grad_hook) for _, _, t in store.trainable()
+        ]
         self._sample()
+
+    def stop(self) -> None:
+        """Stop counting (the peak so far stands): every later step would hold what the
+        watched ones held, and the hooks cost time (see the module docstring)."""
+        if not self.watching:
+            return
+        self.watching = False
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
 
     # --- what the runtime tells it -------------------------------------------------------------
     def keep(self, tensor: torch.Tensor, term: str) -> None:
         """Count ``tensor``'s storage under ``term`` for as long as this tensor object lives
         (a storage already counted is not counted again)."""
-        if not self.enabled or self.cuda or hasattr(tensor, "_spindle_meter"):
+        if not self.watching or hasattr(tensor, "_spindle_meter"):
             return
         key = self._acquire(tensor, term)
         if key is not None:
@@ -109,7 +128,7 @@ class MemoryMeter:
     @contextlib.contextmanager
     def saving(self) -> Iterator[None]:
         """Count what autograd saves for backward inside the block, until it is released."""
-        if not self.enabled or self.cuda:
+        if not self.watching:
             yield
             return
         with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
@@ -118,7 +137,7 @@ class MemoryMeter:
     def note_stage(self, key: str, before: int) -> None:
         """Record what a stage's forward kept: activations now less ``before`` (the count
         taken before it ran)."""
-        if self.enabled and not self.cuda:
+        if self.watching:
             added = self.live["activations"] - before
             self.stage_kept[key] = max(self.stage_kept.get(key, 0), added)
 

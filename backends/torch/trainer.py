@@ -27,7 +27,7 @@ from ..base import RecomputeMode, RunConfig, StepRecord
 from .data import TaskData
 from .executor import StepExecutor
 from .grads import holder_groups, ready_ticks
-from .memory import MemoryMeter
+from .memory import WATCHED_STEPS, MemoryMeter
 from .optim import RankOptimizer, ReplicatedAdamW
 from .params import DTYPES, PartStore
 from .schedule import Schedule, build_schedule
@@ -158,6 +158,7 @@ class Trainer:
             meter=self.meter,
         )
         self.tasks = [t.name for t in graph.tasks if t.batch > 0]
+        self.steps_run = 0  # by this trainer (a run resumed or switched to it starts anew)
 
     def step(self, step: int) -> StepRecord:
         """Forward and backward of every micro-batch pass (the gradient reduction overlapping
@@ -172,5 +173,8 @@ class Trainer:
                 [shares[t] for t in self.tasks], dtype=torch.float64, device=self.device
             )
             dist.all_reduce(totals)  # also lines the ranks up, so step times compare
+        self.steps_run += 1
+        if self.steps_run == WATCHED_STEPS:
+            self.meter.stop()
         losses = tuple(zip(self.tasks, totals.tolist(), strict=True))
         return StepRecord(step + 1, losses, time.perf_counter() - t0, self.graph.mix)

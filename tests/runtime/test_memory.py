@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spindle_dsl.backends.base import RunConfig
-from spindle_dsl.backends.torch.memory import TERMS, MemoryMeter
+from spindle_dsl.backends.torch.memory import TERMS, WATCHED_STEPS, MemoryMeter
 from spindle_dsl.backends.torch.params import PartStore
 from spindle_dsl.backends.torch.parts import Part
 from spindle_dsl.backends.torch.trace import Tracer
@@ -63,6 +63,28 @@ def test_gradients_count_until_freed_and_saved_tensors_until_backward():
         t.grad = None
     assert meter.live["gradients"] == 0
     assert meter.peak_terms()["gradients"] <= grads
+
+
+def test_the_meter_stops_after_its_watched_steps_and_keeps_their_peak(one_rank):
+    graph = h.tiny_mm(1)
+    trainer = _trainer(graph)
+    meter = trainer.meter
+    for step in range(WATCHED_STEPS):
+        assert meter.watching
+        trainer.step(step)
+    peak, terms = meter.peak_bytes(), meter.peak_terms()
+    assert not meter.watching
+    acquired = []
+    meter._acquire = lambda *a: acquired.append(a)  # nothing may be counted from here on
+    for step in range(WATCHED_STEPS, WATCHED_STEPS + 2):
+        trainer.step(step)
+    assert acquired == [] and meter.peak_bytes() == peak and meter.peak_terms() == terms
+    # a fresh run watched all along reaches the same peak: the later steps add nothing
+    again = _trainer(graph)
+    again.meter.stop = lambda: None  # watch every step
+    for step in range(WATCHED_STEPS + 2):
+        again.step(step)
+    assert again.meter.watching and again.meter.peak_bytes() == peak
 
 
 @pytest.mark.gpu
