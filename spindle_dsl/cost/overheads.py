@@ -29,10 +29,15 @@ GRAD_COLLECTIVES = ("reduce_scatter", "all_reduce")
 #   never hidden).
 # - BUCKET_BYTES: the most gradient bytes one bucket carries; overlap works at this
 #   granularity. Today 2**22 fp32 elements (backends/torch/shards.py MAX_BUCKET_ELEMENTS).
+# - MIN_BUCKET_BYTES: a bucket closes where the backward moves on to the next wave once it
+#   holds this much (one collective per wave's parts, each paying the collective's latency);
+#   smaller, it stays open for the next wave's parts. Today 2**16 fp32 elements (shards.py
+#   MIN_BUCKET_ELEMENTS).
 # - GRAD_COLLECTIVE: how ZeRO-1 sums a bucket: "reduce_scatter" (torch 2.13's gloo has it, so
 #   the runtime's "auto" picks it) or "all_reduce" (the fallback keeping each holder's rows).
 REDUCTION_OVERLAP = True
 BUCKET_BYTES = float(2**22 * 4)
+MIN_BUCKET_BYTES = float(2**16 * 4)
 GRAD_COLLECTIVE = "reduce_scatter"
 
 
@@ -121,6 +126,7 @@ class StepOverheads:
     grad_collective: str = GRAD_COLLECTIVE
     reduction_overlap: bool = REDUCTION_OVERLAP
     bucket_bytes: float = BUCKET_BYTES
+    min_bucket_bytes: float = MIN_BUCKET_BYTES
     _inputs: dict[str, Line] = field(default_factory=dict, compare=False, repr=False)
     _losses: dict[str, Line] = field(default_factory=dict, compare=False, repr=False)
     _parts: dict[str, float] = field(default_factory=dict, compare=False, repr=False)

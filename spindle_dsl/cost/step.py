@@ -315,20 +315,24 @@ class StepModel:
         return held
 
     def _buckets(self, held: Mapping[str, Held]) -> list[tuple[tuple[int, ...], float, int]]:
-        """(holders, bytes, wave the bucket is ready after) of every bucket: parts with the
-        same holders, in the order their backward ends (later waves first, later layers first
-        inside one), cut where a bucket would pass ``bucket_bytes``."""
+        """(holders, bytes, wave the bucket is ready after) of every bucket, as the runtime
+        cuts them (``backends/torch/shards.plan_buckets``): parts with the same holders, in the
+        order their backward ends (later waves first, later layers first inside one), cut
+        where a bucket would pass ``bucket_bytes``, and where the backward moves on to an
+        earlier wave once the bucket holds ``min_bucket_bytes`` (each bucket one collective,
+        each paying its latency)."""
         groups: dict[tuple[int, ...], list[Held]] = {}
         for h in held.values():
             if len(h.devices) > 1:
                 groups.setdefault(tuple(sorted(h.devices)), []).append(h)
         out = []
-        cap = self.overheads.bucket_bytes
+        cap, least = self.overheads.bucket_bytes, self.overheads.min_bucket_bytes
         for ranks, parts in groups.items():
             parts.sort(key=lambda h: (-h.wave, -h.order))
             size, ready = 0.0, 0
             for h in parts:
-                if size and size + h.nbytes > cap:
+                moved = h.wave != ready and size >= least
+                if size and (size + h.nbytes > cap or moved):
                     out.append((ranks, size, ready))
                     size = 0.0
                 size += h.nbytes

@@ -4,6 +4,7 @@ every holder issues in the same order (plain Python: no process group needed).""
 from __future__ import annotations
 
 import handgraph as h
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -97,3 +98,46 @@ def test_every_holder_gets_the_same_buckets_in_the_same_order(parts, cap, least)
         mine = [x for x in held if x[1] == holders]
         again = plan_buckets(mine, cap, ready, min_elements=least)
         assert again == tuple(b for b in buckets if b.holders == holders)
+
+
+def _model_buckets(graph, waves):
+    """The step model's buckets (holders, bytes) of hand-made waves."""
+    from spindle_dsl.cost.overheads import analytic_overheads
+    from spindle_dsl.cost.step import PieceTime, make_step_model
+
+    step = make_step_model(graph, analytic_overheads(graph.cluster), grad_in_curves=False)
+    pieces = [[PieceTime(op, a, b, devs, 0.01) for op, a, b, devs in w] for w in waves]
+    return sorted((ranks, int(nbytes)) for ranks, nbytes, _ in step._buckets(step._holders(pieces)))
+
+
+def _runtime_buckets(graph, waves):
+    """The runtime's buckets (holders, bytes) of the same waves, as every holder cuts them."""
+    schedule = build_schedule(graph, h.make_plan(graph, waves), graph.cluster.devices)
+    holders, ticks = schedule.holder_map, ready_ticks(graph, schedule)
+    shared = [p for p in holders if len(holders[p]) > 1]
+    held = [(p, holders[p], _trainable_elements(graph, p)) for p in shared]
+    buckets = plan_buckets(held, ready=ticks)
+    dt = graph.dtype_bytes
+    return sorted((b.holders, sum(ps.numel for ps in b.parts) * dt) for b in buckets)
+
+
+def _trainable_elements(graph, part):
+    from spindle_dsl.backends.torch.params import PartStore
+
+    store = PartStore(graph, [part], seed=0, dtype=torch.float32)
+    return sum(t.numel() for t in store[part].parameters() if t.requires_grad)
+
+
+def test_the_step_model_cuts_gradient_buckets_as_the_runtime_does():
+    """One collective per bucket, each paying its latency: the model must count the buckets
+    the runtime issues (a bucket closes where the backward moves to the next wave)."""
+    from pathlib import Path
+
+    from spindle_dsl.language import compile_file
+
+    spec = Path(__file__).resolve().parents[2] / "examples" / "tiny_mm.spindle"
+    graph = compile_file(str(spec), cluster_overrides={"devices": 4}).graph
+    for waves in (h.TINY_WAVES, [[(m.id, 0, m.layers, (0, 1, 2, 3))] for m in graph.metaops]):
+        model, runtime = _model_buckets(graph, waves), _runtime_buckets(graph, waves)
+        assert len(runtime) > len({r for r, _ in runtime})  # several buckets per holder set
+        assert model == runtime
