@@ -34,15 +34,23 @@ class Segment:
 
 @dataclass(frozen=True)
 class PiecewiseFit:
-    """Segments in increasing order of work; ends extrapolate with the nearest segment."""
+    """Segments in increasing order of work; ends extrapolate with the nearest segment.
+
+    A prediction never falls as the work grows: each segment is a line with non-negative
+    slope, but a later segment fitted to noisy timings may start below where the one before
+    it ends, and a layer never runs faster on more samples. Taking the largest value of the
+    segments up to ``flops`` keeps T(n) non-increasing in n, so the cost model's time on n
+    devices is the time at the shard the runtime really runs there (``cost.profile``)."""
 
     segments: tuple[Segment, ...]
 
     def predict(self, flops: float) -> float:
+        floor = 0.0  # where the segments before this one ended
         for seg in self.segments:
             if flops < seg.to_flops:
-                return seg.predict(flops)
-        return self.segments[-1].predict(flops)
+                return max(seg.predict(flops), floor)
+            floor = max(floor, seg.predict(seg.to_flops))
+        return max(self.segments[-1].predict(flops), floor)
 
 
 def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:

@@ -304,8 +304,12 @@ class ProfiledCostModel(comm.LinkPricing):
             )
         return self._best_memo[key]
 
-    def _dp(self, op: MetaOp, n: int, recompute: bool = False) -> int:
-        return self._best(op, recompute).at(n)[1]
+    def _dp(self, op: MetaOp, n: int) -> int:
+        """The data-parallel degree whose shard the runtime runs on n devices (it splits a
+        batch over every device of an entry): the least dp with n's shard. With the fit
+        monotone, no smaller dp is faster, so the time is ``_best``'s at n as well."""
+        shard = comm.ceil_div(max(op.batch, 1), max(min(n, max(op.batch, 1)), 1))
+        return comm.ceil_div(max(op.batch, 1), shard)
 
     def allocations(self, op: MetaOp, recompute: bool = False) -> tuple[int, ...]:
         """The allocations ``op``'s curve lists (``cost.allocations``)."""
@@ -342,7 +346,7 @@ class ProfiledCostModel(comm.LinkPricing):
     ) -> tuple[int, ...]:
         recompute = recompute and op.needs_backward
         ns = self.allocations(op, recompute) if ns is None else ns
-        configs = [(n, self._dp(op, n, recompute), 1) for n in ns]
+        configs = [(n, self._dp(op, n), 1) for n in ns]
         info = self._info(graph, op)
         return alone_bytes(
             info, op, first, end, configs, recompute, self.cluster, zero_stage, micro_batches
@@ -360,7 +364,7 @@ class ProfiledCostModel(comm.LinkPricing):
         micro_batches: int = 1,
     ) -> SliceMemory:
         recompute = recompute and op.needs_backward
-        dp = 1 if n == 1 else self._dp(op, n, recompute)
+        dp = 1 if n == 1 else self._dp(op, n)
         info = self._info(graph, op)
         return slice_memory(
             info, op, first, end, dp, 1, recompute, self.cluster, zero_stage, micro_batches

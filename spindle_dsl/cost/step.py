@@ -33,7 +33,12 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   ``cost.overheads.REDUCTION_OVERLAP`` says whether a bucket's reduction starts as soon as its
   parts' last backward is done on the rank and runs under the backward still to come (then
   only what sticks out past the backward counts), or only after the whole backward (the
-  runtime before bucketed asynchronous reduction).
+  runtime before bucketed asynchronous reduction). Overlap needs something to run the
+  collective beside the backward: a GPU's communication kernels, or on a CPU node a core that
+  no device computes on (gloo's threads copy, sum and wait on sockets on the CPU). On a CPU
+  node with no spare core (``spare_core``) the collectives issued during the backward make
+  little progress until it ends (measured: tiny_mm on 2 ranks over 2 cores waits 14-20 ms
+  for gradients after a backward that issued them early), so they are priced after it.
 - ``optimizer_s``: AdamW over what each rank owns (its ZeRO shard of every part it holds) plus
   the per-part work of every part it holds (gradients into the flat buffer, weights out again,
   tensor by tensor), slowest rank.
@@ -60,6 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spindle_dsl.cluster import Cluster, usable_cores
 from spindle_dsl.cost import comm
 from spindle_dsl.cost.overheads import StepOverheads
 from spindle_dsl.cost.step_parts import OpStep, SinkLoss, op_steps, sink_losses
@@ -153,6 +159,12 @@ class StepModel:
     grad_in_curves: bool  # the curves already carry each layer's gradient all-reduce
     ops: Mapping[str, OpStep]
     sinks: tuple[SinkLoss, ...]
+    spare_core: bool = True  # a node has a core beside its devices' for collectives to run on
+
+    @property
+    def overlaps_reduction(self) -> bool:
+        """Whether gradient reductions run under the backward (see the module docstring)."""
+        return self.overheads.reduction_overlap and self.spare_core
 
     # -- per piece and per phase -------------------------------------------------------------
     def input_seconds(self, op_id: str, samples: int) -> float:
@@ -351,7 +363,6 @@ class StepModel:
     ) -> float:
         if self.grad_in_curves:
             return 0.0  # the planner adds the shared modules' extra itself
-        o = self.overheads
         buckets = self._buckets(held)
         backward = self._clock(waves, durations, extras)
         worst = 0.0
@@ -365,7 +376,7 @@ class StepModel:
                 if zero_stage == 2:
                     first_s *= k  # a reduce-scatter into the gradient shard every pass
                 after += last_s
-                if o.reduction_overlap:
+                if self.overlaps_reduction:
                     overlapped.append((backward.ready_s(wave), first_s))
                 else:
                     after += first_s
@@ -430,4 +441,19 @@ def make_step_model(
         grad_in_curves,
         op_steps(graph),
         sink_losses(graph),
+        spare_core=_spare_core(cluster, overheads),
     )
+
+
+def _spare_core(cluster: Cluster, overheads: StepOverheads) -> bool:
+    """Whether a node has a core beyond its devices' (always, for GPUs): the cluster's own
+    count, else the profiled machine's, else the planning machine's."""
+    if cluster.device.name.lower() != "cpu":
+        return True
+    if cluster.cores is not None:
+        node_cores = cluster.cores
+    elif overheads.cores is not None:
+        node_cores = overheads.cores
+    else:
+        node_cores = usable_cores()
+    return node_cores > cluster.devices_per_node

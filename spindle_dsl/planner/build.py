@@ -425,7 +425,7 @@ def step_model_record(step: StepModel | None, t: Timing) -> dict:
         "step_model": {
             "source": step.overheads.source,
             "cores": step.cores,
-            "reduction_overlap": step.overheads.reduction_overlap,
+            "reduction_overlap": step.overlaps_reduction,
             "grad_in_curves": step.grad_in_curves,
             "wave_extra_s": list(t.wave_extra),
             "entry_extra_s": [list(e) for e in t.entry_extra],

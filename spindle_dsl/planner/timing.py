@@ -172,7 +172,7 @@ def _time_step(
     if step.grad_in_curves:
         # each layer's own all-reduce is in the pass curves at its per-pass share
         # (``planner.levers``); what shared modules add is reduced as often as the stage says
-        clock = step.backward_clock(waves, price) if step.overheads.reduction_overlap else None
+        clock = step.backward_clock(waves, price) if step.overlaps_reduction else None
         reduction = grad_sync_seconds(
             placement, flows, allreduce, clock, reductions_per_step(k, zero_stage)
         )

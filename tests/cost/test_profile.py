@@ -54,6 +54,27 @@ def test_profiled_curve_is_the_fit_at_the_largest_shard(build_op, cluster) -> No
     assert list(curve.seconds) == sorted(curve.seconds, reverse=True)
 
 
+def test_a_fit_never_falls_as_the_work_grows() -> None:
+    # noisy timings: the second segment starts below where the first ends
+    fit = PiecewiseFit((Segment(0.0, 10.0, 1.0, 0.5), Segment(10.0, float("inf"), 2.0, 0.1)))
+    xs = [0.0, 5.0, 9.9, 10.0, 20.0, 30.0, 60.0, 100.0]
+    values = [fit.predict(x) for x in xs]
+    assert values == sorted(values)
+    assert fit.predict(20.0) == pytest.approx(6.0)  # held at the first segment's end
+    assert fit.predict(100.0) == pytest.approx(12.0)  # the second segment, once above it
+
+
+def test_memory_is_priced_at_the_shard_the_runtime_runs(build_op, cluster) -> None:
+    """A flat profile (as noise can make a small layer's) must not make the model think one
+    replica runs the whole batch: the runtime splits it over every device of the entry."""
+    c = cluster(4, "cpu")
+    op = build_op("mlp", MLP, batch=12, tokens=8, dtype_bytes=4)
+    flat = ProfiledCostModel(c, synthetic_profile(op, 1e-3, 0.0))  # no slope: ties
+    sloped = ProfiledCostModel(c, synthetic_profile(op, 1e-3, 1e-9))
+    for n in (1, 2, 3, 4):  # memory depends on the shard, never on the timings
+        assert flat.memory_bytes(op, n, 1) == sloped.memory_bytes(op, n, 1)
+
+
 def test_profile_round_trips_through_json(tmp_path, build_op, cluster) -> None:
     op = build_op("mlp", MLP, batch=10, tokens=8, dtype_bytes=4)
     profile = synthetic_profile(op, 2e-3, 3e-9)

@@ -155,6 +155,24 @@ def test_reduction_is_priced_per_holder_set_and_the_overlap_switch_hides_some() 
     assert alone.grad_sync_s == 0
 
 
+def test_reductions_overlap_the_backward_only_where_a_core_is_spare() -> None:
+    """gloo's collectives run on CPU threads: with every core computing they wait for the
+    backward to end, so the model prices them after it."""
+    probe = make_step_model(graph(cores=8), overheads(), grad_in_curves=False)
+    total = sum(b for op in probe.ops.values() for _, b in op.layer_parts)
+    small = overheads(reduction_overlap=True, bucket_bytes=total / 8, min_bucket_bytes=0.0)
+    spare = make_step_model(graph(cores=8), small, grad_in_curves=False)
+    busy = make_step_model(graph(cores=4), small, grad_in_curves=False)  # 4 devices, 4 cores
+    assert spare.overlaps_reduction and not busy.overlaps_reduction
+    waves = _pieces(graph(), lambda op: (0, 1))
+    assert spare.price(waves).grad_sync_s < busy.price(waves).grad_sync_s
+    unhidden = make_step_model(graph(cores=8), replace(small, reduction_overlap=False),
+                               grad_in_curves=False)  # fmt: skip
+    assert busy.price(waves).grad_sync_s == pytest.approx(unhidden.price(waves).grad_sync_s)
+    gpu = compile_text(SPEC.replace('device = "cpu"', 'device = "a100-80gb"')).graph
+    assert make_step_model(gpu, small, grad_in_curves=False).overlaps_reduction
+
+
 def test_micro_batches_repeat_the_passes_and_zero2_the_reduce_scatter() -> None:
     g = graph(cores=8)
     o = overheads(wave_s=1e-3, optimizer=Line(1e-3, 0.0), seconds_per_flop=1e-12)
@@ -177,7 +195,8 @@ def test_a_plan_breakdown_adds_up_and_the_plan_is_valid() -> None:
     assert sum(parts.values()) == pytest.approx(plan.iteration_s)
     assert validate_plan(plan) == []
     record = plan.extra["step_model"]
-    assert record["cores"] == 2 and record["reduction_overlap"] is True
+    # 4 devices time-sliced over 2 cores: no core left for the collectives to run beside them
+    assert record["cores"] == 2 and record["reduction_overlap"] is False
     assert len(record["wave_extra_s"]) == len(plan.waves)
 
 
