@@ -302,10 +302,11 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
         problems = {k: pass_problem(ctx.graph, ctx.cost, Levers(k), search.pricing) for k in ks}
         for k in ks:
             room = memory_room(search, k)
-            if room.least_kept() > room.room and k != ctx.levers.micro_batches:
-                del problems[k]  # no plan at this k fits: it bounds nothing
-            else:
+            if room.least_kept() <= room.room:
                 rooms[k] = room if room.binds() else None
+            elif k != ctx.levers.micro_batches:
+                del problems[k]  # no plan at this k fits: it bounds nothing
+            # (at the plan's own k, which fits, the room goes unused rather than trusted)
     cheap = {k: k * area_path_bound_s(p) for k, p in problems.items()}
     each_floor = {k: step_floor(ctx.step, k) for k in problems}
     floors = {k: f.total_s(k) for k, f in each_floor.items()}

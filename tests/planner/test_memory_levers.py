@@ -365,3 +365,19 @@ def test_galloping_finds_the_shortest_prefix_from_any_guess(guess) -> None:
         got = _first(0, 12, ok, guess)
         assert got == (need if need <= 12 else None), (need, guess)
         assert len(set(asked)) <= 10  # galloping, then bisection: a handful of probes
+
+
+def test_a_room_that_no_plan_fits_leaves_out_every_k_but_the_plans(graph, monkeypatch) -> None:
+    """Were the memory floor ever above a fitting plan, the room would call the plan's own
+    k infeasible: the bound then leaves the room out at that k instead of reporting an
+    infinite bound, and every other k, which it calls infeasible too, is not bounded."""
+    import spindle_dsl.planner as planner
+
+    def nothing_fits(search, k):
+        room = memory_room(search, k)
+        return replace(room, room=-1.0)
+
+    monkeypatch.setattr(planner, "memory_room", nothing_fits)
+    _, plan = plan_at(graph, 60)
+    assert plan.extra["bounds"]["micro_batches"] == [plan.micro_batches]
+    assert 0 < plan.lower_bound_s <= plan.iteration_s
