@@ -41,7 +41,9 @@ Table 4 (``gap``): issue 15's rows, planned as ``spindle plan`` plans them (memo
 iteration, the area / critical-path bound, the LP bound, iteration / LP bound, ``floors``: what
 the step terms the LP does not count add to the plan's lower bound at least (``step_floor``:
 the loss phase, the optimizer, the closing all-reduce), ``it/bnd``: iteration over the plan's
-lower bound (LP plus floors, least over the k tried; the issue's 1.10x check), the plan's
+lower bound (LP plus floors, least over the k tried, each k's LP with its memory room: what
+recompute costs where the MetaOps' kept bytes must shrink to fit the cluster, and no k at
+which nothing fits; the issue's 1.10x check), the plan's
 compute (its waves, all passes) over the LP bound (what the LP bounds; the rest of ``it/LP`` is
 transfers, sync, overheads, losses and the optimizer, which it does not count), the gradient
 sync not hidden by the backward (``breakdown.grad_sync_s``: shared modules' extra reduction

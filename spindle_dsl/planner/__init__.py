@@ -42,9 +42,9 @@ from spindle_dsl.planner.isolate import warm_up
 from spindle_dsl.planner.levers import Levers, pass_problem
 from spindle_dsl.planner.leversearch import Fit, Judge, LeverSearch
 from spindle_dsl.planner.lossbalance import SPREAD_NOTE, rebalance_losses, spread_round
-from spindle_dsl.planner.lp_bound import LpBound
+from spindle_dsl.planner.lp_bound import LpBound, MemoryRoom
 from spindle_dsl.planner.lp_bound import lp_bound as lp_relaxation_bound
-from spindle_dsl.planner.memfit import no_fit_message, overflow_message
+from spindle_dsl.planner.memfit import memory_room, no_fit_message, overflow_message
 from spindle_dsl.planner.milp_scheduler import milp_schedule
 from spindle_dsl.planner.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.problem import Problem, Schedule
@@ -287,15 +287,26 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
     k the pass problem is the envelope of every setting at that k (``levers.pass_problem``:
     every allocation the curves list, memory aside, no recompute, the least gradient share;
     recompute and ZeRO-2 only slow a pass down), so it holds whichever of them the plan
-    pulled. Without a lever search it is the plan's own problem at the plan's k. ``lp_s`` is
+    pulled, and the memory room at k (``memfit.memory_room``, ``lp_bound`` module docstring,
+    "Memory") lets each MetaOp recompute and asks that what the MetaOps keep fit in the
+    cluster: a k at which not even recomputing everything fits is left out (the plan's own k
+    never is). Without a lever search it is the plan's own problem at the plan's k. ``lp_s`` is
     the least over k of the LP alone (a bound on the compute). The LPs are solved in order of
     the area / critical-path bound, which is below each, and stop once that alone passes both
     best values: the least are the same, with fewer LPs solved."""
+    rooms: dict[int, MemoryRoom | None] = {}
     if search is None:
         problems = {ctx.levers.micro_batches: ctx.problem}
     else:
         ks = sorted({*search.explored, ctx.levers.micro_batches})
         problems = {k: pass_problem(ctx.graph, ctx.cost, Levers(k), search.pricing) for k in ks}
+        for k in ks:
+            room = memory_room(search, k)
+            if room.least_kept() <= room.room:
+                rooms[k] = room if room.binds() else None
+            elif k != ctx.levers.micro_batches:
+                del problems[k]  # no plan at this k fits: it bounds nothing
+            # (at the plan's own k, which fits, the room goes unused rather than trusted)
     cheap = {k: k * area_path_bound_s(p) for k, p in problems.items()}
     each_floor = {k: step_floor(ctx.step, k) for k in problems}
     floors = {k: f.total_s(k) for k, f in each_floor.items()}
@@ -311,7 +322,7 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
             and cheap[k] + floors[k] >= best_total
         ):
             break
-        got = lp_relaxation_bound(problems[k], micro_batches=k, solver=choice)
+        got = lp_relaxation_bound(problems[k], k, choice, memory=rooms.get(k))
         lp_at[k] = got.lower_bound_s
         wall += got.wall_s
         failed = failed or got.seconds is None
@@ -320,7 +331,7 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
         total = got.lower_bound_s + floors[k]
         f = each_floor[k]
         if f.holder_work and got.seconds is not None:  # the optimizer weighed in the LP too
-            joint = lp_relaxation_bound(problems[k], k, choice, f.holder_work)
+            joint = lp_relaxation_bound(problems[k], k, choice, f.holder_work, rooms.get(k))
             wall += joint.wall_s
             if joint.seconds is not None:
                 total = max(total, joint.seconds + f.beside_lp_s(k))

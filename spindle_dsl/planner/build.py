@@ -61,6 +61,9 @@ class PlanContext:
     memo: dict = field(default_factory=dict, compare=False, repr=False)  # slice memory cache
     evaluated: dict = field(default_factory=dict, compare=False, repr=False)  # waves -> Evaluated
     step: StepModel | None = None  # the runtime's whole step (cost.step), when the model has one
+    # (bytes, source devices, destination devices) -> seconds: shared by every context of one
+    # lever search (``PricingCache.moves``), since a move's price does not depend on levers
+    moves: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def recompute(self) -> frozenset[str]:
@@ -293,7 +296,16 @@ def context(
     topo = Topology(c.devices, c.devices_per_node, c.device.memory_bytes, partners, weight)
     view = micro if micro is not graph else None
     return PlanContext(
-        graph, cost, curves, problem, flows, topo, levers, view, step=step_of(cost, graph, cache)
+        graph,
+        cost,
+        curves,
+        problem,
+        flows,
+        topo,
+        levers,
+        view,
+        step=step_of(cost, graph, cache),
+        moves=cache.moves,
     )
 
 
@@ -330,13 +342,24 @@ def evaluate(ctx: PlanContext, sched: Schedule) -> Evaluated:
 
 
 def time_of(ctx: PlanContext, placement: Placement) -> Timing:
-    """The iteration time of ``placement`` under ``ctx``'s levers (the step model's)."""
-    cost, cluster = ctx.cost, ctx.graph.cluster
+    """The iteration time of ``placement`` under ``ctx``'s levers (the step model's). Moves
+    are priced once per (bytes, source, destination) and context family (``moves``): the
+    candidates a search places repeat most of them, and pricing a re-shard walks both
+    splits."""
+    cost, cluster, moves = ctx.cost, ctx.graph.cluster, ctx.moves
+
+    def transfer(nbytes: float, src: Sequence[int], dst: Sequence[int]) -> float:
+        key = (nbytes, tuple(src), tuple(dst))
+        got = moves.get(key)
+        if got is None:
+            got = moves[key] = cost.transfer_seconds(nbytes, src, dst, cluster)
+        return got
+
     return time_placement(
         placement,
         lambda op, n: ctx.problem.op(op).t(n),
         ctx.flows,
-        lambda b, s, d: cost.transfer_seconds(b, s, d, cluster),
+        transfer,
         lambda b, ds: cost.allreduce_seconds(b, ds, cluster),
         ctx.step,
         micro_batches=ctx.levers.micro_batches,

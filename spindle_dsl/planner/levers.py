@@ -132,6 +132,7 @@ class PricingCache:
         self.specs: dict[tuple, object] = {}  # ``build`` keeps its OpSpecs here
         self.source = "analytic"  # where the cost model's curves come from
         self.step: StepModel | None = None  # the step model of the graph (``build.step_of``)
+        self.moves: dict = {}  # priced activation moves (``build.time_of``)
 
     def view(self, k: int, bare: bool = False) -> MetaGraph:
         """The micro-batch view at k (``bare``: without gradient bytes to all-reduce)."""

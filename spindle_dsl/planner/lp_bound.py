@@ -72,10 +72,33 @@ optimum only falls when an op gains points or its T(n) fall (the same x stays fe
 smaller d and a). The bound of the chosen k alone is *not* a bound on plans with another k.
 ``make_plan`` reports the min over the k its lever search tried (``planner._lower_bound``):
 below the plan (its k is among them), and a statement about the planner's choice.
+
+Memory (``lp_bound(memory=MemoryRoom(...))``). The envelope ignores memory, so where memory
+forces recompute at some k, the bound at that k is the LP of a plan no planner may make. A
+valid constraint: a plan that fits holds, summed over its N devices, at most N x capacity,
+and at least every parameter part's state once plus, per MetaOp m, the bytes m keeps for
+backward and its loss tensors (``memfit.MemoryFloor``: the ledger adds kept activations up
+per device, and data parallelism only splits them, with ceil rounding up). With recompute
+per MetaOp (``PlanMetaOp.recompute``: all of m's layers or none), m keeps ``K_m`` or
+``R_m < K_m`` and runs on the plain curve or the recompute curve at that k. So let m take a
+convex combination over the points of both curves, y_m the weight on the recompute curve's,
+and ask ``sum_m K_m (1 - y_m) + R_m y_m <= room`` (the cluster's bytes less the states): a
+plan's own levers give a feasible point (y_m in {0, 1}, x as above), so the LP optimum stays
+below it. The frontier reduction holds per curve (within one, the kept bytes are fixed).
+The certificate takes the constraint's dual nu >= 0 too: every feasible solution has
+``room - sum_m (kept bytes of its choice) >= 0``, so subtracting nu times it keeps
+``C >= ...`` true, giving ``C >= -nu room + sum_m min over both curves and every n of
+(L_m T(n) (phi_m + mu n / N) + nu x kept bytes of that curve)``, whatever nu is. Where even
+``sum_m min(K_m, R_m)`` exceeds the room, no plan at that k fits, and the planner does not
+take that k's LP into its least (it reports the plan's own k's bound in any case). ZeRO-2
+changes neither side: the states are counted once under every stage, and its curves are no
+quicker than ZeRO-1's. The constraint is the cluster's total only: what one device must hold
+(a MetaOp's weights on every device it runs on) is not counted, so it stays a relaxation.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -95,10 +118,36 @@ SAFETY = 1e-12  # relative margin against rounding in the certificate's own arit
 
 @dataclass(frozen=True)
 class Curve:
-    """One op's valid allocations (n <= N) and T(n) per layer, as arrays."""
+    """One op's valid allocations (n <= N) and T(n) per layer, as arrays; ``kept``: the
+    bytes the op keeps at the memory peak when run on this curve (one setting of its
+    recompute lever; 0 without a memory room, ``MemoryRoom``)."""
 
     ns: np.ndarray
     seconds: np.ndarray
+    kept: float = 0.0
+
+
+@dataclass(frozen=True)
+class MemoryRoom:
+    """What device memory asks of every plan at one k, in the LP's terms (module docstring,
+    "Memory"): ``recompute``, the same ops' curves with activation recompute; ``kept`` and
+    ``kept_recompute``, the bytes each op keeps for backward (and its loss tensors) summed
+    over its devices, without and with recompute (``memfit.MemoryFloor``); ``room``, the
+    cluster's bytes less every parameter part's state held once."""
+
+    recompute: Problem
+    kept: Mapping[str, float]
+    kept_recompute: Mapping[str, float]
+    room: float
+
+    def least_kept(self) -> float:
+        """Bytes kept with recompute wherever it frees any: above ``room``, no plan fits."""
+        return sum(min(v, self.kept_recompute.get(k, v)) for k, v in self.kept.items())
+
+    def binds(self) -> bool:
+        """Whether the constraint can bind: the ops keep more than ``room`` without
+        recompute."""
+        return sum(self.kept.values()) > self.room
 
 
 @dataclass(frozen=True)
@@ -114,6 +163,9 @@ class LpInput:
     # per op: work per layer on each device holding it, once per step, over k and ``scale``
     # (``holder_work`` of ``lp_bound``); empty: none
     holder: tuple[float, ...] = ()
+    # per op and point: the bytes the op keeps on that point's curve, over the room; empty:
+    # no memory constraint (``MemoryRoom``)
+    mem: tuple[tuple[float, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,6 +178,7 @@ class LpSolution:
     ends: tuple[float, ...]  # C >= s_m + d_m, per op
     edges: tuple[tuple[float, ...], ...]  # s_m >= s_p + d_p, per op, in the order of its deps
     wall_s: float
+    nu: float = 0.0  # the memory room (``LpInput.mem``)
 
 
 @dataclass(frozen=True)
@@ -141,6 +194,7 @@ class LpBound:
     points: int  # frontier points in the LP, all ops together
     wall_s: float
     note: str | None = None
+    fits: bool = True  # False: no plan at this k fits in memory (``MemoryRoom``)
 
     @property
     def lower_bound_s(self) -> float:
@@ -224,6 +278,8 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
     area_coeffs: list[float] = [1.0]
     objective_vars: list[mip.Var] = [C]
     objective_coeffs: list[float] = [1.0]
+    room_vars: list[mip.Var] = []  # sum of the ops' kept bytes (over the room) <= 1
+    room_coeffs: list[float] = []
     for m, (layers, pts) in enumerate(zip(inp.layers, inp.points, strict=True)):
         xs = [model.add_var(f"x_{m}_{n}", lb=0.0) for n, _ in pts]
         model.add_constr(mip.LinExpr(xs, [1.0] * len(xs)) == 1, f"conv_{m}")
@@ -235,6 +291,9 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
         if inp.holder and inp.holder[m] > 0:
             objective_vars.extend(xs)
             objective_coeffs.extend(layers * n * inp.holder[m] / N for n, _ in pts)
+        if inp.mem:
+            room_vars.extend(xs)
+            room_coeffs.extend(-b for b in inp.mem[m])
     ends = [
         model.add_constr(mip.LinExpr([C, starts[m], d[m]], [1.0, -1.0, -1.0]) >= 0, f"end_{m}")
         for m in range(k)
@@ -250,6 +309,9 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
         for m, deps in enumerate(inp.deps)
     ]
     area_c = model.add_constr(mip.LinExpr(area_vars, area_coeffs) >= 0, "area")
+    room_c = (
+        model.add_constr(mip.LinExpr(room_vars, room_coeffs) >= -1.0, "room") if room_vars else None
+    )
     model.objective = mip.LinExpr(objective_vars, objective_coeffs)
     with _quiet_stdout():
         status = model.optimize(max_seconds=LP_TIME_LIMIT_S)
@@ -267,13 +329,17 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
         tuple(dual(c) for c in ends),
         tuple(tuple(dual(c) for c in row) for row in edges),
         wall,
+        dual(room_c) if room_c is not None else 0.0,
     )
 
 
-def certify(inp: LpInput, curves: Sequence[Curve], sol: LpSolution, scale: float = 1.0) -> float:
+def certify(
+    inp: LpInput, curves: Sequence[Sequence[Curve]], sol: LpSolution, scale: float = 1.0
+) -> float:
     """The weak-duality bound (seconds, one pass) from ``sol``'s duals repaired into valid
-    weights (module docstring), evaluated over every valid allocation in ``curves``
-    (``scale``: what ``inp``'s times were divided by, to price its holder work in seconds)."""
+    weights (module docstring), evaluated over every valid allocation of every curve an op
+    may run on (``curves``: per op, one per setting of its recompute lever; ``scale``: what
+    ``inp``'s times were divided by, to price its holder work and memory dual in seconds)."""
     k = len(inp.layers)
     flows = [list(row) for row in sol.edges]  # flows[m][j]: dep inp.deps[m][j] -> m
     out = [0.0] * k
@@ -289,13 +355,18 @@ def certify(inp: LpInput, curves: Sequence[Curve], sol: LpSolution, scale: float
     total = sol.mu + sum(sol.ends)
     norm = (1 + SAFETY) * total if total > 1 else 1.0
     mu = sol.mu / norm
-    value = 0.0
-    for m, curve in enumerate(curves):
+    nu = sol.nu / norm * scale if inp.mem else 0.0  # seconds per room
+    room = 1.0 if inp.mem else 0.0
+    value = -nu * room
+    for m, options in enumerate(curves):
         phi = out[m] / norm
-        weights = curve.seconds * (phi + mu * curve.ns / inp.devices)
-        if inp.holder:
-            weights = weights + inp.holder[m] * scale * curve.ns / inp.devices
-        value += inp.layers[m] * float(weights.min())
+        least = np.inf
+        for curve in options:
+            weights = curve.seconds * (phi + mu * curve.ns / inp.devices)
+            if inp.holder:
+                weights = weights + inp.holder[m] * scale * curve.ns / inp.devices
+            least = min(least, inp.layers[m] * float(weights.min()) + nu * curve.kept)
+        value += least
     return max(0.0, value * (1 - SAFETY))
 
 
@@ -304,22 +375,45 @@ def lp_input(
     scale: float,
     holder_work: Mapping[str, float] | None = None,
     micro_batches: int = 1,
-) -> tuple[LpInput, list[Curve]]:
+    memory: MemoryRoom | None = None,
+) -> tuple[LpInput, list[tuple[Curve, ...]]]:
+    """The LP's input and, per op, the curves of its lever settings (one without
+    ``memory``; with it, the plain curve and, where recompute frees bytes, the recompute
+    curve, each carrying its kept bytes over the room)."""
     index = {o.id: i for i, o in enumerate(problem.ops)}
-    curves = [curve_of(o, problem.devices) for o in problem.ops]
+    curves: list[tuple[Curve, ...]] = []
+    for o in problem.ops:
+        plain = curve_of(o, problem.devices)
+        if memory is None:
+            curves.append((plain,))
+            continue
+        room = memory.room
+        kept = memory.kept.get(o.id, 0.0)
+        rc_kept = memory.kept_recompute.get(o.id, kept)
+        options = [Curve(plain.ns, plain.seconds, kept / room)]
+        if rc_kept < kept:
+            rc = curve_of(memory.recompute.op(o.id), problem.devices)
+            options.append(Curve(rc.ns, rc.seconds, rc_kept / room))
+        curves.append(tuple(c for c in options if len(c.ns)))
     holder: tuple[float, ...] = ()
+    pick = frontier
     if holder_work:
         k = max(1, micro_batches)
         holder = tuple(max(0.0, holder_work.get(o.id, 0.0)) / k / scale for o in problem.ops)
-        points = tuple(tuple((n, t / scale) for n, t in quicker(c)) for c in curves)
-    else:
-        points = tuple(tuple((n, t / scale) for n, t in frontier(c)) for c in curves)
+        pick = quicker
+    points = tuple(tuple((n, t / scale) for c in options for n, t in pick(c)) for options in curves)
+    mem = (
+        tuple(tuple(c.kept for c in options for _ in pick(c)) for options in curves)
+        if memory is not None
+        else ()
+    )
     inp = LpInput(
         tuple(o.layers for o in problem.ops),
         tuple(tuple(index[d] for d in o.deps) for o in problem.ops),
         points,
         problem.devices,
         holder,
+        mem,
     )
     return inp, curves
 
@@ -329,6 +423,7 @@ def lp_bound(
     micro_batches: int = 1,
     solver: SolverChoice | None = None,
     holder_work: Mapping[str, float] | None = None,
+    memory: MemoryRoom | None = None,
 ) -> LpBound:
     """The LP bound for plans of ``problem`` run ``micro_batches`` passes per iteration (see
     the module docstring), certified by weak duality; the area / critical-path bound with a
@@ -339,7 +434,12 @@ def lp_bound(
     averaged over the N devices to the objective: the bound is then on k x compute plus the
     busiest device's share of it, and the LP may trade wider allocations (more holders) for
     less of it. The certificate adds ``w_m n / N`` (over k) to op m's weight at n: every
-    feasible solution pays at least that (module docstring), so it stays valid."""
+    feasible solution pays at least that (module docstring), so it stays valid.
+
+    ``memory`` (``MemoryRoom``) lets each op run on its recompute curve too, and asks that
+    the bytes the ops keep fit in the room (module docstring, "Memory"); where even
+    recomputing every op that frees bytes leaves them above it, no plan at this k fits, and
+    the bound is infinite (``fits`` False)."""
     t0 = time.perf_counter()
     solver = solver or SolverChoice()
     k = micro_batches
@@ -351,8 +451,13 @@ def lp_bound(
 
     if old <= 0:
         return without_lp("nothing to bound: no MetaOp takes time")
-    inp, curves = lp_input(problem, old, holder_work, k)
-    if any(not len(c.ns) for c in curves):
+    if memory is not None and memory.least_kept() > memory.room:
+        why = "no plan fits in memory at this number of micro-batches"
+        return LpBound(math.inf, math.inf, old * k, k, 0, time.perf_counter() - t0, why, False)
+    if memory is not None and (memory.room <= 0 or not memory.binds()):
+        memory = None  # it cannot bind (or leaves no room to divide by): the plain LP
+    inp, curves = lp_input(problem, old, holder_work, k, memory)
+    if any(not options for options in curves):
         return without_lp("a MetaOp has no allocation within the devices")
     n_points = sum(len(p) for p in inp.points)
     try:
@@ -370,4 +475,4 @@ def lp_bound(
     return LpBound(seconds, primal, old * k, k, n_points, time.perf_counter() - t0)
 
 
-__all__ = ["LpBound", "envelope", "frontier", "lp_bound", "solve_relaxation"]
+__all__ = ["LpBound", "MemoryRoom", "envelope", "frontier", "lp_bound", "solve_relaxation"]

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from spindle_dsl.cost.base import CostModel
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.planner.build import Evaluated, PlanContext, _gib
-from spindle_dsl.planner.levers import micro_graph
+from spindle_dsl.planner.levers import Levers, micro_graph, pass_problem
+from spindle_dsl.planner.lp_bound import MemoryRoom
 
 if TYPE_CHECKING:
     from spindle_dsl.planner.leversearch import Fit, LeverSearch
@@ -59,6 +60,23 @@ def memory_floor(graph: MetaGraph, cost: CostModel) -> MemoryFloor:
             parts[p.key] = max(parts.get(p.key, 0), p.replicated + p.sharded)
         kept[op.id], kept_rc[op.id] = plain.kept + plain.loss, rc.kept + rc.loss
     return MemoryFloor(sum(parts.values()), kept, kept_rc)
+
+
+def memory_room(search: LeverSearch, k: int) -> MemoryRoom:
+    """What memory asks of every plan at k passes, for the LP bound (``lp_bound``, module
+    docstring, "Memory"): the floor's kept bytes per MetaOp without and with recompute, the
+    recompute curves at k (ZeRO-1, the quickest stage), and the cluster's bytes less every
+    part's state held once. Every plan that fits keeps them within it: its devices' peaks
+    sum to at least the floor of its recompute set (``MemoryFloor``)."""
+    floor = search.floor(k)
+    freeing = frozenset(o for o, v in floor.kept.items() if floor.kept_recompute[o] < v)
+    c = search.graph.cluster
+    return MemoryRoom(
+        pass_problem(search.graph, search.cost, Levers(k, 1, freeing), search.pricing),
+        dict(floor.kept),
+        dict(floor.kept_recompute),
+        float(c.devices * c.device.memory_bytes - floor.states),
+    )
 
 
 def _frugal_bytes(ctx: PlanContext, op_id: str) -> int:

@@ -19,6 +19,7 @@ from spindle_dsl.planner.crosslevel import improve
 from spindle_dsl.planner.listsched import cpa_schedule
 from spindle_dsl.planner.lp_bound import (
     LpSolution,
+    MemoryRoom,
     certify,
     curve_of,
     envelope,
@@ -145,6 +146,19 @@ def test_lp_bound_is_below_the_milp_schedule(seed, N, k):
     assert milp_schedule(p, 0.2, solver=IN_PROCESS).compute_s(p) >= lp_bound(p).seconds
 
 
+def random_duals(rng: random.Random, inp, nu: float = 0.0) -> LpSolution:
+    """Dual weights of no particular merit (``certify`` must make any of them valid)."""
+    return LpSolution(
+        "optimal",
+        1.0,
+        rng.uniform(0, 1.5),
+        tuple(rng.uniform(0, 1) for _ in inp.layers),
+        tuple(tuple(rng.uniform(0, 2) for _ in deps) for deps in inp.deps),
+        0.0,
+        nu,
+    )
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 100_000), st.integers(1, 7))
 def test_any_dual_weights_give_a_valid_bound(seed, k):
@@ -153,14 +167,7 @@ def test_any_dual_weights_give_a_valid_bound(seed, k):
     rng = random.Random(seed)
     p = jagged_problem(rng, 8, k)
     inp, curves = lp_input(p, lower_bound_s(p))
-    sol = LpSolution(
-        "optimal",
-        1.0,
-        rng.uniform(0, 1.5),
-        tuple(rng.uniform(0, 1) for _ in range(k)),
-        tuple(tuple(rng.uniform(0, 2) for _ in deps) for deps in inp.deps),
-        0.0,
-    )
+    sol = random_duals(rng, inp)
     assert certify(inp, curves, sol) <= lp_bound(p, solver=IN_PROCESS).primal_s * (1 + 1e-9)
 
 
@@ -223,3 +230,73 @@ def test_holder_work_makes_the_lp_prefer_fewer_holders():
     alone = Problem((op("a", 4, (), curve),), 4)
     held = lp_bound(alone, solver=IN_PROCESS, holder_work={"a": 0.1}).seconds
     assert held == pytest.approx(2.0 + 4 * 4 * 0.1 / 4, rel=1e-9)
+
+
+def test_the_memory_room_forces_recompute_where_kept_bytes_must_shrink():
+    """One op on one device, T = 2 s plain and 3 s recomputing; it keeps 10 bytes plain and
+    2 recomputing in a room of 6: at least half of it must recompute (10 - 8 y <= 6), so
+    C = 2 + 0.5 * 1 = 2.5 s; with room for 10 bytes nothing changes; with room for 1 byte
+    no plan fits."""
+    plain = Problem((op("a", 1, (), {1: 2.0}),), 1)
+    rc = Problem((op("a", 1, (), {1: 3.0}),), 1)
+
+    def bound(room: float):
+        return lp_bound(plain, solver=IN_PROCESS, memory=MemoryRoom(rc, {"a": 10}, {"a": 2}, room))
+
+    assert bound(6).seconds == pytest.approx(2.5, rel=1e-9)
+    assert bound(6).primal_s == pytest.approx(2.5, rel=1e-9)
+    assert bound(10).seconds == pytest.approx(2.0, rel=1e-9)
+    assert not bound(1).fits and bound(1).lower_bound_s == float("inf")
+
+
+def _room_case(rng: random.Random, N: int, k: int):
+    """A jagged problem, its recompute curves (each op slower by a random factor), kept
+    bytes per op without and with recompute, and a recompute set drawn at random with a room
+    that just holds it: the schedules of the problem whose ops in the set run on the
+    recompute curves are plans the LP with that room must stay below."""
+    p = jagged_problem(rng, N, k)
+    slower = Problem(
+        tuple(
+            OpSpec(
+                o.id, o.layers, o.deps, o.ns, tuple(t * rng.uniform(1.0, 1.6) for t in o.seconds)
+            )
+            for o in p.ops
+        ),
+        N,
+    )
+    kept = {o.id: rng.uniform(1.0, 10.0) for o in p.ops}
+    kept_rc = {o.id: v * rng.uniform(0.1, 1.0) for o, v in zip(p.ops, kept.values(), strict=True)}
+    chosen = {o.id for o in p.ops if rng.random() < 0.5}
+    room = sum(kept_rc[i] if i in chosen else kept[i] for i in kept) * rng.uniform(1.0, 1.2)
+    made = Problem(tuple(slower.op(o.id) if o.id in chosen else o for o in p.ops), N)
+    return p, MemoryRoom(slower, kept, kept_rc, room), made
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 100_000), st.sampled_from([2, 8, 16]), st.integers(1, 7))
+def test_the_memory_room_lies_below_every_plan_that_fits_it(seed, N, k):
+    """Above the plain LP (it only adds a constraint), tight, and below every schedule of a
+    recompute set whose kept bytes fit the room."""
+    p, room, made = _room_case(random.Random(seed), N, k)
+    plain = lp_bound(p, solver=IN_PROCESS)
+    held = lp_bound(p, solver=IN_PROCESS, memory=room)
+    assert held.fits and held.seconds is not None
+    assert held.seconds >= plain.seconds * (1 - 1e-9)
+    assert held.seconds == pytest.approx(held.primal_s, rel=1e-6)
+    scheds = [paper_schedule(made), cpa_schedule(made)] + [f(made) for f in BASELINES.values()]
+    for s in scheds:
+        assert s.compute_s(made) >= held.seconds * (1 - 1e-9), s.name
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 100_000), st.integers(1, 7))
+def test_any_dual_weights_give_a_valid_bound_with_a_memory_room(seed, k):
+    """Weak duality with the room's dual too: random weights never exceed the LP optimum."""
+    rng = random.Random(seed)
+    p, room, _ = _room_case(rng, 8, k)
+    if not room.binds():
+        return
+    inp, curves = lp_input(p, lower_bound_s(p), memory=room)
+    sol = random_duals(rng, inp, rng.uniform(0, 3))
+    best = lp_bound(p, solver=IN_PROCESS, memory=room).primal_s
+    assert certify(inp, curves, sol, lower_bound_s(p)) <= best * (1 + 1e-9)

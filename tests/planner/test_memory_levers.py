@@ -31,7 +31,7 @@ from spindle_dsl.planner.levers import (
 )
 from spindle_dsl.planner.leversearch import LeverSearch
 from spindle_dsl.planner.lp_bound import lp_bound
-from spindle_dsl.planner.memfit import memory_floor
+from spindle_dsl.planner.memfit import memory_floor, memory_room
 from spindle_dsl.planner.step_floor import step_floor
 from spindle_dsl.planner.wavefront import paper_schedule
 
@@ -141,27 +141,48 @@ def test_the_step_model_prices_the_levers_evaluated(graph, k, stage) -> None:
 
 
 def test_the_lower_bound_is_the_least_over_the_k_tried(graph) -> None:
-    """k x the LP of one pass at k (every allocation, the quickest curves at k), least over
-    the k the lever search tried: below the plan, whichever levers it pulled."""
+    """k x the LP of one pass at k (every allocation, the quickest curves at k, the memory
+    room at k: recompute where the ops' kept bytes must shrink), least over the k the lever
+    search tried that some plan fits: below the plan, whichever levers it pulled."""
     g, plan = plan_at(graph, 60)
     b = plan.extra["bounds"]
     assert plan.micro_batches > 1 and plan.micro_batches in b["micro_batches"]
     assert len(b["micro_batches"]) > 1
     cost = make_cost_model(g.cluster)
+    search = LeverSearch(g, cost)
+    rooms = {k: memory_room(search, k) for k in b["micro_batches"]}
+    fitting = [k for k, r in rooms.items() if r.least_kept() <= r.room]
+    assert any(rooms[k].binds() for k in fitting)  # memory shapes the bound here
     each = {
-        k: lp_bound(pass_problem(g, cost, Levers(k)), micro_batches=k).lower_bound_s
-        for k in b["micro_batches"]
+        k: lp_bound(pass_problem(g, cost, Levers(k)), k, memory=rooms[k]).lower_bound_s
+        for k in fitting
     }
     step = cost.step_model(g)
     whole = {}
     for k, lp in each.items():
         f = step_floor(step, k)
-        joint = lp_bound(pass_problem(g, cost, Levers(k)), k, holder_work=f.holder_work)
+        joint = lp_bound(pass_problem(g, cost, Levers(k)), k, None, f.holder_work, rooms[k])
         whole[k] = max(lp + f.total_s(k), joint.seconds + f.beside_lp_s(k))
     assert plan.lower_bound_s == pytest.approx(min(whole.values()), rel=1e-9)
     assert b["lp_s"] == pytest.approx(min(each.values()), rel=1e-9)
     assert b["area_path_s"] <= b["lp_s"] * (1 + 1e-9)
     assert plan.lower_bound_s <= plan.iteration_s and validate_plan(plan) == []
+
+
+@pytest.mark.parametrize("mib", [300, 60, 40, 25])
+def test_the_memory_room_holds_every_fitting_plan(graph, mib) -> None:
+    """The premise of the memory room: a plan that fits has its devices' peaks summing to
+    at least the floor of its recompute set at its k, so its kept bytes fit in the room; and
+    the bound it yields stays below the plan whatever levers the plan pulled."""
+    g, plan = plan_at(graph, mib)
+    lv = levers_of(plan)
+    search = LeverSearch(g, make_cost_model(g.cluster))
+    floor = search.floor(lv.micro_batches)
+    assert sum(plan.memory_bytes) >= floor.total(lv.recompute)
+    room = memory_room(search, lv.micro_batches)
+    kept = sum(floor.by_op(lv.recompute).values())
+    assert kept <= room.room
+    assert plan.lower_bound_s <= plan.iteration_s
 
 
 def test_micro_graph_carries_the_ceil_split(graph) -> None:
@@ -326,6 +347,8 @@ def test_paper_scale_fixtures_fit_with_levers(shared_dir) -> None:
         plan = make_plan(g, make_cost_model(g.cluster), time_limit_s=0.3)
         assert validate_plan(plan) == [], name
         assert levers_of(plan) != Levers(), name
+        # the memory room takes part in the bound and keeps it below the plan
+        assert plan.lower_bound_s <= plan.iteration_s, name
 
 
 @pytest.mark.parametrize("guess", [None, 0, 1, 3, 7, 12, 40])
@@ -342,3 +365,19 @@ def test_galloping_finds_the_shortest_prefix_from_any_guess(guess) -> None:
         got = _first(0, 12, ok, guess)
         assert got == (need if need <= 12 else None), (need, guess)
         assert len(set(asked)) <= 10  # galloping, then bisection: a handful of probes
+
+
+def test_a_room_that_no_plan_fits_leaves_out_every_k_but_the_plans(graph, monkeypatch) -> None:
+    """Were the memory floor ever above a fitting plan, the room would call the plan's own
+    k infeasible: the bound then leaves the room out at that k instead of reporting an
+    infinite bound, and every other k, which it calls infeasible too, is not bounded."""
+    import spindle_dsl.planner as planner
+
+    def nothing_fits(search, k):
+        room = memory_room(search, k)
+        return replace(room, room=-1.0)
+
+    monkeypatch.setattr(planner, "memory_room", nothing_fits)
+    _, plan = plan_at(graph, 60)
+    assert plan.extra["bounds"]["micro_batches"] == [plan.micro_batches]
+    assert 0 < plan.lower_bound_s <= plan.iteration_s
