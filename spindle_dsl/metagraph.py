@@ -152,6 +152,10 @@ class MetaGraph:
     def op(self, metaop_id: str) -> MetaOp:
         return self._ops[metaop_id]
 
+    def find_op(self, metaop_id: str) -> MetaOp | None:
+        """The MetaOp, or None where this graph leaves it out (a planner's sub-graph)."""
+        return self._ops.get(metaop_id)
+
     def module(self, name: str) -> ModuleInfo:
         return next(m for m in self.modules if m.name == name)
 

@@ -224,11 +224,15 @@ def first_layer_saving(graph: MetaGraph, op: MetaOp) -> float:
     """The share of a profiled layer time a trained MetaOp's layers take on average when its
     first layer's input needs no gradient: its inputs all come from MetaOps without a backward
     pass (frozen towers), so that layer's backward computes only its weights' gradient, two of
-    the three passes the profile timed (``(3L - 1) / 3L``); 1 otherwise."""
+    the three passes the profile timed (``(3L - 1) / 3L``); 1 otherwise, and 1 where
+    ``graph`` leaves an input's MetaOp out (a sub-graph of the MetaOps being priced: the
+    planner includes their inputs' MetaOps, ``planner.levers``)."""
     if op.frozen or not op.needs_backward or not op.inputs:
         return 1.0
-    if any(i.from_modality or graph.op(i.source).needs_backward for i in op.inputs):
-        return 1.0
+    for i in op.inputs:
+        source = None if i.from_modality else graph.find_op(i.source)
+        if source is None or source.needs_backward:
+            return 1.0
     return (3 * op.layers - 1) / (3 * op.layers)
 
 

@@ -165,20 +165,24 @@ def _price(
     """Pass curves of the MetaOps ``ids`` (see ``pass_curves``)."""
     k = levers.micro_batches
     rc = levers.recompute & ids
+    # the MetaOps priced and those they read from (a curve may depend on its inputs' ops:
+    # ``cost.profile.first_layer_saving``); only the first are returned
+    sources = {i.source for op in cache.graph.metaops if op.id in ids for i in op.inputs}
+    keep = ids | sources
 
     def sub(g: MetaGraph) -> MetaGraph:
-        return replace(g, metaops=tuple(op for op in g.metaops if op.id in ids))
+        return replace(g, metaops=tuple(op for op in g.metaops if op.id in keep))
 
     micro = sub(cache.view(k))
     full = _curves(cost, micro, rc)
     cache.source = full.source
     if k == 1:
-        return {c.metaop: c for c in full}
+        return {c.metaop: c for c in full if c.metaop in ids}
     bare = _curves(cost, sub(cache.view(k, bare=True)), rc)
     share = reduction_share(levers)
     extra = contrastive_ops(cache.graph)
     out = {}
-    for op in micro.metaops:
+    for op in (op for op in micro.metaops if op.id in ids):
         bare_at = dict(bare[op.id].items())
         fwd = 1.0
         if op.id in extra:
