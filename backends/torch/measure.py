@@ -128,6 +128,21 @@ def layer_seconds(probe: Probe, op: MetaOp, mode: str, batch: int) -> float | No
     return _gather_mean(mine, probe.rank, probe.world)
 
 
+def sharing_slowdown(probe: Probe, op: MetaOp, mode: str, batch: int) -> float | None:
+    """How much slower than its fair share a layer runs when every rank computes at once on
+    fewer cores: ``op``'s layer timed on ``active`` ranks side by side (a core each), then
+    on all ranks at once; fair sharing alone would make the second ``world / active`` times
+    the first. Rank 0 gets the ratio of the two (at least 1)."""
+    alone = layer_seconds(probe, op, mode, batch)
+    crowded = Probe(
+        probe.rank, probe.world, probe.world, probe.device, probe.dtype, probe.budget, probe.beat
+    )
+    shared = layer_seconds(crowded, op, mode, batch)
+    if probe.rank != 0 or not alone or not shared:
+        return None
+    return max(1.0, shared / (alone * probe.world / probe.active))
+
+
 def input_stage_seconds(
     probe: Probe,
     graph: MetaGraph,

@@ -4,8 +4,9 @@ The profile is made where a run happens: ``--nproc N`` spawns N worker processes
 launcher a run uses (``launch.spawn``: the same environment, the same torch thread setting per
 worker, gloo on CPU and NCCL on GPUs), and every rank takes part in every measurement
 (``measure``). Measured, in order: each MetaOp shape's layer at several per-device batches (the
-compute curves, fitted piecewise as the paper does), each input stage and loss head per sample,
-the collectives the gradient reduction issues (all-reduce, reduce-scatter, all-gather) over
+compute curves, fitted piecewise as the paper does), with more ranks than cores what taking
+turns on them costs beyond the fair share (``measure.sharing_slowdown``), each input stage and
+loss head per sample, the collectives the gradient reduction issues (all-reduce, reduce-scatter, all-gather) over
 every group size up to N, point-to-point exchange, the optimizer per parameter byte, the flat-
 buffer copies, and the fixed cost of a stage. Rank 0 fits the lines and returns the
 ``Profile`` (``cost.profile``); the value and its fits live in ``spindle_dsl.cost`` and never
@@ -32,7 +33,13 @@ from spindle_dsl.cost.overheads import (
     part_class,
 )
 from spindle_dsl.cost.profile import Profile, ProfileEntry, mode_of
-from spindle_dsl.cost.profiler import TimingBudget, shape_batches, shape_entry, shape_groups
+from spindle_dsl.cost.profiler import (
+    TimingBudget,
+    per_sample_flops,
+    shape_batches,
+    shape_entry,
+    shape_groups,
+)
 from spindle_dsl.cost.step_parts import op_steps, sink_losses
 from spindle_dsl.metagraph import MetaGraph
 
@@ -196,9 +203,11 @@ def _measure(
     dtype = torch.bfloat16 if cuda else torch.float32
     probe = M.Probe(rank, world, active, device, dtype, settings.budget, beat)
     todo = _Plan.of(graph, world, settings.points)
-    bar = Bar(todo.items(settings.points), rank == 0 and settings.progress)
+    sharing = 1 if world > active else 0  # the taking-turns point (``_sharing``)
+    bar = Bar(todo.items(settings.points) + sharing, rank == 0 and settings.progress)
     try:
         entries = _layers(probe, todo, bar)
+        slowdown = _sharing(probe, todo, bar)
         data = TaskData(graph, 0, None, dtype, device)
         inputs, losses = _inputs_and_losses(probe, graph, data, todo, settings.points, bar)
         comm = _communication(probe, graph, todo, bar)
@@ -219,6 +228,7 @@ def _measure(
         inputs=inputs,
         losses=losses,
         cores=cores,
+        sharing_slowdown=slowdown or 1.0,
     )
     return Profile(
         device=device.type,
@@ -245,6 +255,17 @@ def _layers(probe: M.Probe, todo: _Plan, bar: Bar) -> tuple[ProfileEntry, ...]:
     if probe.rank != 0:
         return ()
     return tuple(shape_entry(ops, t) for ops, t in zip(todo.groups, timings, strict=True))
+
+
+def _sharing(probe: M.Probe, todo: _Plan, bar: Bar) -> float | None:
+    """With more ranks than cores, the measured cost of taking turns (``sharing_slowdown``),
+    on the layer point with the most work (what dominates a step); 1.0 otherwise."""
+    if probe.world <= probe.active or not todo.layer_points:
+        return 1.0
+    ops, b = max(todo.layer_points, key=lambda p: per_sample_flops(p[0][0]) * p[1])
+    slowdown = M.sharing_slowdown(probe, ops[0], mode_of(ops[0]), b)
+    bar.step(f"{probe.world} ranks taking turns on {probe.active} cores")
+    return slowdown
 
 
 def _inputs_and_losses(

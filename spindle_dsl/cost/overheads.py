@@ -122,6 +122,11 @@ class StepOverheads:
     parts: tuple[tuple[str, float], ...] = ()
     part_s: float = 0.0  # fixed seconds per part held, for parts not in ``parts``
     cores: int | None = None  # cores of the machine it was measured on (None: not a CPU)
+    # how much slower work runs, beyond its fair share, when more workers than cores take
+    # turns on them (caches refilled after every switch): measured by ``spindle profile``
+    # with more ranks than cores (one layer on all ranks at once against on as many as the
+    # cores); 1.0 = the OS's fair share only (the analytic assumption)
+    sharing_slowdown: float = 1.0
     # how the runtime reduces gradients (the module constants above; tests vary them)
     grad_collective: str = GRAD_COLLECTIVE
     reduction_overlap: bool = REDUCTION_OVERLAP
@@ -163,6 +168,7 @@ class StepOverheads:
             "parts": dict(self.parts),
             "part_s": self.part_s,
             "cores": self.cores,
+            "sharing_slowdown": self.sharing_slowdown,
         }
 
     @classmethod
@@ -184,6 +190,7 @@ class StepOverheads:
             parts=tuple((str(k), float(v)) for k, v in d.get("parts", {}).items()),
             part_s=float(d.get("part_s", 0.0)),
             cores=None if cores is None else int(cores),
+            sharing_slowdown=float(d.get("sharing_slowdown", 1.0)),
         )
 
 

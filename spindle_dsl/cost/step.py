@@ -9,8 +9,9 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
 - ``compute_s``: the waves, once per micro-batch pass. A wave lasts as long as its slowest
   device; on a CPU node whose computing devices outnumber its cores, they share the cores
   (processor sharing: every running worker progresses at ``cores / running`` of a core, the
-  way the OS time-slices single-threaded processes; a rank blocked in a gloo receive sleeps
-  and costs nothing, measured), so a wave lasts the makespan of its devices' work on
+  way the OS time-slices single-threaded processes, slowed further by what taking turns
+  costs, ``sharing_slowdown``, measured by the profile; a rank blocked in a gloo receive
+  sleeps and costs nothing, measured), so a wave lasts the makespan of its devices' work on
   ``cores`` cores (``shared_makespan``).
 - ``wave_overhead_s``: per wave, what a rank does beyond its layers, priced the same way:
   its MetaOp's input stages on the MetaOp's first entry (reading the raw batch, the
@@ -131,9 +132,11 @@ def reductions_per_step(micro_batches: int, zero_stage: int) -> float:
     return (k + 1) / 2 if zero_stage == 2 else 1.0
 
 
-def shared_makespan(lengths: Sequence[float], cores: int | None) -> float:
+def shared_makespan(lengths: Sequence[float], cores: int | None, slowdown: float = 1.0) -> float:
     """When jobs of these lengths (seconds on a core of their own) all start together on
-    ``cores`` cores shared fairly, when the last ends (None: a core each)."""
+    ``cores`` cores shared fairly, when the last ends (None: a core each). While more jobs
+    run than there are cores, each progresses at ``cores / running`` of a core, further
+    divided by ``slowdown`` (the measured cost of taking turns, ``sharing_slowdown``)."""
     jobs = sorted(x for x in lengths if x > 0)
     if not jobs:
         return 0.0
@@ -142,7 +145,8 @@ def shared_makespan(lengths: Sequence[float], cores: int | None) -> float:
     t = done = 0.0
     running = len(jobs)
     for length in jobs:
-        t += (length - done) * max(1.0, running / cores)
+        rate = running / cores * slowdown if running > cores else 1.0
+        t += (length - done) * rate
         done = length
         running -= 1
     return t
@@ -197,7 +201,8 @@ class StepModel:
         nodes: dict[int, list[float]] = {}
         for d, secs in devices.items():
             nodes.setdefault(d // self.devices_per_node, []).append(secs)
-        return max((shared_makespan(v, self.cores) for v in nodes.values()), default=0.0)
+        slow = self.overheads.sharing_slowdown
+        return max((shared_makespan(v, self.cores, slow) for v in nodes.values()), default=0.0)
 
     # -- the whole step ----------------------------------------------------------------------
     def price(

@@ -58,6 +58,25 @@ def test_shared_makespan_is_processor_sharing() -> None:
     # 3 jobs on 2 cores: all at 2/3 speed until the short ones end at 1.5, then the long one
     # alone: 2 seconds of work left at full speed.
     assert shared_makespan([3.0, 1.0, 1.0], 2) == pytest.approx(3.5)
+    # taking turns measured 1.5x slower than the fair share: only while jobs outnumber cores
+    assert shared_makespan([1.0, 1.0, 1.0, 1.0], 2, 1.5) == pytest.approx(3.0)
+    assert shared_makespan([3.0, 1.0, 1.0], 2, 2.0) == pytest.approx(3.0 + 2.0)
+    assert shared_makespan([3.0, 1.0], 2, 2.0) == 3.0
+
+
+def test_the_measured_sharing_slowdown_prices_crowded_waves_and_round_trips() -> None:
+    g = graph(cores=2)
+    plain = make_step_model(g, overheads(), grad_in_curves=False)
+    slow = make_step_model(g, overheads(sharing_slowdown=1.5), grad_in_curves=False)
+    crowded = _pieces(g, lambda op: (0, 1, 2, 3))  # 4 devices on 2 cores
+    assert slow.price(crowded).durations == pytest.approx(
+        [1.5 * d for d in plain.price(crowded).durations]
+    )
+    roomy = _pieces(g, lambda op: (0, 1))  # 2 devices on 2 cores: no turns to take
+    assert slow.price(roomy).durations == plain.price(roomy).durations
+    again = StepOverheads.from_dict(overheads(sharing_slowdown=1.5).to_dict(), "x")
+    assert again.sharing_slowdown == 1.5
+    assert StepOverheads.from_dict(overheads().to_dict() | {"cores": 2}, "x").cores == 2
     assert shared_makespan([0.0, 2.0], 1) == 2.0  # idle devices cost nothing
 
 

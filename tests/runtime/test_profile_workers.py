@@ -49,3 +49,24 @@ def test_profile_on_workers_measures_the_whole_step(tmp_path, capfd) -> None:
     assert plan["step_model"]["source"] == str(out_file)
     assert abs(sum(plan["breakdown"].values()) - plan["iteration_s"]) < 1e-12
     assert plan["breakdown"]["loss_s"] > 0 and plan["breakdown"]["optimizer_s"] > 0
+
+
+def test_more_ranks_than_cores_measures_what_taking_turns_costs(tmp_path, capfd, monkeypatch):
+    """2 ranks on 1 core (``SPINDLE_CORES=1``, which the workers inherit): the profile times
+    one layer on one rank, then on both at once, and keeps what the sharing costs beyond the
+    fair share; the step model prices crowded waves with it."""
+    from spindle_dsl.cluster import CORES_ENV
+
+    monkeypatch.setenv(CORES_ENV, "1")
+    spec = tmp_path / "s.spindle"
+    spec.write_text(SPEC)
+    out_file = tmp_path / "p.json"
+    code = main(["profile", str(spec), "--nproc", "2", "--points", "2", "--out", str(out_file)])
+    _out, err = capfd.readouterr()
+    assert code == 0, err
+    assert "2 ranks taking turns on 1 cores" in err
+    o = Profile.read(out_file).overheads
+    assert o is not None and o.cores == 1 and o.sharing_slowdown >= 1.0
+    graph = compile_file(str(spec)).graph
+    step = make_cost_model(graph.cluster, out_file).step_model(graph)  # type: ignore[attr-defined]
+    assert step.cores == 1 and step.overheads.sharing_slowdown == o.sharing_slowdown
