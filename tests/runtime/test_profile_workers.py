@@ -19,13 +19,19 @@ task listen { audio -> ear -> lm; text -> lm; loss = lm; batch = 4 }
 """
 
 
-def test_profile_on_workers_measures_the_whole_step(tmp_path, capfd) -> None:
+def _profile(tmp_path, capfd):
+    """``spindle profile`` of SPEC on 2 workers: (spec path, profile path, stdout, stderr)."""
     spec = tmp_path / "s.spindle"
     spec.write_text(SPEC)
     out_file = tmp_path / "p.json"
     code = main(["profile", str(spec), "--nproc", "2", "--points", "2", "--out", str(out_file)])
     out, err = capfd.readouterr()
     assert code == 0, err
+    return spec, out_file, out, err
+
+
+def test_profile_on_workers_measures_the_whole_step(tmp_path, capfd) -> None:
+    spec, out_file, out, err = _profile(tmp_path, capfd)
     assert "2 gloo worker processes" in out and "step overheads" in out
     assert "profile [" in err  # the progress bar (a line per item off a terminal)
     profile = Profile.read(out_file)
@@ -58,12 +64,7 @@ def test_more_ranks_than_cores_measures_what_taking_turns_costs(tmp_path, capfd,
     from spindle_dsl.cluster import CORES_ENV
 
     monkeypatch.setenv(CORES_ENV, "1")
-    spec = tmp_path / "s.spindle"
-    spec.write_text(SPEC)
-    out_file = tmp_path / "p.json"
-    code = main(["profile", str(spec), "--nproc", "2", "--points", "2", "--out", str(out_file)])
-    _out, err = capfd.readouterr()
-    assert code == 0, err
+    spec, out_file, _out, err = _profile(tmp_path, capfd)
     assert "2 ranks taking turns on 1 cores" in err
     o = Profile.read(out_file).overheads
     assert o is not None and o.cores == 1 and o.sharing_slowdown >= 1.0
