@@ -8,9 +8,9 @@ compute curves, fitted piecewise as the paper does), with more ranks than cores 
 turns on them costs beyond the fair share (``measure.sharing_slowdown``), each input stage and
 loss head per sample, the collectives the gradient reduction issues (all-reduce,
 reduce-scatter, all-gather) over every group size up to N, point-to-point exchange, the
-optimizer per parameter byte, the flat-buffer copies, and the fixed cost of a stage. Rank 0 fits the lines and returns the
-``Profile`` (``cost.profile``); the value and its fits live in ``spindle_dsl.cost`` and never
-import the backend.
+optimizer per parameter byte, the flat-buffer copies, and the fixed cost of a stage. Rank 0
+fits the lines and returns the ``Profile`` (``cost.profile``); the value and its fits live in
+``spindle_dsl.cost`` and never import the backend.
 """
 
 from __future__ import annotations
