@@ -90,7 +90,7 @@ class Held:
     """A trainable part as the reduction sees it (mutable while the waves are read)."""
 
     nbytes: float  # its gradient
-    devices: set[int]  # the ranks holding it
+    devices: frozenset[int]  # the ranks holding it (shared between parts: never mutated)
     wave: int  # the earliest wave running it: its last backward ends there
     order: int  # when the forward pass first met it
 
@@ -271,14 +271,15 @@ class StepModel:
                 continue
             batch = self.ops[s.sink].batch
             shard = _shard(batch, k, len(p.devices))
+            each = self.loss_seconds(s, shard)  # every device of the piece alike
             if s.loss == "contrastive":  # readouts everywhere, InfoNCE of the batch on one
                 for d in p.devices:
-                    load[d] = load.get(d, 0.0) + self.loss_seconds(s, shard) / 2
+                    load[d] = load.get(d, 0.0) + each / 2
                 d0 = p.devices[0]
                 load[d0] = load.get(d0, 0.0) + self.loss_seconds(s, _shard(batch, k, 1)) / 2
                 continue
             for d in p.devices:
-                load[d] = load.get(d, 0.0) + self.loss_seconds(s, shard)
+                load[d] = load.get(d, 0.0) + each
         return load
 
     def backward_clock(
@@ -307,28 +308,43 @@ class StepModel:
         entries' devices, input stages to the first entry's, an LM head to the sink's last
         entry's (in the order the forward pass first meets them)."""
         held: dict[str, Held] = {}
+        # the layers of a shared module meet the same pieces in the same order: each union of
+        # two holder sets is made once (frozensets keep their hash; a hit compares identity)
+        unions: dict[tuple[frozenset[int], frozenset[int]], frozenset[int]] = {}
 
-        def add(key: str, nbytes: float, devices: Sequence[int], wave: int) -> None:
-            if nbytes > 0:
-                held.setdefault(key, Held(nbytes, set(), wave, len(held))).devices.update(devices)
+        def add(key: str, nbytes: float, group: frozenset[int], wave: int) -> None:
+            if nbytes <= 0:
+                return
+            h = held.get(key)
+            if h is None:
+                held[key] = Held(nbytes, group, wave, len(held))
+            elif group is not h.devices:
+                pair = (h.devices, group)
+                both = unions.get(pair)
+                if both is None:
+                    both = unions[pair] = h.devices | group
+                h.devices = both
 
-        last_piece: dict[str, tuple[int, PieceTime]] = {}
+        last_piece: dict[str, tuple[int, PieceTime, frozenset[int]]] = {}
         for wi, wave in enumerate(waves):
             for p in wave:
                 op = self.ops[p.op]
+                # one set per piece, shared by every part it runs (at thousands of devices a
+                # piece's layers would otherwise copy its device list once each)
+                group = frozenset(p.devices)
                 if p.first == 0:
                     for stage in op.inputs:
-                        add(stage.part, stage.grad_bytes, p.devices, wi)
+                        add(stage.part, stage.grad_bytes, group, wi)
                 for g in range(p.first, p.end):
                     key, nbytes = op.layer_parts[g]
-                    add(key, nbytes, p.devices, wi)
-                last_piece[p.op] = (wi, p)
+                    add(key, nbytes, group, wi)
+                last_piece[p.op] = (wi, p, group)
         for s in self.sinks:
             got = last_piece.get(s.sink)
             if got is not None and s.head_part:
-                add(s.head_part, s.head_bytes, got[1].devices, got[0])
+                add(s.head_part, s.head_bytes, got[2], got[0])
             if got is not None and s.tied_part:  # the runtime holds it with the head too
-                add(s.tied_part, s.tied_bytes, got[1].devices, got[0])
+                add(s.tied_part, s.tied_bytes, got[2], got[0])
         return held
 
     def _buckets(self, held: Mapping[str, Held]) -> list[tuple[tuple[int, ...], float, int]]:
@@ -339,9 +355,13 @@ class StepModel:
         earlier wave once the bucket holds ``min_bucket_bytes`` (each bucket one collective,
         each paying its latency)."""
         groups: dict[tuple[int, ...], list[Held]] = {}
+        ranks_of: dict[frozenset[int], tuple[int, ...]] = {}  # parts share their sets
         for h in held.values():
             if len(h.devices) > 1:
-                groups.setdefault(tuple(sorted(h.devices)), []).append(h)
+                ranks = ranks_of.get(h.devices)
+                if ranks is None:
+                    ranks = ranks_of[h.devices] = tuple(sorted(h.devices))
+                groups.setdefault(ranks, []).append(h)
         out = []
         cap, least = self.overheads.bucket_bytes, self.overheads.min_bucket_bytes
         for ranks, parts in groups.items():
