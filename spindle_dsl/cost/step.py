@@ -452,33 +452,30 @@ def _shard(batch: int, k: int, n: int) -> int:
 def make_step_model(
     graph: MetaGraph, overheads: StepOverheads, *, grad_in_curves: bool
 ) -> StepModel:
-    """The step model of ``graph``: the cluster's core sharing (the cluster's own setting,
-    else the profile's machine, else the planning machine's) and the graph's parts."""
+    """The step model of ``graph``: the cores a node's devices run on (``node_cores``), shared
+    where there are fewer of them than devices and spare where there are more, and the
+    graph's parts."""
     cluster = graph.cluster
-    cores = cluster.shared_cores
-    if cores is not None and cluster.cores is None and overheads.cores is not None:
-        cores = overheads.cores if overheads.cores < cluster.devices_per_node else None
+    node = node_cores(cluster, overheads)
+    per_node = cluster.devices_per_node
     return StepModel(
         overheads,
-        cores,
-        cluster.devices_per_node,
+        node if node is not None and node < per_node else None,
+        per_node,
         cluster.devices,
         grad_in_curves,
         op_steps(graph),
         sink_losses(graph),
-        spare_core=_spare_core(cluster, overheads),
+        spare_core=node is None or node > per_node,
     )
 
 
-def _spare_core(cluster: Cluster, overheads: StepOverheads) -> bool:
-    """Whether a node has a core beyond its devices' (always, for GPUs): the cluster's own
-    count, else the profiled machine's, else the planning machine's."""
+def node_cores(cluster: Cluster, overheads: StepOverheads) -> int | None:
+    """The CPU cores one node's devices run on: the cluster's own count, else the profiled
+    machine's, else the planning machine's; None for GPUs (each computes on its own, and
+    collectives run beside the kernels)."""
     if cluster.device.name.lower() != "cpu":
-        return True
+        return None
     if cluster.cores is not None:
-        node_cores = cluster.cores
-    elif overheads.cores is not None:
-        node_cores = overheads.cores
-    else:
-        node_cores = usable_cores()
-    return node_cores > cluster.devices_per_node
+        return cluster.cores
+    return overheads.cores if overheads.cores is not None else usable_cores()
