@@ -132,7 +132,9 @@ def sharing_slowdown(probe: Probe, op: MetaOp, mode: str, batch: int) -> float |
     """How much slower than its fair share a layer runs when every rank computes at once on
     fewer cores: ``op``'s layer timed on ``active`` ranks side by side (a core each), then
     on all ranks at once; fair sharing alone would make the second ``world / active`` times
-    the first. Rank 0 gets the ratio of the two (at least 1)."""
+    the first. Rank 0 gets the ratio of the two (at least 1). The first is timed again here,
+    not taken from the curve: a ratio wants its two timings back to back, under one state of
+    a machine whose speed drifts."""
     alone = layer_seconds(probe, op, mode, batch)
     crowded = Probe(
         probe.rank, probe.world, probe.world, probe.device, probe.dtype, probe.budget, probe.beat
