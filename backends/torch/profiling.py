@@ -45,6 +45,7 @@ from spindle_dsl.metagraph import MetaGraph
 
 from ..base import DeviceKind, RunConfig
 from . import measure as M
+from .allocator import keep_freed_host_memory
 from .data import TaskData
 from .worker import init_distributed
 
@@ -125,6 +126,7 @@ def measure_profile(
 ) -> Profile | None:
     """Profile ``graph`` on this rank of ``world`` (a collective); rank 0 gets the profile."""
     beat = heartbeat or (lambda _what: None)
+    keep_freed_host_memory()  # allocate as the run will (``allocator``)
     beat("joining the process group")
     run = RunConfig(
         steps=0, device=settings.device, collective_timeout_s=settings.collective_timeout_s

@@ -28,6 +28,7 @@ from spindle_dsl.plan.model import Plan
 
 from ..base import RunConfig, RunResult, StepRecord
 from . import checkpoint
+from .allocator import keep_freed_host_memory
 from .data import TaskData
 from .losses import check_task
 from .params import DTYPES
@@ -158,6 +159,7 @@ def run_rank(
     """Train on this rank; rank 0 returns the result, the others None."""
     config = job.config
     beat = heartbeat or (lambda _what: None)
+    keep_freed_host_memory()  # before the first step allocates (see ``allocator``)
     beat("joining the process group")
     backend, device, created = init_distributed(config, rank, world_size, local_rank, store)
     try:
