@@ -24,7 +24,13 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from spindle_dsl.cost.profiler import TimingBudget, planned_batches, time_layer
+from spindle_dsl.cost.profiler import (
+    TimingBudget,
+    layer_runner,
+    planned_batches,
+    time_interleaved,
+    time_layer,
+)
 from spindle_dsl.cost.step_parts import SinkLoss
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 
@@ -126,6 +132,47 @@ def layer_seconds(probe: Probe, op: MetaOp, mode: str, batch: int) -> float | No
         step()
         mine = seconds[0]
     return _gather_mean(mine, probe.rank, probe.world)
+
+
+# Turns each layer point gets (``layers_seconds``): enough that a second or two of a slow machine
+# falls on several points' turns alike, few enough that the barriers before each turn cost
+# nothing next to the points' own time.
+LAYER_ROUNDS = 5
+
+
+def layers_seconds(
+    probe: Probe,
+    points: Sequence[tuple[MetaOp, str, int]],
+    on_turn: Callable[[str], None] = lambda _label: None,
+) -> list[float | None]:
+    """Every (op, mode, per-device batch) layer point, timed in turns (``time_interleaved``)
+    on the active ranks side by side (a barrier before every turn; ``on_turn`` hears of
+    each); rank 0 gets each point's mean over the ranks (None elsewhere)."""
+    where = str(probe.device)
+    runners = []
+    if probe.rank < probe.active:
+        runners = [
+            layer_runner(op.kind, dict(op.args), op.tokens, mode, b, device=where)  # type: ignore[arg-type]
+            for op, mode, b in points
+        ]
+
+    def line_up(i: int) -> None:
+        label = f"layer {points[i][0].id} batch {points[i][2]}"
+        probe.beat(label)
+        on_turn(label)
+        probe.sync()
+        dist.barrier()
+
+    if runners:
+        mine: list[float | None] = list(
+            time_interleaved(runners, probe.budget, LAYER_ROUNDS, line_up)
+        )
+    else:  # a rank beyond the cores only lines up with the others
+        for _ in range(LAYER_ROUNDS):
+            for i in range(len(points)):
+                line_up(i)
+        mine = [None] * len(points)
+    return [_gather_mean(v, probe.rank, probe.world) for v in mine]
 
 
 def sharing_slowdown(probe: Probe, op: MetaOp, mode: str, batch: int) -> float | None:

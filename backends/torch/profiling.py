@@ -180,7 +180,7 @@ class _Plan:
     def items(self, points: int) -> int:
         """Timing points in all, for the progress bar."""
         return (
-            len(self.layer_points)
+            len(self.layer_points) * M.LAYER_ROUNDS
             + points * (len(self.stages) + len(self.sinks))
             + len(COLLECTIVES) * len(self.group_sizes) * len(self.comm_sizes)
             + (len(self.p2p_sizes) if self.group_sizes else 0)
@@ -247,15 +247,15 @@ def _measure(
 
 
 def _layers(probe: M.Probe, todo: _Plan, bar: Bar) -> tuple[ProfileEntry, ...]:
-    """Every layer shape at every per-device batch, fitted (on rank 0)."""
-    timings: list[list[tuple[int, float]]] = [[] for _ in todo.groups]
-    for ops, b in todo.layer_points:
-        t = M.layer_seconds(probe, ops[0], mode_of(ops[0]), b)
-        if t is not None:
-            timings[todo.groups.index(ops)].append((b, t))
-        bar.step(f"{ops[0].id} batch {b}")
+    """Every layer shape at every per-device batch, timed in turns and fitted (on rank 0)."""
+    points = [(ops[0], mode_of(ops[0]), b) for ops, b in todo.layer_points]
+    seconds = M.layers_seconds(probe, points, bar.step)
     if probe.rank != 0:
         return ()
+    timings: list[list[tuple[int, float]]] = [[] for _ in todo.groups]
+    for (ops, b), t in zip(todo.layer_points, seconds, strict=True):
+        if t is not None:
+            timings[todo.groups.index(ops)].append((b, t))
     return tuple(shape_entry(ops, t) for ops, t in zip(todo.groups, timings, strict=True))
 
 

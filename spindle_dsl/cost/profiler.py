@@ -58,7 +58,7 @@ def planned_batches(batch: int, devices: int, points: int = 5) -> tuple[int, ...
     return tuple(sorted(chosen))
 
 
-def time_layer(
+def layer_runner(
     kind_name: str,
     args: dict,
     tokens: int,
@@ -66,9 +66,9 @@ def time_layer(
     batch: int,
     *,
     device: str = "cpu",
-    budget: TimingBudget = TimingBudget(),
-) -> float:
-    """Median seconds of one layer forward (+ backward unless ``mode == "forward"``)."""
+) -> Callable[[], float]:
+    """One layer of this shape built with its input, as a function that runs it once, forward
+    (+ backward unless ``mode == "forward"``), and returns the seconds it took."""
     import torch
 
     kind = get_kind(kind_name)
@@ -96,6 +96,22 @@ def time_layer(
         sync()
         return time.perf_counter() - start
 
+    return step
+
+
+def time_layer(
+    kind_name: str,
+    args: dict,
+    tokens: int,
+    mode: Mode,
+    batch: int,
+    *,
+    device: str = "cpu",
+    budget: TimingBudget = TimingBudget(),
+) -> float:
+    """Seconds of one layer forward (+ backward unless ``mode == "forward"``), repeated and
+    summarised as ``budget`` says."""
+    step = layer_runner(kind_name, args, tokens, mode, batch, device=device)
     for _ in range(budget.warmup):
         step()
     times: list[float] = []
@@ -104,6 +120,36 @@ def time_layer(
     ):
         times.append(step())
     return budget.summary(times)
+
+
+def time_interleaved(
+    steps: Sequence[Callable[[], float]],
+    budget: TimingBudget,
+    rounds: int,
+    before_each: Callable[[int], None] = lambda _i: None,
+) -> list[float]:
+    """Each of ``steps`` timed in ``rounds`` turns, one after another in every round, then
+    summarised as ``budget`` says: a machine whose speed drifts over seconds then slows every
+    point alike, so the points keep their ratios (timed one after another, each in its own
+    burst, two shapes a planner balances against each other could be measured in a fast and a
+    slow second, 20-50% apart on a shared machine). ``budget``'s repeats and seconds are the
+    totals per step, spread over the rounds; ``before_each(i)`` runs before step i's turn (the
+    workers line up there)."""
+    rounds = max(1, rounds)
+    per_round = max(1, math.ceil(budget.min_repeats / rounds))
+    most = max(per_round, math.ceil(budget.max_repeats / rounds))
+    seconds = budget.min_seconds / rounds
+    times: list[list[float]] = [[] for _ in steps]
+    for r in range(rounds):
+        for i, step in enumerate(steps):
+            before_each(i)
+            for _ in range(budget.warmup if r == 0 else 1):
+                step()
+            mine: list[float] = []
+            while len(mine) < most and (len(mine) < per_round or sum(mine) < seconds):
+                mine.append(step())
+            times[i].extend(mine)
+    return [budget.summary(t) for t in times]
 
 
 def shape_groups(graph: MetaGraph) -> list[list[MetaOp]]:

@@ -9,7 +9,13 @@ import pytest
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.cost.fit import PiecewiseFit, Segment
 from spindle_dsl.cost.profile import Profile, ProfiledCostModel, ProfileEntry, Sample, shape_key
-from spindle_dsl.cost.profiler import TimingBudget, planned_batches, profile_graph, time_layer
+from spindle_dsl.cost.profiler import (
+    TimingBudget,
+    planned_batches,
+    profile_graph,
+    time_interleaved,
+    time_layer,
+)
 from spindle_dsl.errors import SpindleError
 from spindle_dsl.metagraph import MetaGraph
 
@@ -155,3 +161,31 @@ def test_a_trained_op_after_frozen_towers_skips_its_first_input_gradient() -> No
     saving = {op.id: first_layer_saving(graph, op) for op in graph.metaops}
     assert saving["caption/adapt"] == pytest.approx(5 / 6)  # 2 layers, the first skips one pass
     assert saving["caption/vision"] == 1.0 and saving["caption/lm"] == 1.0
+
+
+def test_interleaved_points_keep_their_ratio_on_a_drifting_machine() -> None:
+    # A machine that runs at full speed for 15 calls, then at half speed: two points timed in
+    # turns are slowed nearly alike (exact ratio 3); timed one after the other, the second
+    # point's burst falls mostly in the slow part.
+    calls = [0]
+
+    def point(cost: float):
+        def step() -> float:
+            calls[0] += 1
+            return cost * (1.0 if calls[0] <= 15 else 2.0)
+
+        return step
+
+    budget = TimingBudget(1, 10, 10, 0.0, statistic="mean")  # as the workers time
+    a, b = time_interleaved([point(1.0), point(3.0)], budget, rounds=5)
+    assert b / a == pytest.approx(3.0, rel=0.15)
+    calls[0] = 0
+    first, second = (time_layer_like(point(c), budget) for c in (1.0, 3.0))
+    assert second / first > 3.0 * 1.5
+
+
+def time_layer_like(step, budget: TimingBudget) -> float:
+    """``time_layer``'s burst: warm-up, then every repeat back to back."""
+    for _ in range(budget.warmup):
+        step()
+    return budget.summary([step() for _ in range(budget.max_repeats)])
