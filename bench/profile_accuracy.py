@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from spindle_dsl.cost.analytic import backward_multiplier
-from spindle_dsl.cost.profiler import TimingBudget, profile_graph, time_layer
+from spindle_dsl.cost.profiler import TimingBudget, layer_runner, profile_graph, time_layer
 from spindle_dsl.kinds import get_kind
 from spindle_dsl.language import compile_file
 
@@ -65,9 +65,8 @@ def main() -> int:
         )
         for b in held_out_batches([s.batch for s in entry.samples]):
             predicted = entry.fit.predict(per_sample * b)
-            measured = time_layer(
-                entry.kind, args_, entry.tokens, entry.mode, b, device=args.device, budget=budget
-            )
+            step = layer_runner(entry.kind, args_, entry.tokens, entry.mode, b, device=args.device)
+            measured = time_layer(step, budget)
             err = predicted / measured - 1.0
             errors.append(abs(err))
             rows.append((op.id, entry.mode, b, predicted * 1e3, measured * 1e3, err * 100))

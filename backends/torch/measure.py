@@ -115,22 +115,15 @@ class Probe:
 
 
 def layer_seconds(probe: Probe, op: MetaOp, mode: str, batch: int) -> float | None:
-    """One layer of ``op``'s shape, forward (+ backward), at a per-device ``batch``."""
-    args = dict(op.args)
-    seconds: list[float] = []
-
-    def step() -> None:  # time_layer does its own repeats; run it once per call
-        where = str(probe.device)
-        seconds.append(
-            time_layer(op.kind, args, op.tokens, mode, batch, device=where, budget=probe.budget)  # type: ignore[arg-type]
-        )
-
+    """One layer of ``op``'s shape, forward (+ backward), at a per-device ``batch``, in one
+    burst (``sharing_slowdown`` wants two such timings back to back)."""
     probe.beat(f"layer {op.id} batch {batch}")
     dist.barrier()
     mine = None
     if probe.rank < probe.active:
-        step()
-        mine = seconds[0]
+        where = str(probe.device)
+        step = layer_runner(op.kind, dict(op.args), op.tokens, mode, batch, device=where)  # type: ignore[arg-type]
+        mine = time_layer(step, probe.budget)
     return _gather_mean(mine, probe.rank, probe.world)
 
 

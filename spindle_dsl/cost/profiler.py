@@ -99,27 +99,10 @@ def layer_runner(
     return step
 
 
-def time_layer(
-    kind_name: str,
-    args: dict,
-    tokens: int,
-    mode: Mode,
-    batch: int,
-    *,
-    device: str = "cpu",
-    budget: TimingBudget = TimingBudget(),
-) -> float:
-    """Seconds of one layer forward (+ backward unless ``mode == "forward"``), repeated and
-    summarised as ``budget`` says."""
-    step = layer_runner(kind_name, args, tokens, mode, batch, device=device)
-    for _ in range(budget.warmup):
-        step()
-    times: list[float] = []
-    while len(times) < budget.max_repeats and (
-        len(times) < budget.min_repeats or sum(times) < budget.min_seconds
-    ):
-        times.append(step())
-    return budget.summary(times)
+def time_layer(step: Callable[[], float], budget: TimingBudget = TimingBudget()) -> float:
+    """Seconds of one ``layer_runner`` step, warmed up, repeated and summarised as ``budget``
+    says (one burst: ``time_interleaved`` with a single round)."""
+    return time_interleaved([step], budget, rounds=1)[0]
 
 
 def time_interleaved(
@@ -221,9 +204,8 @@ def profile_graph(
         op = ops[0]
         timings = []
         for b in shape_batches(ops, graph.cluster.devices, points):
-            args = dict(op.args)
-            seconds = time_layer(op.kind, args, op.tokens, mode_of(op), b, device=device,
-                                 budget=budget)  # fmt: skip
+            step = layer_runner(op.kind, dict(op.args), op.tokens, mode_of(op), b, device=device)
+            seconds = time_layer(step, budget)
             timings.append((b, seconds))
             if progress:
                 progress(

@@ -11,6 +11,7 @@ from spindle_dsl.cost.fit import PiecewiseFit, Segment
 from spindle_dsl.cost.profile import Profile, ProfiledCostModel, ProfileEntry, Sample, shape_key
 from spindle_dsl.cost.profiler import (
     TimingBudget,
+    layer_runner,
     planned_batches,
     profile_graph,
     time_interleaved,
@@ -122,7 +123,7 @@ QUICK = TimingBudget(warmup=1, min_repeats=3, max_repeats=5, min_seconds=0.0)
 
 @pytest.mark.parametrize("mode", ["train", "input_grad", "forward"])
 def test_time_layer_runs_each_mode(mode) -> None:
-    assert time_layer("mlp", dict(MLP), 8, mode, 4, budget=QUICK) > 0
+    assert time_layer(layer_runner("mlp", dict(MLP), 8, mode, 4), QUICK) > 0
 
 
 def test_profiler_fits_every_shape_once(tmp_path, build_op, cluster) -> None:
