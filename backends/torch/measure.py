@@ -28,8 +28,9 @@ from spindle_dsl.cost.profiler import (
     TimingBudget,
     layer_runner,
     planned_batches,
-    time_interleaved,
+    rank_jitter,
     time_layer,
+    turn_times,
 )
 from spindle_dsl.cost.step_parts import SinkLoss
 from spindle_dsl.metagraph import MetaGraph, MetaOp
@@ -137,10 +138,11 @@ def layers_seconds(
     probe: Probe,
     points: Sequence[tuple[MetaOp, str, int]],
     on_turn: Callable[[str], None] = lambda _label: None,
-) -> list[float | None]:
-    """Every (op, mode, per-device batch) layer point, timed in turns (``time_interleaved``)
-    on the active ranks side by side (a barrier before every turn; ``on_turn`` hears of
-    each); rank 0 gets each point's mean over the ranks (None elsewhere)."""
+) -> tuple[list[float | None], float]:
+    """Every (op, mode, per-device batch) layer point, timed in turns (``turn_times``) on the
+    active ranks side by side (a barrier before every turn; ``on_turn`` hears of each). Rank 0
+    gets each point's mean over the ranks and how far the ranks' turns strayed from each
+    other (``rank_jitter``); the other ranks get Nones and 0."""
     where = str(probe.device)
     runners = []
     if probe.rank < probe.active:
@@ -157,15 +159,23 @@ def layers_seconds(
         dist.barrier()
 
     if runners:
-        mine: list[float | None] = list(
-            time_interleaved(runners, probe.budget, LAYER_ROUNDS, line_up)
-        )
+        mine = turn_times(runners, probe.budget, LAYER_ROUNDS, line_up)
     else:  # a rank beyond the cores only lines up with the others
         for _ in range(LAYER_ROUNDS):
             for i in range(len(points)):
                 line_up(i)
-        mine = [None] * len(points)
-    return [_gather_mean(v, probe.rank, probe.world) for v in mine]
+        mine = []
+    got: list[list[list[list[float]]]] = [[] for _ in range(probe.world)] if probe.rank == 0 else []
+    dist.gather_object(mine, got if probe.rank == 0 else None, dst=0)
+    if probe.rank != 0:
+        return [None] * len(points), 0.0
+    timed = [turns for turns in got if turns]
+    means: list[float | None] = []
+    for i in range(len(points)):
+        each = [probe.budget.summary([t for turn in turns[i] for t in turn]) for turns in timed]
+        means.append(sum(each) / len(each) if each else None)
+    jitter = rank_jitter([[turn for point in turns for turn in point] for turns in timed])
+    return means, jitter
 
 
 def sharing_slowdown(probe: Probe, op: MetaOp, mode: str, batch: int) -> float | None:

@@ -208,7 +208,7 @@ def _measure(
     sharing = 1 if world > active else 0  # the taking-turns point (``_sharing``)
     bar = Bar(todo.items(settings.points) + sharing, rank == 0 and settings.progress)
     try:
-        entries = _layers(probe, todo, bar)
+        entries, jitter = _layers(probe, todo, bar)
         slowdown = _sharing(probe, todo, bar)
         data = TaskData(graph, 0, None, dtype, device)
         inputs, losses = _inputs_and_losses(probe, graph, data, todo, settings.points, bar)
@@ -231,6 +231,7 @@ def _measure(
         losses=losses,
         cores=cores,
         sharing_slowdown=slowdown or 1.0,
+        rank_jitter=jitter,
     )
     return Profile(
         device=device.type,
@@ -246,17 +247,19 @@ def _measure(
     )
 
 
-def _layers(probe: M.Probe, todo: _Plan, bar: Bar) -> tuple[ProfileEntry, ...]:
-    """Every layer shape at every per-device batch, timed in turns and fitted (on rank 0)."""
+def _layers(probe: M.Probe, todo: _Plan, bar: Bar) -> tuple[tuple[ProfileEntry, ...], float]:
+    """Every layer shape at every per-device batch, timed in turns and fitted, and how far the
+    ranks' turns strayed from each other (on rank 0)."""
     points = [(ops[0], mode_of(ops[0]), b) for ops, b in todo.layer_points]
-    seconds = M.layers_seconds(probe, points, bar.step)
+    seconds, jitter = M.layers_seconds(probe, points, bar.step)
     if probe.rank != 0:
-        return ()
+        return (), 0.0
     timings: list[list[tuple[int, float]]] = [[] for _ in todo.groups]
     for (ops, b), t in zip(todo.layer_points, seconds, strict=True):
         if t is not None:
             timings[todo.groups.index(ops)].append((b, t))
-    return tuple(shape_entry(ops, t) for ops, t in zip(todo.groups, timings, strict=True))
+    entries = tuple(shape_entry(ops, t) for ops, t in zip(todo.groups, timings, strict=True))
+    return entries, jitter
 
 
 def _sharing(probe: M.Probe, todo: _Plan, bar: Bar) -> float | None:

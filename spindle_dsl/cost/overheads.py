@@ -127,6 +127,12 @@ class StepOverheads:
     # with more ranks than cores (one layer on all ranks at once against on as many as the
     # cores); 1.0 = the OS's fair share only (the analytic assumption)
     sharing_slowdown: float = 1.0
+    # how far one rank's stage time strays from another's running side by side, as a fraction
+    # of the stage (the coefficient of variation of what is not common to the ranks: a machine
+    # slowing every core alike makes no rank wait for another); measured by ``spindle profile``
+    # from the layer points' turns; 0 = stages take exactly their expected time (the analytic
+    # assumption). ``cost.step`` prices the expected wait it causes where concurrent groups meet.
+    rank_jitter: float = 0.0
     # how the runtime reduces gradients (the module constants above; tests vary them)
     grad_collective: str = GRAD_COLLECTIVE
     reduction_overlap: bool = REDUCTION_OVERLAP
@@ -169,6 +175,7 @@ class StepOverheads:
             "part_s": self.part_s,
             "cores": self.cores,
             "sharing_slowdown": self.sharing_slowdown,
+            "rank_jitter": self.rank_jitter,
         }
 
     @classmethod
@@ -191,6 +198,7 @@ class StepOverheads:
             part_s=float(d.get("part_s", 0.0)),
             cores=None if cores is None else int(cores),
             sharing_slowdown=float(d.get("sharing_slowdown", 1.0)),
+            rank_jitter=float(d.get("rank_jitter", 0.0)),
         )
 
 

@@ -111,18 +111,30 @@ def time_interleaved(
     rounds: int,
     before_each: Callable[[int], None] = lambda _i: None,
 ) -> list[float]:
-    """Each of ``steps`` timed in ``rounds`` turns, one after another in every round, then
-    summarised as ``budget`` says: a machine whose speed drifts over seconds then slows every
-    point alike, so the points keep their ratios (timed one after another, each in its own
-    burst, two shapes a planner balances against each other could be measured in a fast and a
-    slow second, 20-50% apart on a shared machine). ``budget``'s repeats and seconds are the
-    totals per step, spread over the rounds; ``before_each(i)`` runs before step i's turn (the
-    workers line up there)."""
+    """Each of ``steps`` timed in ``rounds`` turns (``turn_times``), summarised as ``budget``
+    says."""
+    turns = turn_times(steps, budget, rounds, before_each)
+    return [budget.summary([t for turn in point for t in turn]) for point in turns]
+
+
+def turn_times(
+    steps: Sequence[Callable[[], float]],
+    budget: TimingBudget,
+    rounds: int,
+    before_each: Callable[[int], None] = lambda _i: None,
+) -> list[list[list[float]]]:
+    """Each of ``steps`` timed in ``rounds`` turns, one after another in every round: a
+    machine whose speed drifts over seconds then slows every point alike, so the points keep
+    their ratios (timed one after the other, each in its own burst, two shapes a planner
+    balances against each other could be measured in a fast and a slow second, 20-50% apart on
+    a shared machine). ``budget``'s repeats and seconds are the totals per step, spread over
+    the rounds; ``before_each(i)`` runs before step i's turn (the workers line up there).
+    Returns every step's repeats, turn by turn."""
     rounds = max(1, rounds)
     per_round = max(1, math.ceil(budget.min_repeats / rounds))
     most = max(per_round, math.ceil(budget.max_repeats / rounds))
     seconds = budget.min_seconds / rounds
-    times: list[list[float]] = [[] for _ in steps]
+    times: list[list[list[float]]] = [[] for _ in steps]
     for r in range(rounds):
         for i, step in enumerate(steps):
             before_each(i)
@@ -131,8 +143,30 @@ def time_interleaved(
             mine: list[float] = []
             while len(mine) < most and (len(mine) < per_round or sum(mine) < seconds):
                 mine.append(step())
-            times[i].extend(mine)
-    return [budget.summary(t) for t in times]
+            times[i].append(mine)
+    return times
+
+
+def rank_jitter(turns_by_rank: Sequence[Sequence[Sequence[float]]]) -> float:
+    """How far one rank's turn strays from the others' running the same turn side by side, as
+    a fraction of the turn: the coefficient of variation of each rank's turn time around the
+    ranks' mean for that turn (``turns_by_rank[rank][turn]``: a turn's seconds per repeat), the
+    part of the machine's noise the ranks do not share. 0 with fewer than two ranks."""
+    ranks = [r for r in turns_by_rank if r]
+    if len(ranks) < 2:
+        return 0.0
+    n = len(ranks)
+    squares, count = 0.0, 0
+    for turn in zip(*ranks, strict=False):
+        means = [statistics.fmean(t) for t in turn if t]
+        if len(means) != n:
+            continue
+        mid = statistics.fmean(means)
+        if mid <= 0:
+            continue
+        squares += sum((m / mid - 1.0) ** 2 for m in means)
+        count += n - 1  # the deviations from their own mean have n - 1 degrees of freedom
+    return math.sqrt(squares / count) if count else 0.0
 
 
 def shape_groups(graph: MetaGraph) -> list[list[MetaOp]]:

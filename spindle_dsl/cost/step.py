@@ -16,7 +16,9 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
 - ``wave_overhead_s``: per wave, what a rank does beyond its layers, priced the same way:
   its MetaOp's input stages on the MetaOp's first entry (reading the raw batch, the
   embedding, patch or feature projection, forward and backward) and a fixed cost per stage
-  (``wave_s``: the step loop's bookkeeping, the autograd call, the exchange handshake).
+  (``wave_s``: the step loop's bookkeeping, the autograd call, the exchange handshake); and
+  where a wave runs several groups side by side, the expected wait for the latest of them
+  when each stage strays by the measured ``rank_jitter`` (``cost.jitter``; none without it).
 - ``transfer_s``: activations crossing device groups at wave boundaries (``planner.timing``,
   with the cost model's point-to-point price).
 - ``loss_s``: the loss phase after the last forward wave: each device computes the loss heads
@@ -68,6 +70,7 @@ import numpy as np
 
 from spindle_dsl.cluster import Cluster, usable_cores
 from spindle_dsl.cost import comm
+from spindle_dsl.cost.jitter import expected_latest
 from spindle_dsl.cost.overheads import StepOverheads
 from spindle_dsl.cost.step_parts import OpStep, SinkLoss, op_steps, sink_losses
 from spindle_dsl.metagraph import MetaGraph
@@ -166,6 +169,11 @@ class StepModel:
     spare_core: bool = True  # a node has a core beside its devices' for collectives to run on
 
     @property
+    def jitter(self) -> float:
+        """How far a rank's stage strays, as a fraction of it (``rank_jitter``)."""
+        return self.overheads.rank_jitter
+
+    @property
     def overlaps_reduction(self) -> bool:
         """Whether gradient reductions run under the backward (see the module docstring)."""
         return self.overheads.reduction_overlap and self.spare_core
@@ -230,7 +238,9 @@ class StepModel:
                     (p.seconds, extra) for p, extra in zip(wave, mine, strict=True) if p.devices
                 ]
                 base = max((secs for secs, _ in busy), default=0.0)
-                whole = max((secs + extra for secs, extra in busy), default=0.0)
+                # groups running side by side meet at the next boundary: the latest of
+                # stages that each stray (``cost.jitter``)
+                whole = expected_latest([secs + extra for secs, extra in busy], self.jitter)
             else:  # devices time-sliced over a node's cores, or a hand-made overlapping wave
                 for p, extra in zip(wave, mine, strict=True):
                     for d in p.devices:

@@ -4,6 +4,7 @@ micro-batches, and a plan whose breakdown adds up to its iteration time."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -257,3 +258,20 @@ def test_the_one_core_each_fast_path_prices_as_the_per_device_sum() -> None:
         [PieceTime(ops[0].id, 0, 1, (0, 1), 0.01), PieceTime(ops[1].id, 0, 1, (1,), 0.02)]
     ]
     assert step.price(overlapping).durations == pytest.approx((0.03,))  # device 1 runs both
+
+
+def test_rank_jitter_prices_the_wait_where_groups_run_side_by_side_and_round_trips() -> None:
+    g = graph()
+    plain = make_step_model(g, overheads(), grad_in_curves=False)
+    noisy = make_step_model(g, overheads(rank_jitter=0.2), grad_in_curves=False)
+    a, b = g.metaops[0], g.metaops[1]
+    side_by_side = [[PieceTime(a.id, 0, 1, (0, 1), 0.01), PieceTime(b.id, 0, 1, (2, 3), 0.01)]]
+    calm, waiting = plain.price(side_by_side), noisy.price(side_by_side)
+    assert calm.durations == waiting.durations  # the layers are what they are ...
+    # ... and the latest of two 10 ms groups straying by 20% ends 2 ms / sqrt(pi) late
+    late = waiting.wave_extra[0] - calm.wave_extra[0]
+    assert late == pytest.approx(0.002 / math.sqrt(math.pi))
+    alone = _pieces(g, lambda op: (0, 1, 2, 3))  # one group per wave: no one to wait for
+    assert noisy.price(alone) == plain.price(alone)
+    again = StepOverheads.from_dict(overheads(rank_jitter=0.2).to_dict(), "x")
+    assert again.rank_jitter == 0.2

@@ -1,0 +1,52 @@
+"""The expected end of the latest of several straying stages (``cost.jitter``)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from spindle_dsl.cost.jitter import expected_latest, max_of_two
+from spindle_dsl.cost.profiler import rank_jitter
+
+
+def test_no_jitter_or_one_stage_is_the_plain_maximum() -> None:
+    assert expected_latest([3.0, 5.0, 4.0], 0.0) == 5.0
+    assert expected_latest([5.0], 0.3) == 5.0
+    assert expected_latest([], 0.3) == 0.0
+    assert expected_latest([0.0, 2.0], 0.3) == 2.0  # an idle group strays from nothing
+
+
+def test_two_equal_stages_end_sigma_over_root_pi_late() -> None:
+    # E[max] of two independent N(mu, sigma^2) is mu + sigma / sqrt(pi), exactly
+    assert expected_latest([10.0, 10.0], 0.2) == pytest.approx(10.0 + 2.0 / math.sqrt(math.pi))
+
+
+def test_a_stage_far_longer_than_the_rest_sets_the_end() -> None:
+    assert expected_latest([10.0, 1.0], 0.05) == pytest.approx(10.0, rel=1e-6)
+
+
+def test_clark_matches_sampling_for_several_unequal_stages() -> None:
+    rng = random.Random(0)
+    stages, jitter = [8.0, 10.0, 9.0, 10.5], 0.25
+    draws = 200_000
+    total = sum(max(rng.gauss(s, jitter * s) for s in stages) for _ in range(draws))
+    assert expected_latest(stages, jitter) == pytest.approx(total / draws, rel=0.01)
+    assert expected_latest(stages, jitter) > max(stages)
+
+
+def test_max_of_two_moments() -> None:
+    mean, var = max_of_two(0.0, 1.0, 0.0, 1.0)
+    assert mean == pytest.approx(1 / math.sqrt(math.pi))
+    assert var == pytest.approx(1 - 1 / math.pi)  # Var max of two iid N(0, 1)
+
+
+def test_rank_jitter_is_what_the_ranks_do_not_share() -> None:
+    # two ranks slowed alike turn by turn: nothing strays; one rank 10% above, the other 10%
+    # below the mean in every turn: 0.1 * sqrt(2) (one degree of freedom per pair)
+    alike = [[[1.0], [2.0], [1.5]], [[1.0], [2.0], [1.5]]]
+    assert rank_jitter(alike) == 0.0
+    apart = [[[1.1], [2.2]], [[0.9], [1.8]]]
+    assert rank_jitter(apart) == pytest.approx(0.1 * math.sqrt(2))
+    assert rank_jitter([[[1.0]]]) == 0.0  # one rank
