@@ -18,6 +18,7 @@ the LM head exactly as a rank does, and ``losses`` computes the loss as the exec
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -178,21 +179,55 @@ def layers_seconds(
     return means, jitter
 
 
+# Seconds of work each rank does in one block of ``sharing_slowdown`` (on a core of its own),
+# and how many pairs of blocks (alone, then crowded) it times: the median pair's ratio, as a
+# machine whose speed drifts moved a single pair's between 0.8 and 1.4 here.
+SHARING_BLOCK_S = 0.25
+SHARING_PAIRS = 3
+
+
 def sharing_slowdown(probe: Probe, op: MetaOp, mode: str, batch: int) -> float | None:
     """How much slower than its fair share a layer runs when every rank computes at once on
-    fewer cores: ``op``'s layer timed on ``active`` ranks side by side (a core each), then
-    on all ranks at once; fair sharing alone would make the second ``world / active`` times
-    the first. Rank 0 gets the ratio of the two (at least 1). The first is timed again here,
-    not taken from the curve: a ratio wants its two timings back to back, under one state of
-    a machine whose speed drifts."""
-    alone = layer_seconds(probe, op, mode, batch)
-    crowded = Probe(
-        probe.rank, probe.world, probe.world, probe.device, probe.dtype, probe.budget, probe.beat
-    )
-    shared = layer_seconds(crowded, op, mode, batch)
-    if probe.rank != 0 or not alone or not shared:
+    fewer cores: a block of ``op``'s layer calls run on ``active`` ranks side by side (a core
+    each), then on all ranks at once; fair sharing alone would make the second ``world /
+    active`` times the first. Each block is timed whole, from the barrier to the last rank's
+    end: a rank descheduled between two calls loses that time as a run's stage does (timing
+    each call alone would miss it, calls shorter than the OS's time slice often running whole
+    between two switches: tiny_mm on 4 ranks read 1.0 so, and its crowded stages ran 2.4-3.1x
+    their one-core time where fair sharing gives 2x). Rank 0 gets the ratio (at least 1).
+    Each pair of blocks is timed back to back (a ratio wants one state of a machine whose
+    speed drifts), and the median of ``SHARING_PAIRS`` pairs is kept."""
+    where = str(probe.device)
+    step = layer_runner(op.kind, dict(op.args), op.tokens, mode, batch, device=where)  # type: ignore[arg-type]
+    probe.beat(f"layer {op.id} batch {batch}: {probe.world} ranks on {probe.active} cores")
+    for _ in range(probe.budget.warmup):
+        step()
+    once = min(step() for _ in range(3))
+    calls = torch.tensor([math.ceil(SHARING_BLOCK_S / max(once, 1e-6))], dtype=torch.int64)
+    dist.all_reduce(calls, op=dist.ReduceOp.MAX)  # every rank runs the same block
+    fair = probe.world / probe.active
+    ratios = []
+    for _ in range(SHARING_PAIRS):
+        alone = _block_seconds(probe, step, int(calls), probe.rank < probe.active)
+        shared = _block_seconds(probe, step, int(calls), True)
+        if alone > 0:
+            ratios.append(shared / (alone * fair))
+    if probe.rank != 0 or not ratios:
         return None
-    return max(1.0, shared / (alone * probe.world / probe.active))
+    return max(1.0, statistics.median(ratios))
+
+
+def _block_seconds(probe: Probe, step: Callable[[], float], calls: int, mine: bool) -> float:
+    """Wall seconds from a barrier until the last rank that runs ``calls`` calls (those with
+    ``mine``) is done: every rank learns the slowest rank's time."""
+    dist.barrier()
+    start = time.perf_counter()
+    if mine:
+        for _ in range(calls):
+            step()
+    took = torch.tensor([time.perf_counter() - start if mine else 0.0], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return float(took)
 
 
 def input_stage_seconds(

@@ -149,24 +149,28 @@ def turn_times(
 
 def rank_jitter(turns_by_rank: Sequence[Sequence[Sequence[float]]]) -> float:
     """How far one rank's turn strays from the others' running the same turn side by side, as
-    a fraction of the turn: the coefficient of variation of each rank's turn time around the
-    ranks' mean for that turn (``turns_by_rank[rank][turn]``: a turn's seconds per repeat), the
-    part of the machine's noise the ranks do not share. 0 with fewer than two ranks."""
+    a fraction of the turn (``turns_by_rank[rank][turn]``: a turn's seconds per repeat): the
+    part of the machine's noise the ranks do not share. Each rank's turn time is compared with
+    the ranks' mean for that turn, and the spread of those deviations is read robustly (1.4826
+    median absolute deviations, a normal's standard deviation): a run is judged by its median
+    step, which a rank descheduled for a whole second does not move, so neither may a turn in
+    which that happened. 0 with fewer than two ranks."""
     ranks = [r for r in turns_by_rank if r]
     if len(ranks) < 2:
         return 0.0
     n = len(ranks)
-    squares, count = 0.0, 0
+    deviations = []
     for turn in zip(*ranks, strict=False):
         means = [statistics.fmean(t) for t in turn if t]
         if len(means) != n:
             continue
         mid = statistics.fmean(means)
-        if mid <= 0:
-            continue
-        squares += sum((m / mid - 1.0) ** 2 for m in means)
-        count += n - 1  # the deviations from their own mean have n - 1 degrees of freedom
-    return math.sqrt(squares / count) if count else 0.0
+        if mid > 0:
+            deviations.extend(abs(m / mid - 1.0) for m in means)
+    if not deviations:
+        return 0.0
+    # a deviation from the turn's own mean has variance (n - 1) / n of a rank's own
+    return 1.4826 * statistics.median(deviations) * math.sqrt(n / (n - 1))
 
 
 def shape_groups(graph: MetaGraph) -> list[list[MetaOp]]:
