@@ -73,12 +73,13 @@ def memory_room(search: LeverSearch, k: int) -> MemoryRoom:
     floor = search.floor(k)
     freeing = frozenset(o for o, v in floor.kept.items() if floor.kept_recompute[o] < v)
     c = search.graph.cluster
+    plain, recompute = offered_specs(search, k, freeing)
     return MemoryRoom(
-        offered_specs(search, k, freeing),
+        recompute,
         dict(floor.kept),
         dict(floor.kept_recompute),
         float(c.devices * c.device.memory_bytes - floor.states),
-        offered_specs(search, k, frozenset()),
+        plain,
     )
 
 

@@ -12,6 +12,14 @@ n (``lp_bound.merged``), covers both. An allocation on which one device cannot h
 without recompute is in the first only where no allocation holds the whole MetaOp (the
 per-layer test alone), which the cluster-wide memory room (``lp_bound.MemoryRoom``) cannot
 see: qwen_val at 16 devices must recompute or run wider for want of one device's memory.
+
+Narrowing is a tightening, never needed for validity: a MetaOp's whole curve at ZeRO-1 (the
+quickest stage: ZeRO-2 only adds gradient traffic, ``levers.reduction_share``, at the same
+allocations) holds every spec offered. So where the search's first setting at k (ZeRO-1,
+nothing recomputed) offers a MetaOp every allocation its curve lists, memory narrows nothing
+there, and its whole curves without and with recompute stand in for the specs: the specs of
+every stage are worked out only for the MetaOps memory narrows (it saves most of the cost on
+large clusters, where each spec checks every allocation's bytes).
 """
 
 from __future__ import annotations
@@ -19,30 +27,66 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from spindle_dsl.planner.build import LayerTooBig, offered_spec
-from spindle_dsl.planner.levers import Levers, pass_curves
+from spindle_dsl.planner.levers import Levers, pass_curves, spec_of
 from spindle_dsl.planner.lp_bound import merged
 from spindle_dsl.planner.problem import OpSpec
 
 if TYPE_CHECKING:
+    from spindle_dsl.metagraph import MetaOp
     from spindle_dsl.planner.leversearch import LeverSearch
 
+Specs = dict[str, OpSpec]
 
-def offered_specs(search: LeverSearch, k: int, recompute: frozenset[str]) -> dict[str, OpSpec]:
-    """Per MetaOp, what the search's contexts at k can offer it without recompute (with an
-    empty ``recompute``) or, for the MetaOps of ``recompute``, recomputing: its specs under
-    every ZeRO stage the search tries, merged. A MetaOp one of whose layers fits nowhere so
-    is absent (no plan runs it that way)."""
+
+def offered_specs(search: LeverSearch, k: int, freeing: frozenset[str]) -> tuple[Specs, Specs]:
+    """Per MetaOp, what the search's contexts at k can offer it without recompute and, for
+    the MetaOps of ``freeing``, with it: its specs under every ZeRO stage the search tries,
+    merged, or its whole curves where memory narrows nothing (module docstring). A MetaOp
+    one of whose layers fits nowhere so is absent from that mapping."""
+    N = search.graph.cluster.devices
     micro = search.pricing.view(k)
-    out: dict[str, OpSpec] = {}
-    for z in search.stages:
-        levers = Levers(k, z, recompute)
-        curves = pass_curves(search.graph, search.cost, levers, search.pricing)
-        for op in micro.metaops:
-            if recompute and op.id not in recompute:
-                continue
+    plain: Specs = {}
+    rc: Specs = {}
+
+    def whole(op: MetaOp, levers: Levers) -> OpSpec:
+        curve = pass_curves(search.graph, search.cost, levers, search.pricing)[op.id]
+        return spec_of(op, [(n, t) for n, t in curve.items() if n <= N])
+
+    def each_stage(op: MetaOp, recompute: frozenset[str]) -> OpSpec | None:
+        specs = []
+        for z in search.stages:
+            levers = Levers(k, z, recompute)
+            curves = pass_curves(search.graph, search.cost, levers, search.pricing)
             try:
-                spec = offered_spec(op, search.cost, curves, levers, True, search.pricing)
+                specs.append(offered_spec(op, search.cost, curves, levers, True, search.pricing))
             except LayerTooBig:
                 continue
-            out[op.id] = merged([out[op.id], spec]) if op.id in out else spec
-    return out
+        return merged(specs) if specs else None
+
+    for op in micro.metaops:
+        frees = op.id in freeing
+        curve = whole(op, Levers(k))
+        if 1 in search.stages and _narrows_nothing(search, op, k, curve):
+            plain[op.id] = curve
+            if frees:
+                rc[op.id] = whole(op, Levers(k, 1, freeing))
+            continue
+        spec = each_stage(op, frozenset())
+        if spec is not None:
+            plain[op.id] = spec
+        spec = each_stage(op, freeing) if frees else None
+        if spec is not None:
+            rc[op.id] = spec
+    return plain, rc
+
+
+def _narrows_nothing(search: LeverSearch, op: MetaOp, k: int, curve: OpSpec) -> bool:
+    """Whether the context at k with ZeRO-1 and nothing recomputed offers ``op`` every
+    allocation of its whole ZeRO-1 ``curve``."""
+    levers = Levers(k)
+    curves = pass_curves(search.graph, search.cost, levers, search.pricing)
+    try:
+        spec = offered_spec(op, search.cost, curves, levers, True, search.pricing)
+    except LayerTooBig:
+        return False
+    return spec.ns == curve.ns
