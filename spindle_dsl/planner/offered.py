@@ -17,13 +17,14 @@ Narrowing is a tightening, never needed for validity: a MetaOp's whole curve at 
 quickest stage: ZeRO-2 only adds gradient traffic, ``levers.reduction_share``, at the same
 allocations) holds every spec offered. So where the search's first setting at k (ZeRO-1,
 nothing recomputed) offers a MetaOp every allocation its curve lists, memory narrows nothing
-there, and its whole curves without and with recompute stand in for the specs: the specs of
-every stage are worked out only for the MetaOps memory narrows (it saves most of the cost on
-large clusters, where each spec checks every allocation's bytes).
+there, and its whole curves without and with recompute stand in for the specs; elsewhere
+each setting's ZeRO-1 spec comes first, and the other stages' only where it narrows too (it
+saves most of the cost on large clusters, where each spec checks every allocation's bytes).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from spindle_dsl.planner.build import LayerTooBig, offered_spec
@@ -40,53 +41,45 @@ Specs = dict[str, OpSpec]
 
 def offered_specs(search: LeverSearch, k: int, freeing: frozenset[str]) -> tuple[Specs, Specs]:
     """Per MetaOp, what the search's contexts at k can offer it without recompute and, for
-    the MetaOps of ``freeing``, with it: its specs under every ZeRO stage the search tries,
-    merged, or its whole curves where memory narrows nothing (module docstring). A MetaOp
-    one of whose layers fits nowhere so is absent from that mapping."""
-    N = search.graph.cluster.devices
-    micro = search.pricing.view(k)
+    the MetaOps of ``freeing``, with it (``offered``). A MetaOp one of whose layers fits
+    nowhere so is absent from that mapping."""
     plain: Specs = {}
     rc: Specs = {}
-
-    def whole(op: MetaOp, levers: Levers) -> OpSpec:
-        curve = pass_curves(search.graph, search.cost, levers, search.pricing)[op.id]
-        return spec_of(op, [(n, t) for n, t in curve.items() if n <= N])
-
-    def each_stage(op: MetaOp, recompute: frozenset[str]) -> OpSpec | None:
-        specs = []
-        for z in search.stages:
-            levers = Levers(k, z, recompute)
-            curves = pass_curves(search.graph, search.cost, levers, search.pricing)
-            try:
-                specs.append(offered_spec(op, search.cost, curves, levers, True, search.pricing))
-            except LayerTooBig:
-                continue
-        return merged(specs) if specs else None
-
-    for op in micro.metaops:
-        frees = op.id in freeing
-        curve = whole(op, Levers(k))
-        if 1 in search.stages and _narrows_nothing(search, op, k, curve):
-            plain[op.id] = curve
-            if frees:
-                rc[op.id] = whole(op, Levers(k, 1, freeing))
-            continue
-        spec = each_stage(op, frozenset())
+    for op in search.pricing.view(k).metaops:
+        spec, narrowed = offered(search, op, Levers(k))
         if spec is not None:
             plain[op.id] = spec
-        spec = each_stage(op, freeing) if frees else None
+        if op.id not in freeing:
+            continue
+        quick = Levers(k, 1, freeing)
+        spec = offered(search, op, quick)[0] if narrowed else whole_curve(search, op, quick)
         if spec is not None:
             rc[op.id] = spec
     return plain, rc
 
 
-def _narrows_nothing(search: LeverSearch, op: MetaOp, k: int, curve: OpSpec) -> bool:
-    """Whether the context at k with ZeRO-1 and nothing recomputed offers ``op`` every
-    allocation of its whole ZeRO-1 ``curve``."""
-    levers = Levers(k)
-    curves = pass_curves(search.graph, search.cost, levers, search.pricing)
-    try:
-        spec = offered_spec(op, search.cost, curves, levers, True, search.pricing)
-    except LayerTooBig:
-        return False
-    return spec.ns == curve.ns
+def whole_curve(search: LeverSearch, op: MetaOp, levers: Levers) -> OpSpec:
+    """``op``'s whole pass curve under ``levers``, every allocation up to the devices."""
+    N = search.graph.cluster.devices
+    curve = pass_curves(search.graph, search.cost, levers, search.pricing)[op.id]
+    return spec_of(op, [(n, t) for n, t in curve.items() if n <= N])
+
+
+def offered(search: LeverSearch, op: MetaOp, quick: Levers) -> tuple[OpSpec | None, bool]:
+    """What the contexts at ``quick``'s k and recompute set (``op`` recomputing or not)
+    offer ``op`` under the search's ZeRO stages, and whether memory narrows it: its specs
+    merged, or its whole ZeRO-1 curve where ZeRO-1 offers all of it (module docstring);
+    None where none offers any allocation."""
+    whole = whole_curve(search, op, quick)
+    specs = []
+    for z in sorted(search.stages, key=lambda z: z != 1):  # ZeRO-1 first
+        levers = replace(quick, zero_stage=z)
+        curves = pass_curves(search.graph, search.cost, levers, search.pricing)
+        try:
+            spec = offered_spec(op, search.cost, curves, levers, True, search.pricing)
+        except LayerTooBig:
+            continue
+        if z == 1 and spec.ns == whole.ns:
+            return whole, False
+        specs.append(spec)
+    return (merged(specs) if specs else None), True
