@@ -284,29 +284,34 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
     considered: the least over the k tried of k times the LP bound of one pass at k
     (``lp_bound(problem, micro_batches=k)``) plus the floors of the step terms the LP does not
     count at k (``step_floor``: the loss phase, the optimizer, the closing all-reduce). At each
-    k the pass problem is the envelope of every setting at that k (``levers.pass_problem``:
-    every allocation the curves list, memory aside, no recompute, the least gradient share;
-    recompute and ZeRO-2 only slow a pass down), so it holds whichever of them the plan
-    pulled, and the memory room at k (``memfit.memory_room``, ``lp_bound`` module docstring,
-    "Memory") lets each MetaOp recompute and asks that what the MetaOps keep fit in the
-    cluster: a k at which not even recomputing everything fits is left out (the plan's own k
-    never is). Without a lever search it is the plan's own problem at the plan's k. ``lp_s`` is
-    the least over k of the LP alone (a bound on the compute). The LPs are solved in order of
-    the area / critical-path bound, which is below each, and stop once that alone passes both
-    best values: the least are the same, with fewer LPs solved."""
+    k the pass problem is the envelope of every setting at that k: per MetaOp, the allocations
+    the search's contexts at k offer it without recompute and with it, under every ZeRO stage
+    tried (``memfit.memory_room``, ``planner.offered``: those on which one device holds it),
+    at the least T(n) (``MemoryRoom.either``), so it holds whichever of them the plan pulled,
+    and the memory room at k (``lp_bound`` module docstring, "Memory" and "One device") lets
+    each MetaOp recompute where it frees bytes, on the allocations offered so, and asks that
+    what the MetaOps keep fit in the cluster: a k at which not even recomputing everything
+    fits, or some MetaOp is offered no allocation, is left out (the plan's own k never is:
+    there the pass problem takes every allocation its curves list, memory aside). Without a
+    lever search it is the plan's own problem at the plan's k. ``lp_s`` is the least over k
+    of the LP alone (a bound on the compute). The LPs are solved in order of the area /
+    critical-path bound, which is below each, and stop once that alone passes both best
+    values: the least are the same, with fewer LPs solved."""
     rooms: dict[int, MemoryRoom | None] = {}
     if search is None:
         problems = {ctx.levers.micro_batches: ctx.problem}
     else:
-        ks = sorted({*search.explored, ctx.levers.micro_batches})
-        problems = {k: pass_problem(ctx.graph, ctx.cost, Levers(k), search.pricing) for k in ks}
-        for k in ks:
+        problems = {}
+        for k in sorted({*search.explored, ctx.levers.micro_batches}):
             room = memory_room(search, k)
-            if room.least_kept() <= room.room:
+            either = room.either(pass_problem(ctx.graph, ctx.cost, Levers(k), search.pricing))
+            if either is not None and room.least_kept() <= room.room:
+                problems[k] = either
                 rooms[k] = room if room.binds() else None
-            elif k != ctx.levers.micro_batches:
-                del problems[k]  # no plan at this k fits: it bounds nothing
-            # (at the plan's own k, which fits, the room goes unused rather than trusted)
+            elif k == ctx.levers.micro_batches:  # the plan's own k, which fits: the room
+                # and the allocations offered go unused rather than trusted
+                problems[k] = pass_problem(ctx.graph, ctx.cost, Levers(k), search.pricing)
+            # (at any other k no plan fits: it bounds nothing)
     cheap = {k: k * area_path_bound_s(p) for k, p in problems.items()}
     each_floor = {k: step_floor(ctx.step, k) for k in problems}
     floors = {k: f.total_s(k) for k, f in each_floor.items()}

@@ -209,6 +209,26 @@ def _op_spec(
     return spec_of(op, fit)
 
 
+def offered_spec(
+    op: MetaOp,
+    cost: CostModel,
+    curves: Curves,
+    levers: Levers,
+    enforce: bool,
+    cache: PricingCache,
+) -> OpSpec:
+    """The spec a context under ``levers`` offers the schedulers for ``op`` (a MetaOp of the
+    micro-batch view at ``levers``' k, ``curves`` its pass curves): ``_op_spec``, once per
+    (op, k, ZeRO stage, recomputing or not, enforce) in ``cache``, the only inputs it reads.
+    Raises ``LayerTooBig`` where one layer fits nowhere."""
+    key = (op.id, levers.micro_batches, levers.zero_stage, op.id in levers.recompute, enforce)
+    spec = cache.specs.get(key)
+    if spec is None:
+        micro = cache.view(levers.micro_batches)
+        spec = cache.specs[key] = _op_spec(op, micro, cost, curves, levers, enforce)
+    return spec  # type: ignore[return-value]
+
+
 class LayerTooBig(PlanError):
     """One layer of a MetaOp fits on no allocation under the levers asked for."""
 
@@ -268,13 +288,7 @@ def context(
     micro = cache.view(levers.micro_batches)
     curves = pass_curves(graph, cost, levers, cache)
     flows = flows_of(micro)
-    ops = []
-    for m in micro.metaops:
-        key = (m.id, levers.micro_batches, levers.zero_stage, m.id in levers.recompute, enforce)
-        spec = cache.specs.get(key)
-        if spec is None:
-            spec = cache.specs[key] = _op_spec(m, micro, cost, curves, levers, enforce)
-        ops.append(spec)
+    ops = [offered_spec(m, cost, curves, levers, enforce, cache) for m in micro.metaops]
     problem = Problem(tuple(ops), graph.cluster.devices)
     n_star: dict[str, float] = {}
     for level in problem.levels:

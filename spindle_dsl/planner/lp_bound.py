@@ -94,6 +94,18 @@ take that k's LP into its least (it reports the plan's own k's bound in any case
 changes neither side: the states are counted once under every stage, and its curves are no
 quicker than ZeRO-1's. The constraint is the cluster's total only: what one device must hold
 (a MetaOp's weights on every device it runs on) is not counted, so it stays a relaxation.
+
+One device (``MemoryRoom.plain``). The planner offers a MetaOp only the allocations on which
+one device can hold it under the plan's levers (``build.offered_spec``), which depend on the
+levers only through k, the ZeRO stage and whether that MetaOp recomputes
+(``planner.offered``). So ``plain`` and ``recompute`` may list, per op, only the allocations
+some stage offers without and with recompute: a plan's entries run on those (by its own
+choice of the lever, x and y as above), so the LP, which lets each op combine points of its
+two curves, still has the plan's point. An op whose layers no device holds without
+recompute at small n runs there only recomputing, which the room cannot see where the
+cluster as a whole has bytes to spare. Where the room cannot bind, the LP runs on
+``MemoryRoom.either``, each op's two curves merged (``envelope`` per op); the certificate
+takes the restricted curves as they are, so it stays a bound on plans that use them.
 """
 
 from __future__ import annotations
@@ -130,15 +142,41 @@ class Curve:
 @dataclass(frozen=True)
 class MemoryRoom:
     """What device memory asks of every plan at one k, in the LP's terms (module docstring,
-    "Memory"): ``recompute``, the same ops' curves with activation recompute; ``kept`` and
+    "Memory"): ``recompute``, per op that may recompute, its curve doing so; ``kept`` and
     ``kept_recompute``, the bytes each op keeps for backward (and its loss tensors) summed
     over its devices, without and with recompute (``memfit.MemoryFloor``); ``room``, the
-    cluster's bytes less every parameter part's state held once."""
+    cluster's bytes less every parameter part's state held once; ``plain``, per op, its
+    curve without recompute, where one device can hold it so (module docstring, "One
+    device"; an op absent runs only recomputing; None: the problem's curves, every op)."""
 
-    recompute: Problem
+    recompute: Mapping[str, OpSpec]
     kept: Mapping[str, float]
     kept_recompute: Mapping[str, float]
     room: float
+    plain: Mapping[str, OpSpec] | None = None
+
+    def specs(self, op: OpSpec) -> list[tuple[OpSpec, float]]:
+        """``op``'s settings a plan may run it on, each with the bytes it keeps: without
+        recompute (``op`` itself unless ``plain`` says otherwise) where it can, and with
+        recompute where that frees bytes."""
+        kept = self.kept.get(op.id, 0.0)
+        rc_kept = self.kept_recompute.get(op.id, kept)
+        plain = op if self.plain is None else self.plain.get(op.id)
+        rc = self.recompute.get(op.id) if rc_kept < kept else None
+        out = [] if plain is None else [(plain, kept)]
+        return out if rc is None else [*out, (rc, rc_kept)]
+
+    def either(self, problem: Problem) -> Problem | None:
+        """``problem``'s ops on the envelope of their settings (``merged``): the problem
+        whose plain LP bounds every plan where the room cannot bind; None if some op has no
+        setting at all (no plan can run it)."""
+        ops = []
+        for o in problem.ops:
+            specs = [spec for spec, _ in self.specs(o)]
+            if not specs:
+                return None
+            ops.append(merged(specs))
+        return Problem(tuple(ops), problem.devices)
 
     def least_kept(self) -> float:
         """Bytes kept with recompute wherever it frees any: above ``room``, no plan fits."""
@@ -245,21 +283,24 @@ def quicker(curve: Curve) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
+def merged(specs: Sequence[OpSpec]) -> OpSpec:
+    """One op's specs under several settings as one: the union of their allocations,
+    keeping the least T(n) where several have n (the first spec's id, layers and deps)."""
+    best: dict[int, float] = {}
+    for o in specs:
+        for n, s in zip(o.ns, o.seconds, strict=True):
+            best[n] = min(s, best.get(n, s))
+    ns = tuple(sorted(best))
+    op = specs[0]
+    return OpSpec(op.id, op.layers, op.deps, ns, tuple(best[n] for n in ns), op.task)
+
+
 def envelope(problems: Sequence[Problem]) -> Problem:
     """Per op, the union of the allocations of several problems over the same ops (e.g. one
     per memory-lever setting at one k), keeping the least T(n) where several have n: the
     LP of the result bounds plans made with any of them (module docstring)."""
-    first = problems[0]
-    ops = []
-    for op in first.ops:
-        best: dict[int, float] = {}
-        for p in problems:
-            o = p.op(op.id)
-            for n, s in zip(o.ns, o.seconds, strict=True):
-                best[n] = min(s, best.get(n, s))
-        ns = tuple(sorted(best))
-        ops.append(OpSpec(op.id, op.layers, op.deps, ns, tuple(best[n] for n in ns), op.task))
-    return Problem(tuple(ops), max(p.devices for p in problems))
+    ops = tuple(merged([p.op(op.id) for p in problems]) for op in problems[0].ops)
+    return Problem(ops, max(p.devices for p in problems))
 
 
 def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
@@ -383,17 +424,13 @@ def lp_input(
     index = {o.id: i for i, o in enumerate(problem.ops)}
     curves: list[tuple[Curve, ...]] = []
     for o in problem.ops:
-        plain = curve_of(o, problem.devices)
         if memory is None:
-            curves.append((plain,))
+            curves.append((curve_of(o, problem.devices),))
             continue
-        room = memory.room
-        kept = memory.kept.get(o.id, 0.0)
-        rc_kept = memory.kept_recompute.get(o.id, kept)
-        options = [Curve(plain.ns, plain.seconds, kept / room)]
-        if rc_kept < kept:
-            rc = curve_of(memory.recompute.op(o.id), problem.devices)
-            options.append(Curve(rc.ns, rc.seconds, rc_kept / room))
+        options = []
+        for spec, kept in memory.specs(o):
+            c = curve_of(spec, problem.devices)
+            options.append(Curve(c.ns, c.seconds, kept / memory.room))
         curves.append(tuple(c for c in options if len(c.ns)))
     holder: tuple[float, ...] = ()
     pick = frontier
@@ -475,4 +512,12 @@ def lp_bound(
     return LpBound(seconds, primal, old * k, k, n_points, time.perf_counter() - t0)
 
 
-__all__ = ["LpBound", "MemoryRoom", "envelope", "frontier", "lp_bound", "solve_relaxation"]
+__all__ = [
+    "LpBound",
+    "MemoryRoom",
+    "envelope",
+    "frontier",
+    "lp_bound",
+    "merged",
+    "solve_relaxation",
+]

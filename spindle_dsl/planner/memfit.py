@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 from spindle_dsl.cost.base import CostModel
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.planner.build import Evaluated, PlanContext, _gib
-from spindle_dsl.planner.levers import Levers, micro_graph, pass_problem
+from spindle_dsl.planner.levers import micro_graph
 from spindle_dsl.planner.lp_bound import MemoryRoom
+from spindle_dsl.planner.offered import offered_specs
 
 if TYPE_CHECKING:
     from spindle_dsl.planner.leversearch import Fit, LeverSearch
@@ -65,17 +66,20 @@ def memory_floor(graph: MetaGraph, cost: CostModel) -> MemoryFloor:
 def memory_room(search: LeverSearch, k: int) -> MemoryRoom:
     """What memory asks of every plan at k passes, for the LP bound (``lp_bound``, module
     docstring, "Memory"): the floor's kept bytes per MetaOp without and with recompute, the
-    recompute curves at k (ZeRO-1, the quickest stage), and the cluster's bytes less every
-    part's state held once. Every plan that fits keeps them within it: its devices' peaks
-    sum to at least the floor of its recompute set (``MemoryFloor``)."""
+    allocations the search's contexts can offer each MetaOp at k without and with recompute
+    (``offered.offered_specs``: where one device holds it), and the cluster's bytes less
+    every part's state held once. Every plan that fits keeps them within it: its devices'
+    peaks sum to at least the floor of its recompute set (``MemoryFloor``)."""
     floor = search.floor(k)
     freeing = frozenset(o for o, v in floor.kept.items() if floor.kept_recompute[o] < v)
     c = search.graph.cluster
+    plain, recompute = offered_specs(search, k, freeing)
     return MemoryRoom(
-        pass_problem(search.graph, search.cost, Levers(k, 1, freeing), search.pricing),
+        recompute,
         dict(floor.kept),
         dict(floor.kept_recompute),
         float(c.devices * c.device.memory_bytes - floor.states),
+        plain,
     )
 
 

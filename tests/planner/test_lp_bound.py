@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import warnings
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -33,6 +34,10 @@ from spindle_dsl.planner.solver import SolverChoice
 from spindle_dsl.planner.wavefront import paper_schedule
 
 IN_PROCESS = SolverChoice("highs", isolated=False)
+
+
+def by_id(problem: Problem) -> dict[str, OpSpec]:
+    return {o.id: o for o in problem.ops}
 
 
 def op(op_id: str, layers: int, deps: tuple[str, ...], curve: dict[int, float]) -> OpSpec:
@@ -241,12 +246,38 @@ def test_the_memory_room_forces_recompute_where_kept_bytes_must_shrink():
     rc = Problem((op("a", 1, (), {1: 3.0}),), 1)
 
     def bound(room: float):
-        return lp_bound(plain, solver=IN_PROCESS, memory=MemoryRoom(rc, {"a": 10}, {"a": 2}, room))
+        return lp_bound(
+            plain, solver=IN_PROCESS, memory=MemoryRoom(by_id(rc), {"a": 10}, {"a": 2}, room)
+        )
 
     assert bound(6).seconds == pytest.approx(2.5, rel=1e-9)
     assert bound(6).primal_s == pytest.approx(2.5, rel=1e-9)
     assert bound(10).seconds == pytest.approx(2.0, rel=1e-9)
     assert not bound(1).fits and bound(1).lower_bound_s == float("inf")
+
+
+def test_an_op_one_device_cannot_hold_runs_recomputing_or_wider():
+    """a (T(1) = 2, T(2) = 1.25) beside b (1 s, one device only) on 2 devices: 13/8 with
+    every allocation (above). If one device cannot hold a without recompute, a runs on one
+    device only recomputing (T(1) = 2.5): every choice of a costs 2.5 device-seconds, so
+    C >= (2.5 + 1) / 2 = 1.75 with any room. With a room of 2.5 bytes (a keeps 2 plain, 1
+    recomputing, b keeps 1) half of a recomputes, on one device a share u of a's layer and
+    on two (T = 1.6) the rest of that half: C = 1.425 + 0.9 u = 1.925 - 0.35 u at u = 0.4,
+    C = 1.785."""
+    p = Problem((op("a", 1, (), {1: 2.0, 2: 1.25}), op("b", 1, (), {1: 1.0})), 2)
+    plain = {"a": op("a", 1, (), {2: 1.25}), "b": p.op("b")}
+    rc = {"a": op("a", 1, (), {1: 2.5, 2: 1.6})}
+    room = MemoryRoom(rc, {"a": 2.0, "b": 1.0}, {"a": 1.0}, 100.0, plain)
+    offered = room.either(p)
+    assert offered is not None and offered.op("a").seconds == (2.5, 1.25)
+    assert lp_bound(p, solver=IN_PROCESS).seconds == pytest.approx(13 / 8, rel=1e-9)
+    assert lp_bound(offered, solver=IN_PROCESS, memory=room).seconds == pytest.approx(1.75)
+    tight = replace(room, room=2.5)
+    held = lp_bound(offered, solver=IN_PROCESS, memory=tight)
+    assert held.seconds == pytest.approx(1.785, rel=1e-9)
+    assert held.primal_s == pytest.approx(1.785, rel=1e-9)
+    # an op with no allocation on either setting: no plan can run it
+    assert replace(room, plain={"b": p.op("b")}, recompute={}).either(p) is None
 
 
 def _room_case(rng: random.Random, N: int, k: int):
@@ -269,7 +300,7 @@ def _room_case(rng: random.Random, N: int, k: int):
     chosen = {o.id for o in p.ops if rng.random() < 0.5}
     room = sum(kept_rc[i] if i in chosen else kept[i] for i in kept) * rng.uniform(1.0, 1.2)
     made = Problem(tuple(slower.op(o.id) if o.id in chosen else o for o in p.ops), N)
-    return p, MemoryRoom(slower, kept, kept_rc, room), made
+    return p, MemoryRoom(by_id(slower), kept, kept_rc, room), made
 
 
 @settings(max_examples=30, deadline=None)

@@ -153,15 +153,13 @@ def test_the_lower_bound_is_the_least_over_the_k_tried(graph) -> None:
     rooms = {k: memory_room(search, k) for k in b["micro_batches"]}
     fitting = [k for k, r in rooms.items() if r.least_kept() <= r.room]
     assert any(rooms[k].binds() for k in fitting)  # memory shapes the bound here
-    each = {
-        k: lp_bound(pass_problem(g, cost, Levers(k)), k, memory=rooms[k]).lower_bound_s
-        for k in fitting
-    }
+    offered = {k: rooms[k].either(pass_problem(g, cost, Levers(k))) for k in fitting}
+    each = {k: lp_bound(offered[k], k, memory=rooms[k]).lower_bound_s for k in fitting}
     step = cost.step_model(g)
     whole = {}
     for k, lp in each.items():
         f = step_floor(step, k)
-        joint = lp_bound(pass_problem(g, cost, Levers(k)), k, None, f.holder_work, rooms[k])
+        joint = lp_bound(offered[k], k, None, f.holder_work, rooms[k])
         whole[k] = max(lp + f.total_s(k), joint.seconds + f.beside_lp_s(k))
     assert plan.lower_bound_s == pytest.approx(min(whole.values()), rel=1e-9)
     assert b["lp_s"] == pytest.approx(min(each.values()), rel=1e-9)
@@ -182,6 +180,40 @@ def test_the_memory_room_holds_every_fitting_plan(graph, mib) -> None:
     room = memory_room(search, lv.micro_batches)
     kept = sum(floor.by_op(lv.recompute).values())
     assert kept <= room.room
+    assert plan.lower_bound_s <= plan.iteration_s
+
+
+@pytest.mark.parametrize("mib", [300, 120, 60, 40])
+def test_every_entry_runs_on_an_allocation_offered_at_its_k(graph, mib) -> None:
+    """The premise of the LP's one-device rule (``planner.offered``): a plan runs each
+    MetaOp on an allocation its spec offers at the plan's k without recompute, or with it
+    if the MetaOp recomputes (at some ZeRO stage), never on one that one device cannot hold
+    where another can."""
+    g, plan = plan_at(graph, mib)
+    lv = levers_of(plan)
+    room = memory_room(LeverSearch(g, make_cost_model(g.cluster)), lv.micro_batches)
+    assert room.plain is not None
+    for wave in plan.waves:
+        for e in wave.entries:
+            offered = room.recompute if e.metaop in lv.recompute else room.plain
+            assert len(e.devices) in offered[e.metaop].ns, (e.metaop, len(e.devices))
+
+
+def test_one_device_memory_narrows_the_lp_where_the_room_cannot(graph) -> None:
+    """At 120 MiB and k = 2 the MetaOps' kept bytes fit the cluster's room, so the room
+    cannot bind, but some MetaOps cannot run on their smallest allocations without
+    recompute: the LP over the allocations offered is above the LP over every allocation
+    the curves list (what the bound took before), and the plan's bound stays below it."""
+    g = with_memory(graph, 120)
+    cost = make_cost_model(g.cluster)
+    search = LeverSearch(g, cost)
+    room = memory_room(search, 2)
+    every = pass_problem(g, cost, Levers(2), search.pricing)
+    offered = room.either(every)
+    assert not room.binds() and offered is not None
+    assert any(len(offered.op(o.id).ns) < len(o.ns) for o in every)
+    assert lp_bound(offered, 2).seconds > lp_bound(every, 2).seconds * 1.001
+    _, plan = plan_at(graph, 120)
     assert plan.lower_bound_s <= plan.iteration_s
 
 
