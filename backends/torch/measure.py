@@ -30,6 +30,7 @@ from spindle_dsl.cost.profiler import (
     layer_runner,
     planned_batches,
     rank_jitter,
+    time_interleaved,
     time_layer,
     turn_times,
 )
@@ -57,19 +58,17 @@ COMM_BUDGET = TimingBudget(
 
 
 def time_repeats(step: Callable[[], None], budget: TimingBudget, sync: Callable[[], None]) -> float:
-    """Seconds of ``step`` after warm-up, repeated and summarised as ``budget`` says."""
-    for _ in range(budget.warmup):
-        step()
-    times: list[float] = []
-    while len(times) < budget.max_repeats and (
-        len(times) < budget.min_repeats or sum(times) < budget.min_seconds
-    ):
+    """Seconds of ``step`` after warm-up, repeated and summarised as ``budget`` says (one
+    round of ``time_interleaved``, each repeat between two ``sync`` calls)."""
+
+    def timed() -> float:
         sync()
         start = time.perf_counter()
         step()
         sync()
-        times.append(time.perf_counter() - start)
-    return budget.summary(times)
+        return time.perf_counter() - start
+
+    return time_interleaved([timed], budget, rounds=1)[0]
 
 
 def _gather_mean(value: float | None, rank: int, world: int) -> float | None:
