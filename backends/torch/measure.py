@@ -31,7 +31,6 @@ from spindle_dsl.cost.profiler import (
     planned_batches,
     rank_jitter,
     time_interleaved,
-    time_layer,
     turn_times,
 )
 from spindle_dsl.cost.step_parts import SinkLoss
@@ -113,19 +112,6 @@ class Probe:
 
 
 # --- layers, input stages, losses -----------------------------------------------------------
-
-
-def layer_seconds(probe: Probe, op: MetaOp, mode: str, batch: int) -> float | None:
-    """One layer of ``op``'s shape, forward (+ backward), at a per-device ``batch``, in one
-    burst (``sharing_slowdown`` wants two such timings back to back)."""
-    probe.beat(f"layer {op.id} batch {batch}")
-    dist.barrier()
-    mine = None
-    if probe.rank < probe.active:
-        where = str(probe.device)
-        step = layer_runner(op.kind, dict(op.args), op.tokens, mode, batch, device=where)  # type: ignore[arg-type]
-        mine = time_layer(step, probe.budget)
-    return _gather_mean(mine, probe.rank, probe.world)
 
 
 # Turns each layer point gets (``layers_seconds``): enough that a second or two of a slow machine

@@ -124,14 +124,15 @@ class StepOverheads:
     cores: int | None = None  # cores of the machine it was measured on (None: not a CPU)
     # how much slower work runs, beyond its fair share, when more workers than cores take
     # turns on them (caches refilled after every switch): measured by ``spindle profile``
-    # with more ranks than cores (one layer on all ranks at once against on as many as the
-    # cores); 1.0 = the OS's fair share only (the analytic assumption)
+    # with more ranks than cores (a block of one layer's calls on all ranks at once against on
+    # as many as the cores, each timed whole); 1.0 = the OS's fair share only (the analytic
+    # assumption)
     sharing_slowdown: float = 1.0
     # how far one rank's stage time strays from another's running side by side, as a fraction
-    # of the stage (the coefficient of variation of what is not common to the ranks: a machine
-    # slowing every core alike makes no rank wait for another); measured by ``spindle profile``
-    # from the layer points' turns; 0 = stages take exactly their expected time (the analytic
-    # assumption). ``cost.step`` prices the expected wait it causes where concurrent groups meet.
+    # of the stage (a robust coefficient of variation of what the ranks do not share: a
+    # machine slowing every core alike makes no rank wait for another); measured by ``spindle
+    # profile`` from the layer points' turns; 0 = stages take exactly their expected time (the
+    # analytic assumption). ``cost.step`` prices the expected wait where concurrent groups meet.
     rank_jitter: float = 0.0
     # how the runtime reduces gradients (the module constants above; tests vary them)
     grad_collective: str = GRAD_COLLECTIVE

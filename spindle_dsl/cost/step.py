@@ -169,11 +169,6 @@ class StepModel:
     spare_core: bool = True  # a node has a core beside its devices' for collectives to run on
 
     @property
-    def jitter(self) -> float:
-        """How far a rank's stage strays, as a fraction of it (``rank_jitter``)."""
-        return self.overheads.rank_jitter
-
-    @property
     def overlaps_reduction(self) -> bool:
         """Whether gradient reductions run under the backward (see the module docstring)."""
         return self.overheads.reduction_overlap and self.spare_core
@@ -240,7 +235,8 @@ class StepModel:
                 base = max((secs for secs, _ in busy), default=0.0)
                 # groups running side by side meet at the next boundary: the latest of
                 # stages that each stray (``cost.jitter``)
-                whole = expected_latest([secs + extra for secs, extra in busy], self.jitter)
+                ends = [secs + extra for secs, extra in busy]
+                whole = expected_latest(ends, self.overheads.rank_jitter)
             else:  # devices time-sliced over a node's cores, or a hand-made overlapping wave
                 for p, extra in zip(wave, mine, strict=True):
                     for d in p.devices:
