@@ -25,7 +25,13 @@ from itertools import pairwise
 
 import numpy as np
 
-from spindle_dsl.cost.step import BackwardClock, PieceTime, StepModel, reductions_per_step
+from spindle_dsl.cost.step import (
+    BackwardClock,
+    PieceTime,
+    StepModel,
+    WaveMoves,
+    reductions_per_step,
+)
 from spindle_dsl.planner.placement import PlacedPiece, Placement
 
 TransferFn = Callable[[float, Sequence[int], Sequence[int]], float]
@@ -66,7 +72,7 @@ class Timing:
     optimizer_s: float = 0.0
     wave_extra: tuple[float, ...] = ()
     entry_extra: tuple[tuple[float, ...], ...] = ()
-    wave_transfer: tuple[float, ...] = ()  # per wave: transfers at its boundary (one pass)
+    wave_transfer: tuple[float, ...] = ()  # per wave: its moves not hidden by compute (one pass)
     stepped: bool = False  # priced by a step model (the breakdown then has every term)
 
     @property
@@ -113,6 +119,16 @@ class _Load:
         ids = np.concatenate([d for d, _ in self.charges])
         weights = np.concatenate([np.full(len(d), s) for d, s in self.charges])
         return float(np.bincount(ids, weights=weights).max())
+
+    def per_device(self) -> dict[int, float]:
+        """Each charged device's sum."""
+        if not self.charges:
+            return {}
+        ids = np.concatenate([d for d, _ in self.charges])
+        weights = np.concatenate([np.full(len(d), s) for d, s in self.charges])
+        sums = np.bincount(ids, weights=weights)
+        (charged,) = np.nonzero(np.bincount(ids))
+        return {int(d): float(sums[d]) for d in charged}
 
 
 def _ids(devices: Sequence[int]) -> np.ndarray:
@@ -167,8 +183,12 @@ def _time_step(
         [PieceTime(p.op, p.first, p.end, p.devices, p.layers * seconds(p.op, p.n)) for p in w]
         for w in placement.waves
     ]
-    price = step.price(waves, micro_batches=k, zero_stage=zero_stage)
-    moves = _wave_transfers(placement, flows, transfer)
+    price = step.price(
+        waves,
+        micro_batches=k,
+        zero_stage=zero_stage,
+        moves=_wave_moves(placement, flows, transfer),
+    )
     if step.grad_in_curves:
         # each layer's own all-reduce is in the pass curves at its per-pass share
         # (``planner.levers``); what shared modules add is reduced as often as the stage says
@@ -180,7 +200,7 @@ def _time_step(
         reduction = price.grad_sync_s
     return Timing(
         compute_s=k * sum(price.durations),
-        transfer_s=k * sum(moves),
+        transfer_s=k * sum(price.wave_transfer),
         grad_sync_s=reduction + price.closing_s,
         durations=price.durations,
         wave_overhead_s=k * sum(price.wave_extra),
@@ -188,21 +208,23 @@ def _time_step(
         optimizer_s=price.optimizer_s,
         wave_extra=price.wave_extra,
         entry_extra=price.entry_extra,
-        wave_transfer=moves,
+        wave_transfer=price.wave_transfer,
         stepped=True,
     )
 
 
 def _transfer_seconds(placement: Placement, flows: Flows, transfer: TransferFn) -> float:
-    return sum(_wave_transfers(placement, flows, transfer))
+    return sum(m.busiest_s for m in _wave_moves(placement, flows, transfer))
 
 
-def _wave_transfers(placement: Placement, flows: Flows, transfer: TransferFn) -> tuple[float, ...]:
+def _wave_moves(placement: Placement, flows: Flows, transfer: TransferFn) -> tuple[WaveMoves, ...]:
     """Per wave, the activation moves into it and their gradients back out (module
-    docstring), of one micro-batch pass (``flows`` are one pass's)."""
+    docstring), of one micro-batch pass (``flows`` are one pass's): each move is charged to
+    the devices of both groups (a sender waits for its sends as a receiver for its receives)."""
     last: dict[str, PlacedPiece] = {}
     fwd = [_Load() for _ in placement.waves]
     bwd = [_Load() for _ in placement.waves]
+    joined: list[list[set[int]]] = [[] for _ in placement.waves]
     consumers: dict[str, list[tuple[str, float]]] = {}
     for src, dst, nbytes in flows.edges:
         consumers.setdefault(dst, []).append((src, nbytes))
@@ -218,13 +240,37 @@ def _wave_transfers(placement: Placement, flows: Flows, transfer: TransferFn) ->
             for q, nbytes, back in moves:
                 if _same(q.devices, p.devices):
                     continue
-                both = np.concatenate((q.ids, p.ids))
+                both = np.union1d(q.ids, p.ids)  # a device in both groups waits once
                 fwd[wi].charge(both, transfer(nbytes, q.devices, p.devices))
                 if back:
                     bwd[wi].charge(both, transfer(nbytes, p.devices, q.devices))
+                _join(joined[wi], {*q.devices, *p.devices})
         for p in wave:
             last[p.op] = p
-    return tuple(f.busiest() + b.busiest() for f, b in zip(fwd, bwd, strict=True))
+    return tuple(
+        WaveMoves(
+            f.busiest() + b.busiest(),
+            _merge(f.per_device(), b.per_device()),
+            tuple(frozenset(g) for g in groups),
+        )
+        for f, b, groups in zip(fwd, bwd, joined, strict=True)
+    )
+
+
+def _join(groups: list[set[int]], ranks: set[int]) -> None:
+    """Add a move's ranks to the connected sets ``groups`` (merging those it touches)."""
+    merged = set(ranks)
+    for g in [g for g in groups if not g.isdisjoint(ranks)]:
+        merged |= g
+        groups.remove(g)
+    groups.append(merged)
+
+
+def _merge(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
+    out = dict(a)
+    for d, secs in b.items():
+        out[d] = out.get(d, 0.0) + secs
+    return out
 
 
 def grad_sync_seconds(

@@ -206,3 +206,36 @@ def test_a_step_priced_plan_overlaps_the_shared_sync_when_the_switch_says_so():
     assert 0 < extra < 1e-3
     assert sync_of(replace(base, reduction_overlap=False)) == pytest.approx(extra)
     assert sync_of(replace(base, reduction_overlap=True)) == pytest.approx(extra / 2)
+
+
+def test_a_move_delays_the_ranks_it_connects_not_the_rest_of_the_wave():
+    """With a step model on cores of their own, a wave's moves count where their ranks'
+    stages with them outlast the wave's slowest group; with no group to hide behind, all of
+    them count, as when priced after the wave."""
+    g = compile_text(CLOCK_SPEC).graph
+    flows = flows_of(g)
+    step = make_step_model(g, analytic_overheads(g.cluster), grad_in_curves=True)
+
+    def moved(nbytes, src, dst):
+        return 0.0 if set(src) == set(dst) else 0.5
+
+    def timed(b_layer_s):
+        p = placement(
+            [PlacedPiece("a/lm", 0, 1, (0, 1)), PlacedPiece("b/lm", 0, 1, (2, 3))],
+            [PlacedPiece("a/lm", 1, 2, (0,)), PlacedPiece("b/lm", 1, 2, (2, 3))],
+        )
+        seconds = lambda op, n: b_layer_s if op == "b/lm" else 1.0  # noqa: E731
+        return time_placement(p, seconds, flows, moved, allreduce, step)
+
+    hidden = timed(3.0)  # a's ranks: 1 s of layers + 0.5 s forward + 0.5 s back < 3 s
+    assert hidden.wave_transfer[1] == 0.0 and hidden.transfer_s == 0.0
+    exposed = timed(1.0)  # nothing longer beside them: the whole second shows
+    assert exposed.wave_transfer[1] == pytest.approx(1.0, abs=1e-3)
+    assert exposed.iteration_s == pytest.approx(
+        exposed.compute_s
+        + exposed.transfer_s
+        + exposed.grad_sync_s
+        + exposed.wave_overhead_s
+        + exposed.loss_s
+        + exposed.optimizer_s
+    )
