@@ -388,6 +388,28 @@ def part_seconds(probe: Probe, graph: MetaGraph, key: str) -> float | None:
     return probe.compute(f"optimizer work of part {key}", step)
 
 
+def part_alone_seconds(probe: Probe, graph: MetaGraph, key: str) -> tuple[float, int] | None:
+    """AdamW over part ``key``'s tensors in place, as its only holder steps it (``zero.py``:
+    one fused call over the part's own tensors, no flat buffer), and the part's bytes."""
+    module = build_part(graph, Part.from_key(key), 0, probe.dtype, probe.device)
+    params = [t for t in module.parameters() if t.requires_grad]
+    if not params:
+        return None
+    sdtype = probe.dtype if torch.finfo(probe.dtype).bits >= 32 else torch.float32
+    weights = [t.detach().to(sdtype) for t in params]
+    grads = [torch.randn_like(w) for w in weights]
+    exp_avg = [torch.zeros_like(w) for w in weights]
+    exp_avg_sq = [torch.zeros_like(w) for w in weights]
+    hyper = dict(lr=1e-3, weight_decay=0.01, beta1=0.9, beta2=0.999, eps=1e-8)
+
+    def step() -> None:
+        adamw_step(weights, grads, exp_avg, exp_avg_sq, [1] * len(weights), hyper)
+
+    seconds = probe.compute(f"optimizer alone on part {key}", step)
+    nbytes = sum(t.numel() * t.element_size() for t in params)
+    return None if seconds is None else (seconds, nbytes)
+
+
 def stage_seconds(probe: Probe) -> float | None:
     """A stage's fixed cost beyond its layers: the two heartbeats (forward and backward), an
     output-gradient buffer and an autograd call, as the executor spends them per wave."""

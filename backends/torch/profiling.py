@@ -331,16 +331,22 @@ def _optimizer(probe: M.Probe, graph: MetaGraph, todo: _Plan, bar: Bar) -> dict[
     big = todo.opt_sizes[-1]
     copy = M.copy_seconds(probe, big)
     bar.step("copies")
-    parts = []
+    line = _line(pts)
+    parts, alone = [], []
     for cls, key in todo.part_keys.items():
         t = M.part_seconds(probe, graph, key)
         if t is not None:
             parts.append((cls, t))
+        got = M.part_alone_seconds(probe, graph, key)
+        if got is not None:  # what the part's tensors cost beyond AdamW's line at its bytes
+            seconds, nbytes = got
+            alone.append((cls, max(seconds - line.at(nbytes), 0.0)))
         bar.step(f"optimizer work of {cls}")
     return {
-        "optimizer": _line(pts),
+        "optimizer": line,
         "copy_s_per_byte": (copy or 0.0) / big,
         "parts": tuple(parts),
+        "parts_alone": tuple(alone),
     }
 
 

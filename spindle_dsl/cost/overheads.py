@@ -121,6 +121,11 @@ class StepOverheads:
     # holding it (gradients into the flat buffer, weights out again, tensor by tensor)
     parts: tuple[tuple[str, float], ...] = ()
     part_s: float = 0.0  # fixed seconds per part held, for parts not in ``parts``
+    # per part class: the per-part work where a rank is the part's only holder: no flat buffer
+    # and no copies (the part steps in place), but AdamW over each of its tensors, each with
+    # its own cost beyond what the bytes take (measured: one fused call over 40 tensors took
+    # 2.4x one over a single tensor of the same bytes, ~12-25 us a tensor on a CPU core)
+    parts_alone: tuple[tuple[str, float], ...] = ()
     cores: int | None = None  # cores of the machine it was measured on (None: not a CPU)
     # how much slower work runs, beyond its fair share, when more workers than cores take
     # turns on them (caches refilled after every switch): measured by ``spindle profile``
@@ -142,17 +147,35 @@ class StepOverheads:
     _inputs: dict[str, Line] = field(default_factory=dict, compare=False, repr=False)
     _losses: dict[str, Line] = field(default_factory=dict, compare=False, repr=False)
     _parts: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
+    _alone: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         assert self.grad_collective in GRAD_COLLECTIVES, self.grad_collective
         self._inputs.update(self.inputs)
         self._losses.update(self.losses)
         self._parts.update(self.parts)
+        self._alone.update(self.parts_alone)
 
     def part_seconds(self, key: str, nbytes: float) -> float:
-        """The optimizer's per-part work for part ``key`` of ``nbytes`` on one holder."""
+        """The optimizer's per-part work for part ``key`` of ``nbytes`` on one of several
+        holders."""
         got = self._parts.get(part_class(key))
         return got if got is not None else self.part_s + self.copy_s_per_byte * nbytes
+
+    def part_alone_seconds(self, key: str, nbytes: float) -> float:
+        """The same on the part's only holder (``parts_alone``). Where not measured: a profile
+        that measured the part as one of several holders' (older profiles) keeps that figure;
+        otherwise the fixed ``part_s`` without the copies, which an only holder does not make."""
+        cls = part_class(key)
+        got = self._alone.get(cls)
+        if got is not None:
+            return got
+        shared = self._parts.get(cls)
+        return shared if shared is not None else self.part_s
+
+    def part_least_seconds(self, key: str, nbytes: float) -> float:
+        """The least per-part work a holder of ``key`` pays, however many hold it."""
+        return min(self.part_seconds(key, nbytes), self.part_alone_seconds(key, nbytes))
 
     def input_line(self, key: str) -> Line | None:
         return self._inputs.get(key)
@@ -174,6 +197,7 @@ class StepOverheads:
             "losses": {k: v.to_dict() for k, v in self.losses},
             "parts": dict(self.parts),
             "part_s": self.part_s,
+            "parts_alone": dict(self.parts_alone),
             "cores": self.cores,
             "sharing_slowdown": self.sharing_slowdown,
             "rank_jitter": self.rank_jitter,
@@ -197,6 +221,7 @@ class StepOverheads:
             losses=tuple((str(k), Line.from_dict(v)) for k, v in d.get("losses", {}).items()),
             parts=tuple((str(k), float(v)) for k, v in d.get("parts", {}).items()),
             part_s=float(d.get("part_s", 0.0)),
+            parts_alone=tuple((str(k), float(v)) for k, v in d.get("parts_alone", {}).items()),
             cores=None if cores is None else int(cores),
             sharing_slowdown=float(d.get("sharing_slowdown", 1.0)),
             rank_jitter=float(d.get("rank_jitter", 0.0)),
@@ -214,7 +239,8 @@ GPU_MEMORY_BANDWIDTH = 1.5e12
 CPU_WAVE_S = 1e-4
 GPU_WAVE_S = 2e-5
 # - the optimizer's work per part besides its bytes: a dozen tensors, a few small copies each
-#   (~0.1 ms of dispatch on a CPU; kernel launches on a GPU cost about twice that).
+#   (~0.1 ms of dispatch on a CPU; kernel launches on a GPU cost about twice that); an only
+#   holder makes no copies, so it pays the fixed part alone (``part_alone_seconds``).
 CPU_PART_S = 1e-4
 GPU_PART_S = 2e-4
 OPTIMIZER_CALL_S = 1e-4

@@ -47,8 +47,9 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   little progress until it ends (measured: tiny_mm on 2 ranks over 2 cores waits 14-20 ms
   for gradients after a backward that issued them early), so they are priced after it.
 - ``optimizer_s``: AdamW over what each rank owns (its ZeRO shard of every part it holds) plus
-  the per-part work of every part it holds (gradients into the flat buffer, weights out again,
-  tensor by tensor), slowest rank.
+  the per-part work of every part it holds: with other holders, gradients into the flat
+  buffer and weights out again, tensor by tensor; as its only holder, AdamW over each of the
+  part's tensors in place (a cost per tensor, no copies); slowest rank.
 
 With ``micro_batches`` k the waves, their overheads, the transfers and the losses run k times;
 the reduction (unless ZeRO-2) and the optimizer once. Where the k-dependence of the gradient
@@ -485,7 +486,9 @@ class StepModel:
             share = h.nbytes / len(h.devices) if zero_stage >= 1 else h.nbytes
             idx = np.fromiter(h.devices, dtype=np.int64, count=len(h.devices))
             owned[idx] += share  # a set: no device twice
-            per_part[idx] += o.part_seconds(key, h.nbytes)
+            # an only holder steps the part in place; several share it through flat buffers
+            alone = len(h.devices) == 1 and zero_stage >= 1
+            per_part[idx] += (o.part_alone_seconds if alone else o.part_seconds)(key, h.nbytes)
             holds[idx] = True
         (ranks,) = np.nonzero(holds)
         line, mine = o.optimizer, owned[ranks]

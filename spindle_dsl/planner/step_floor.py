@@ -23,7 +23,9 @@ assumed.
 
 Optimizer (``StepModel._optimizer``): every trainable part (non-zero gradient bytes) is held
 by at least one device; a holder pays ``alpha + beta * owned`` (AdamW on the bytes it owns,
-``owned > 0`` on every holder) plus the per-part work of every part it holds. Under ZeRO 1
+``owned > 0`` on every holder) plus the per-part work of every part it holds, at least the
+least of its two forms (one of several holders, or the only one: ``part_least_seconds``),
+which is what ``part_seconds`` below stands for. Under ZeRO 1
 or 2 the parts' bytes are sharded over their holders, so owned bytes sum to the total T over
 the D <= N holding devices (under ZeRO 0 they sum to more); per-part work sums to at least
 P, the sum over parts. The busiest holder pays at least the average, ``alpha + (beta T + P)
@@ -138,7 +140,7 @@ def optimizer_floor_s(step: StepModel) -> float:
     parts = _parts(step)
     if not parts:
         return 0.0
-    work = {key: o.part_seconds(key, nbytes) for key, nbytes in parts.items()}
+    work = {key: o.part_least_seconds(key, nbytes) for key, nbytes in parts.items()}
     if o.optimizer.beta_s < 0 or min(work.values()) < 0:
         return 0.0
     N = step.devices
@@ -158,7 +160,7 @@ def holder_split(step: StepModel) -> tuple[dict[str, float], float]:
     parts = _parts(step)
     if not parts:
         return {}, 0.0
-    work = {key: o.part_seconds(key, nbytes) for key, nbytes in parts.items()}
+    work = {key: o.part_least_seconds(key, nbytes) for key, nbytes in parts.items()}
     if o.optimizer.beta_s < 0 or min(work.values()) < 0:
         return {}, 0.0
     sharing: dict[str, int] = {}

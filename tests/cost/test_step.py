@@ -11,8 +11,15 @@ import pytest
 
 from spindle_dsl.cluster import CORES_ENV, usable_cores
 from spindle_dsl.cost import make_cost_model
-from spindle_dsl.cost.overheads import Collective, Line, StepOverheads, analytic_overheads
+from spindle_dsl.cost.overheads import (
+    Collective,
+    Line,
+    StepOverheads,
+    analytic_overheads,
+    part_class,
+)
 from spindle_dsl.cost.step import PieceTime, make_step_model, shared_makespan
+from spindle_dsl.cost.step_parts import op_steps
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner import make_plan
@@ -94,13 +101,44 @@ def test_overheads_round_trip_through_json() -> None:
         analytic_overheads(graph().cluster),
         inputs=(("k", Line(1.0, 2.0)),),
         losses=(("l", Line(3.0, 4.0)),),
-        parts=(("lm/layer", 5e-4),),
+        parts=(("lm/layer", 5e-4), ("vision/layer", 3e-4)),
+        parts_alone=(("lm/layer", 2e-4),),
         cores=2,
     )
     back = StepOverheads.from_dict(o.to_dict(), o.source)
     assert back == o and back.input_line("k") == Line(1.0, 2.0)
     assert back.part_seconds("lm/layer.3", 100.0) == 5e-4  # every layer of lm alike
     assert back.part_seconds("lm/head", 100.0) == o.part_s + o.copy_s_per_byte * 100.0
+    # an only holder: its own measured figure; else what a profile measured for several
+    # holders (older profiles); else the fixed part without the copies
+    assert back.part_alone_seconds("lm/layer.0", 100.0) == 2e-4
+    assert back.part_alone_seconds("vision/layer.1", 100.0) == 3e-4
+    assert back.part_alone_seconds("lm/head", 100.0) == o.part_s
+    assert back.part_least_seconds("lm/layer.2", 100.0) == 2e-4
+
+
+def test_an_only_holder_steps_its_parts_in_place_and_several_through_flat_buffers() -> None:
+    g = graph()
+    a = g.metaops[0]
+    o = replace(overheads(), optimizer=Line(0.0, 0.0), part_s=1e-3, copy_s_per_byte=0.0)
+    o = replace(
+        o, parts_alone=tuple((part_class(k), 4e-3) for k, _ in op_steps(g)[a.id].layer_parts)
+    )
+    step = make_step_model(g, o, grad_in_curves=False)
+    layers = sum(1 for _, b in op_steps(g)[a.id].layer_parts if b > 0)
+    alone = step.price([[PieceTime(a.id, 0, a.layers, (0,), 0.01)]]).optimizer_s
+    shared = step.price([[PieceTime(a.id, 0, a.layers, (0, 1), 0.01)]]).optimizer_s
+    assert layers > 0
+    assert alone == pytest.approx(layers * 4e-3 + _other_parts(step, a.id) * 1e-3)
+    assert shared == pytest.approx(layers * 1e-3 + _other_parts(step, a.id) * 1e-3)
+
+
+def _other_parts(step, op_id: str) -> int:
+    """Trainable parts of ``op_id`` besides its layers (input stages, an LM head) on its
+    first device: their per-part work is ``part_s`` either way here."""
+    op = step.ops[op_id]
+    heads = sum(1 for s in step.sinks if s.sink == op_id and s.head_part and s.head_bytes)
+    return sum(1 for s in op.inputs if s.grad_bytes) + heads
 
 
 def test_cores_default_to_the_machine_and_the_cluster_can_say(monkeypatch) -> None:

@@ -161,6 +161,6 @@ def test_a_layer_shared_by_several_metaops_counts_once() -> None:
     floor = step_floor(step, 1)
     held = sum(op.layers * floor.holder_work[op.id] for op in g.metaops)
     layer_parts = {key: b for op in step.ops.values() for key, b in op.layer_parts if b > 0}
-    once = sum(step.overheads.part_seconds(key, b) for key, b in layer_parts.items())
+    once = sum(step.overheads.part_least_seconds(key, b) for key, b in layer_parts.items())
     assert held == pytest.approx(once, rel=1e-12)
     assert step.price(waves).optimizer_s >= floor.rest_s + held * (1 - 1e-12)
