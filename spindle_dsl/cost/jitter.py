@@ -1,21 +1,13 @@
-"""When the last of several ranks arrives where they meet, if each rank's stages stray.
+"""When the last of several concurrent stages ends, if each strays from its expected time.
 
-Ranks meet where an activation exchange connects them (the runtime has no barrier between
-waves: a rank blocks only in the exchanges it takes part in) and at the end of the step (the
-gradient collectives and the closing all-reduce). Priced at each stage's expected time, a
+Ranks running different pieces side by side meet at the next wave boundary (an activation
+exchange), where the earliest waits for the latest. Priced at each piece's expected time, a
 balanced wave looks free of waiting; but every stage strays (a shared machine's cores do not
-run at one speed, and a profile point is a mean), and the latest of several ranks that each
-stray arrives later on average than any of their expected arrivals: for two equal stages of
-standard deviation sigma, by sigma / sqrt(pi) (0.56 sigma). Measured on tiny_mm's default plan
-on 2 ranks, the same stage on both ranks of one group ended 10-13% later on the slower rank
-than on the pair's mean, step after step, and that wait sat in the next exchange.
-
-So the ranks of one group stray independently of each other as much as the ranks of two
-groups, and what decides the cost is how often they meet: a plan whose ranks exchange at
-every wave pays the wait at every wave; one whose ranks run every MetaOp on the same devices
-(the sequential plan) meets only at the end, where the strays of all its stages have partly
-cancelled (their variances add, so the spread grows as the square root of the stages' sum of
-squares, not as their sum). ``meeting_waits`` prices that.
+run at one speed, and a profile point is a mean), and the latest of several stages that each
+stray is later on average than any of their expected ends: for two equal stages of standard
+deviation sigma, by sigma / sqrt(pi) (0.56 sigma). A plan whose groups meet at every wave pays
+that at every wave, one whose ranks all run the same shard does not; pricing it lets the
+planner weigh a concurrent layout's gain against the waiting it brings.
 
 The expected maximum of independent normal variables is Clark's (1961) moment-matching
 approximation: the maximum of two normals has an exact mean and variance, is taken as normal,
@@ -25,7 +17,7 @@ and is folded in with the next.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 
 def _pdf(x: float) -> float:
@@ -65,52 +57,3 @@ def expected_latest(seconds: Sequence[float], jitter: float) -> float:
     for s in stages[1:]:
         mean, var = max_of_two(mean, var, s, (jitter * s) ** 2)
     return max(mean, max(stages))
-
-
-def meeting_waits(
-    stages: Sequence[Mapping[int, float]],
-    lengths: Sequence[float],
-    meets: Sequence[Sequence[frozenset[int]]],
-    jitter: float,
-) -> tuple[list[float], float]:
-    """The expected wait at each wave's start and at the step's end when ranks' stages stray.
-
-    The waves run back to back, wave w for ``lengths[w]`` seconds (its slowest rank, with
-    nothing straying); rank d is busy ``stages[w][d]`` of it (absent: idle). The ranks of each
-    set in ``meets[w]`` meet at wave w's start (an exchange), every rank at the end. A rank that
-    meets nobody runs on: it carries forward the slack of the waves it was not the slowest in
-    (``lead``, seconds ahead of the back-to-back waves) and the variance of its stages since it
-    last met someone (each stage straying independently by ``jitter`` times its length). Where
-    ranks meet, the wait is how far the expected latest arrival (Clark's maximum) lies past the
-    waves' boundary, never below 0: the waves' times already hold every rank's expected work.
-    Returns each wave's wait (at its start) and the end's."""
-    devices = sorted(
-        {d for stage in stages for d in stage} | {d for m in meets for g in m for d in g}
-    )
-    lead = dict.fromkeys(devices, 0.0)
-    var = dict.fromkeys(devices, 0.0)
-
-    def latest(ranks) -> float:
-        ranks = [d for d in ranks if d in lead]
-        if jitter <= 0 or not ranks:
-            return 0.0
-        mean, v = -lead[ranks[0]], var[ranks[0]]
-        for d in ranks[1:]:
-            mean, v = max_of_two(mean, v, -lead[d], var[d])
-        return max(mean, 0.0)
-
-    waits = []
-    for stage, length, groups in zip(stages, lengths, meets, strict=True):
-        # each group waits for its own latest; the wave starts when the latest group is ready
-        wait = max((latest(sorted(g)) for g in groups if len(g) > 1), default=0.0)
-        waits.append(wait)
-        met = set().union(*groups) if groups else set()
-        for d in devices:
-            if d in met:
-                lead[d], var[d] = 0.0, 0.0
-            else:
-                lead[d] += wait
-            busy = stage.get(d, 0.0)
-            lead[d] += max(length - busy, 0.0)
-            var[d] += (jitter * busy) ** 2
-    return waits, latest(devices)

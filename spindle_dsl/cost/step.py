@@ -17,9 +17,8 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   its MetaOp's input stages on the MetaOp's first entry (reading the raw batch, the
   embedding, patch or feature projection, forward and backward) and a fixed cost per stage
   (``wave_s``: the step loop's bookkeeping, the autograd call, the exchange handshake); and
-  where ranks meet (an exchange joins them, and every rank at the step's end), the expected
-  wait for the latest when each rank's stages stray by the measured ``rank_jitter``
-  (``cost.jitter``; none without it, as on the analytic and GPU models).
+  where a wave runs several groups side by side, the expected wait for the latest of them
+  when each stage strays by the measured ``rank_jitter`` (``cost.jitter``; none without it).
 - ``transfer_s``: activations crossing device groups at wave boundaries (``planner.timing``,
   with the cost model's point-to-point price). The runtime has no barrier between waves: only
   the ranks of a move take part in its exchange, so on cores of their own a move delays the
@@ -75,7 +74,7 @@ import numpy as np
 
 from spindle_dsl.cluster import Cluster, usable_cores
 from spindle_dsl.cost import comm
-from spindle_dsl.cost.jitter import meeting_waits
+from spindle_dsl.cost.jitter import expected_latest
 from spindle_dsl.cost.overheads import StepOverheads
 from spindle_dsl.cost.step_parts import OpStep, SinkLoss, op_steps, sink_losses
 from spindle_dsl.metagraph import MetaGraph
@@ -102,7 +101,6 @@ class WaveMoves:
 
     busiest_s: float
     per_device: Mapping[int, float]
-    groups: tuple[frozenset[int], ...] = ()  # the ranks each connected set of moves joins
 
 
 @dataclass
@@ -238,8 +236,6 @@ class StepModel:
         are the activation moves at each wave's boundary (none where absent)."""
         k = max(1, micro_batches)
         durations, extras, entry_extra, exposed = [], [], [], []
-        stages: list[dict[int, float]] = []  # per wave, each rank's busy seconds
-        meets: list[tuple[frozenset[int], ...]] = []  # per wave, the ranks its exchanges join
         for wi, wave in enumerate(waves):
             move = moves[wi] if wi < len(moves) else None
             layers: dict[int, float] = {}
@@ -256,17 +252,18 @@ class StepModel:
                     (p, p.seconds + extra) for p, extra in zip(wave, mine, strict=True) if p.devices
                 ]
                 base = max((p.seconds for p, _ in busy), default=0.0)
-                whole = max((secs for _, secs in busy), default=0.0)
+                longest = max((secs for _, secs in busy), default=0.0)
+                # groups running side by side meet at the next boundary: the latest of
+                # stages that each stray (``cost.jitter``)
+                whole = expected_latest([secs for _, secs in busy], self.overheads.rank_jitter)
                 load = move.per_device if move is not None else {}
                 stage = {d: secs + load.get(d, 0.0) for p, secs in busy for d in p.devices}
                 for d, secs in load.items():
                     stage.setdefault(d, secs)
                 # a move delays the ranks it connects, not the rest of the wave (module
                 # docstring), and never more than all the moves run after the wave
-                hidden = max(max(stage.values(), default=0.0) - whole, 0.0)
+                hidden = max(max(stage.values(), default=0.0) - longest, 0.0)
                 exposed.append(min(hidden, move.busiest_s) if move is not None else 0.0)
-                stages.append(stage)
-                meets.append(move.groups if move is not None else ())
             else:  # devices time-sliced over a node's cores, or a hand-made overlapping wave
                 for p, extra in zip(wave, mine, strict=True):
                     for d in p.devices:
@@ -278,8 +275,6 @@ class StepModel:
             durations.append(base)
             extras.append(max(whole - base, 0.0))
             entry_extra.append(tuple(mine))
-        if self.overheads.rank_jitter > 0 and len(stages) == len(waves) and waves:
-            extras = self._with_waits(durations, extras, exposed, stages, meets)
         holders = self._holders(waves)
         tasks = len({s.task for s in self.sinks})
         return StepPrice(
@@ -292,22 +287,6 @@ class StepModel:
             self.overheads.all_reduce.seconds(8.0 * max(tasks, 1), self.devices),
             tuple(exposed),
         )
-
-    def _with_waits(
-        self,
-        durations: Sequence[float],
-        extras: Sequence[float],
-        exposed: Sequence[float],
-        stages: Sequence[Mapping[int, float]],
-        meets: Sequence[tuple[frozenset[int], ...]],
-    ) -> list[float]:
-        """``extras`` with the expected wait where ranks meet (``cost.jitter.meeting_waits``):
-        a wave's wait in its own extra, the step end's in the last wave's."""
-        lengths = [d + x + t for d, x, t in zip(durations, extras, exposed, strict=True)]
-        waits, end = meeting_waits(stages, lengths, meets, self.overheads.rank_jitter)
-        out = [x + w for x, w in zip(extras, waits, strict=True)]
-        out[-1] += end
-        return out
 
     def _loss(self, waves: Sequence[Sequence[PieceTime]], k: int) -> float:
         return self._share(self.loss_load(waves, k))

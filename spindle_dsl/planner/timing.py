@@ -224,7 +224,6 @@ def _wave_moves(placement: Placement, flows: Flows, transfer: TransferFn) -> tup
     last: dict[str, PlacedPiece] = {}
     fwd = [_Load() for _ in placement.waves]
     bwd = [_Load() for _ in placement.waves]
-    joined: list[list[set[int]]] = [[] for _ in placement.waves]
     consumers: dict[str, list[tuple[str, float]]] = {}
     for src, dst, nbytes in flows.edges:
         consumers.setdefault(dst, []).append((src, nbytes))
@@ -244,26 +243,12 @@ def _wave_moves(placement: Placement, flows: Flows, transfer: TransferFn) -> tup
                 fwd[wi].charge(both, transfer(nbytes, q.devices, p.devices))
                 if back:
                     bwd[wi].charge(both, transfer(nbytes, p.devices, q.devices))
-                _join(joined[wi], {*q.devices, *p.devices})
         for p in wave:
             last[p.op] = p
     return tuple(
-        WaveMoves(
-            f.busiest() + b.busiest(),
-            _merge(f.per_device(), b.per_device()),
-            tuple(frozenset(g) for g in groups),
-        )
-        for f, b, groups in zip(fwd, bwd, joined, strict=True)
+        WaveMoves(f.busiest() + b.busiest(), _merge(f.per_device(), b.per_device()))
+        for f, b in zip(fwd, bwd, strict=True)
     )
-
-
-def _join(groups: list[set[int]], ranks: set[int]) -> None:
-    """Add a move's ranks to the connected sets ``groups`` (merging those it touches)."""
-    merged = set(ranks)
-    for g in [g for g in groups if not g.isdisjoint(ranks)]:
-        merged |= g
-        groups.remove(g)
-    groups.append(merged)
 
 
 def _merge(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from spindle_dsl.cost.jitter import expected_latest, max_of_two, meeting_waits
+from spindle_dsl.cost.jitter import expected_latest, max_of_two
 from spindle_dsl.cost.profiler import rank_jitter
 
 
@@ -54,38 +54,3 @@ def test_rank_jitter_is_what_the_ranks_do_not_share() -> None:
     for t in range(0, 4000, 100):
         turns[0][t] = [5.0]
     assert rank_jitter(turns) == pytest.approx(0.2, rel=0.08)
-
-
-def test_ranks_that_meet_only_at_the_end_wait_for_their_summed_spread() -> None:
-    both = {0: 10.0, 1: 10.0}
-    waits, end = meeting_waits([both] * 3, [10.0] * 3, [()] * 3, 0.2)
-    assert waits == [0.0, 0.0, 0.0]
-    # three 10 s stages straying by 2 s each: 2 * sqrt(3) s apart at the end, per rank
-    assert end == pytest.approx(2.0 * math.sqrt(3.0) / math.sqrt(math.pi))
-
-
-def test_ranks_meeting_at_every_wave_wait_at_every_wave() -> None:
-    both = {0: 10.0, 1: 10.0}
-    meet = (frozenset({0, 1}),)
-    waits, end = meeting_waits([both] * 3, [10.0] * 3, [(), meet, meet], 0.2)
-    each = 2.0 / math.sqrt(math.pi)
-    assert waits == pytest.approx([0.0, each, each])
-    assert end == pytest.approx(each)
-    # more than the same stages meeting only at the end
-    assert sum(waits) + end > meeting_waits([both] * 3, [10.0] * 3, [()] * 3, 0.2)[1]
-
-
-def test_slack_absorbs_a_straying_rank_and_no_jitter_waits_nothing() -> None:
-    # rank 1 idles half of a 10 s wave: it arrives 5 s early, so rank 0's spread decides
-    stages = [{0: 10.0, 1: 5.0}, {0: 1.0, 1: 1.0}]
-    meet = (frozenset({0, 1}),)
-    waits, _ = meeting_waits(stages, [10.0, 1.0], [(), meet], 0.2)
-    mean, _ = max_of_two(0.0, 4.0, -5.0, 1.0)
-    assert waits[1] == pytest.approx(mean)
-    assert 0 < waits[1] < 2.0 / math.sqrt(math.pi)
-    assert meeting_waits(stages, [10.0, 1.0], [(), meet], 0.0) == ([0.0, 0.0], 0.0)
-    # two disjoint pairs meet apart: the wave waits for the later pair only
-    pairs = (frozenset({0, 1}), frozenset({2, 3}))
-    four = {0: 10.0, 1: 10.0, 2: 1.0, 3: 1.0}
-    waits, _ = meeting_waits([four, four], [10.0, 10.0], [(), pairs], 0.2)
-    assert waits[1] == pytest.approx(2.0 / math.sqrt(math.pi))
