@@ -5,6 +5,10 @@ costs, and a tail of short waves can cost more in transfers at their boundaries 
 saves in compute. ``polish`` therefore tries small edits of a schedule and keeps one only
 if the placed, timed plan gets better (first memory overflow, then iteration time):
 
+* align a wave: every piece of it takes its predecessor's allocation at once (its MetaOp's
+  previous piece's, or a starting MetaOp's producer's), so placement can keep every input
+  where it is: a wave of small pieces (a task's heads, after their encoders) whose
+  allocations were balanced for compute otherwise moves all its inputs for little gain;
 * dissolve a wave: each of its pieces joins its MetaOp's piece in the previous (or next)
   wave, keeping that piece's allocation, and the layers are then re-split between the
   pieces (``refine``): one edit that removes a short wave and the transfers at its edges,
@@ -149,6 +153,54 @@ def _aligns(problem: Problem, waves: list[tuple[Piece, ...]]) -> Iterator[list[t
             last_n[p.op] = p.n
 
 
+def _predecessor_n(
+    problem: Problem, waves: list[tuple[Piece, ...]]
+) -> list[dict[str, tuple[int, bool]]]:
+    """Per wave, the allocation each of its pieces would keep its activations in place with,
+    and whether its MetaOp continues: its previous piece's, else (a MetaOp starting) its
+    widest producer's last."""
+    last_n: dict[str, int] = {}
+    out = []
+    for w in waves:
+        want: dict[str, tuple[int, bool]] = {}
+        for p in w:
+            if p.op in last_n:
+                want[p.op] = (last_n[p.op], True)
+            else:
+                feeds = [last_n[d] for d in problem.op(p.op).deps if d in last_n]
+                if feeds:
+                    want[p.op] = (max(feeds), False)
+        out.append(want)
+        for p in w:
+            last_n[p.op] = p.n
+    return out
+
+
+def _wave_aligns(
+    problem: Problem, waves: list[tuple[Piece, ...]]
+) -> Iterator[list[tuple[Piece, ...]]]:
+    """Each wave with all its pieces on their predecessors' allocations at once (then only
+    its starting MetaOps'), where those fit the cluster: one edit that removes every move
+    into the wave. Single-piece aligns (``_aligns``) cannot do it where the wave is full,
+    or where each move alone is hidden behind the others (a boundary costs its busiest
+    device)."""
+    for wi, want in enumerate(_predecessor_n(problem, waves)):
+        wave = waves[wi]
+        seen: set[tuple[Piece, ...]] = {wave}
+        for starting_only in (False, True):
+            row = []
+            for p in wave:
+                n, continues = want.get(p.op, (p.n, False))
+                if (starting_only and continues) or not problem.op(p.op).valid(n):
+                    n = p.n
+                row.append(Piece(p.op, p.first, p.end, n))
+            new = tuple(row)
+            if new in seen or sum(p.n for p in new) > problem.devices:
+                continue
+            seen.add(new)
+            yield [*waves[:wi], new, *waves[wi + 1 :]]
+
+
 def _better(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     """``a`` lexicographically below ``b`` by more than rounding noise (relative 1e-7)."""
     for x, y in zip(a, b, strict=True):
@@ -191,7 +243,7 @@ def polish(
         improved = False
         waves = list(best.waves)
         capped = compute_cap is not None and best.compute_s(problem) <= compute_cap
-        for gen in (_dissolves, _merges, _absorbs, _aligns):
+        for gen in (_wave_aligns, _dissolves, _merges, _absorbs, _aligns):
             for cand in gen(problem, waves):
                 if time.perf_counter() >= deadline:
                     return best

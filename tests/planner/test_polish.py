@@ -9,7 +9,7 @@ from synth import random_problem
 
 from spindle_dsl.planner.bounds import level_reference_s
 from spindle_dsl.planner.milp_scheduler import COMPUTE_SLACK, milp_schedule
-from spindle_dsl.planner.polish import _dissolves, polish
+from spindle_dsl.planner.polish import _dissolves, _wave_aligns, polish
 from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
 from spindle_dsl.planner.resplit import resplit
 from spindle_dsl.planner.wavefront import paper_schedule
@@ -39,6 +39,56 @@ def test_dissolving_a_short_wave_wins_where_single_edits_cannot():
     polished = polish(p, s, score, 5.0)
     assert polished.waves == ((Piece("a/m", 0, 4, 4), Piece("b/m", 0, 4, 4)),)
     assert polished.compute_s(p) == pytest.approx(1.0)
+
+
+def _heads_problem() -> tuple[Problem, Schedule]:
+    """Two encoders on 3 and 5 of 8 devices, then their heads swapped (5 and 3): a full
+    wave whose every piece moves its input."""
+    enc_a, enc_b = _op("a/enc", 2), _op("b/enc", 2)
+    head_a = OpSpec("a/head", 1, ("a/enc",), NS, tuple(0.01 / n for n in NS))
+    head_b = OpSpec("b/head", 1, ("b/enc",), NS, tuple(0.01 / n for n in NS))
+    p = Problem((enc_a, enc_b, head_a, head_b), 8)
+    s = Schedule(
+        "x",
+        (
+            (Piece("a/enc", 0, 2, 3), Piece("b/enc", 0, 2, 5)),
+            (Piece("a/head", 0, 1, 5), Piece("b/head", 0, 1, 3)),
+        ),
+    )
+    return p, s
+
+
+def _moves(p: Problem, s: Schedule) -> int:
+    """Waves with a piece on another allocation than its producer's (a boundary costs its
+    busiest move, so one left is as bad as two)."""
+    last = {q.op: q.n for w in s.waves for q in w if not p.op(q.op).deps}
+    return sum(any(q.n != last[p.op(q.op).deps[0]] for q in w if p.op(q.op).deps) for w in s.waves)
+
+
+def test_wave_align_moves_a_whole_wave_onto_its_producers_allocations():
+    p, s = _heads_problem()
+    aligned = list(_wave_aligns(p, list(s.waves)))
+    assert (Piece("a/head", 0, 1, 3), Piece("b/head", 0, 1, 5)) in [w[1] for w in aligned]
+    assert all(schedule_errors(p, Schedule("a", tuple(w))) == [] for w in aligned)
+    score = lambda x: (0.0, x.compute_s(p) + _moves(p, x))  # noqa: E731
+    polished = polish(p, s, score, 5.0)
+    assert _moves(p, polished) == 0
+
+
+def test_wave_align_skips_a_wave_that_would_not_fit():
+    p, s = _heads_problem()
+    # the heads' producers now need 9 devices together: aligning the whole wave cannot fit
+    s = Schedule(
+        "x",
+        (
+            (Piece("a/enc", 0, 1, 4), Piece("b/enc", 0, 2, 4)),
+            (Piece("a/enc", 1, 2, 5),),
+            (Piece("a/head", 0, 1, 4), Piece("b/head", 0, 1, 4)),
+        ),
+    )
+    waves = [w[2] for w in _wave_aligns(p, list(s.waves)) if len(w) == 3]
+    assert all(sum(q.n for q in w) <= 8 for w in waves)
+    assert (Piece("a/head", 0, 1, 5), Piece("b/head", 0, 1, 4)) not in waves
 
 
 def test_dissolve_then_refine_rebalances_the_layers():
