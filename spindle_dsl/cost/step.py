@@ -95,12 +95,15 @@ class PieceTime:
 @dataclass(frozen=True)
 class WaveMoves:
     """The activation moves at one wave's boundary, one pass, forward and backward: the
-    busiest device's send or receive time each way (``busiest_s``, their sum), and each
-    device's seconds in them, both ways (``per_device``; a device sending waits for its sends
-    as one receiving for its receives)."""
+    busiest device's send or receive time each way (``busiest_s``, their sum); per piece of
+    the wave, in its order, the most seconds one of its devices spends in them both ways
+    (``per_piece``: a device sending waits for its sends as one receiving for its receives);
+    and the most any device spends in them both ways (``device_s``: the stage of a rank that
+    only hands its activations on, no piece of the wave on it)."""
 
     busiest_s: float
-    per_device: Mapping[int, float]
+    per_piece: tuple[float, ...]
+    device_s: float = 0.0
 
 
 @dataclass
@@ -256,14 +259,7 @@ class StepModel:
                 # groups running side by side meet at the next boundary: the latest of
                 # stages that each stray (``cost.jitter``)
                 whole = expected_latest([secs for _, secs in busy], self.overheads.rank_jitter)
-                load = move.per_device if move is not None else {}
-                stage = {d: secs + load.get(d, 0.0) for p, secs in busy for d in p.devices}
-                for d, secs in load.items():
-                    stage.setdefault(d, secs)
-                # a move delays the ranks it connects, not the rest of the wave (module
-                # docstring), and never more than all the moves run after the wave
-                hidden = max(max(stage.values(), default=0.0) - longest, 0.0)
-                exposed.append(min(hidden, move.busiest_s) if move is not None else 0.0)
+                exposed.append(_moves_exposed(wave, mine, move, longest))
             else:  # devices time-sliced over a node's cores, or a hand-made overlapping wave
                 for p, extra in zip(wave, mine, strict=True):
                     for d in p.devices:
@@ -473,6 +469,22 @@ class StepModel:
         line, mine = o.optimizer, owned[ranks]
         work = np.where(mine > 0, line.alpha_s + line.beta_s * mine, 0.0) + per_part[ranks]
         return self._share(dict(zip(ranks.tolist(), work.tolist(), strict=True)))
+
+
+def _moves_exposed(
+    wave: Sequence[PieceTime], extras: Sequence[float], move: WaveMoves | None, longest: float
+) -> float:
+    """What a wave's moves add where its groups run on cores of their own: a move delays the
+    ranks it joins, not the rest of the wave (module docstring), so it shows only where a
+    piece's stage with its busiest device's moves, or a sender's moves alone, outlast the
+    wave's longest stage; never more than all the moves run after the wave."""
+    if move is None or move.busiest_s <= 0:
+        return 0.0
+    with_moves = move.device_s
+    for p, extra, moved in zip(wave, extras, move.per_piece, strict=True):
+        if p.devices:
+            with_moves = max(with_moves, p.seconds + extra + moved)
+    return min(max(with_moves - longest, 0.0), move.busiest_s)
 
 
 def _disjoint(wave: Sequence[PieceTime]) -> bool:

@@ -116,19 +116,15 @@ class _Load:
     def busiest(self) -> float:
         if not self.charges:
             return 0.0
-        ids = np.concatenate([d for d, _ in self.charges])
-        weights = np.concatenate([np.full(len(d), s) for d, s in self.charges])
-        return float(np.bincount(ids, weights=weights).max())
+        return float(self.sums().max())
 
-    def per_device(self) -> dict[int, float]:
-        """Each charged device's sum."""
+    def sums(self, devices: int = 0) -> np.ndarray:
+        """Each device's sum, by device id (at least ``devices`` long)."""
         if not self.charges:
-            return {}
+            return np.zeros(devices)
         ids = np.concatenate([d for d, _ in self.charges])
         weights = np.concatenate([np.full(len(d), s) for d, s in self.charges])
-        sums = np.bincount(ids, weights=weights)
-        (charged,) = np.nonzero(np.bincount(ids))
-        return {int(d): float(sums[d]) for d in charged}
+        return np.bincount(ids, weights=weights, minlength=devices)
 
 
 def _ids(devices: Sequence[int]) -> np.ndarray:
@@ -246,16 +242,19 @@ def _wave_moves(placement: Placement, flows: Flows, transfer: TransferFn) -> tup
         for p in wave:
             last[p.op] = p
     return tuple(
-        WaveMoves(f.busiest() + b.busiest(), _merge(f.per_device(), b.per_device()))
-        for f, b in zip(fwd, bwd, strict=True)
+        _moves_of(wave, f, b) for wave, f, b in zip(placement.waves, fwd, bwd, strict=True)
     )
 
 
-def _merge(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
-    out = dict(a)
-    for d, secs in b.items():
-        out[d] = out.get(d, 0.0) + secs
-    return out
+def _moves_of(wave: Sequence[PlacedPiece], fwd: _Load, bwd: _Load) -> WaveMoves:
+    """A wave's moves as the step model weighs them against its pieces (``WaveMoves``)."""
+    if not fwd.charges and not bwd.charges:
+        return WaveMoves(0.0, (0.0,) * len(wave), 0.0)
+    charged = [d for d, _ in fwd.charges + bwd.charges] + [p.ids for p in wave]
+    size = 1 + max(int(d.max()) for d in charged if len(d))
+    both = fwd.sums(size) + bwd.sums(size)
+    per_piece = tuple(float(both[p.ids].max()) if p.devices else 0.0 for p in wave)
+    return WaveMoves(fwd.busiest() + bwd.busiest(), per_piece, float(both.max()))
 
 
 def grad_sync_seconds(

@@ -239,3 +239,64 @@ def test_a_move_delays_the_ranks_it_connects_not_the_rest_of_the_wave():
         + exposed.loss_s
         + exposed.optimizer_s
     )
+
+
+def test_exposed_moves_are_the_per_device_stages_past_the_longest_group():
+    """On random two-wave placements, each wave's exposed moves equal the definition: every
+    device's stage (its piece with its extra, plus its own moves both ways; a device with
+    moves and no piece, the moves alone: the second wave may leave devices idle) past the wave's
+    longest piece, capped at the moves priced after the wave."""
+    import random
+
+    g = compile_text(CLOCK_SPEC).graph
+    flows = flows_of(g)
+    step = make_step_model(g, analytic_overheads(g.cluster), grad_in_curves=True)
+    rng = random.Random(7)
+
+    def moved(nbytes, src, dst):
+        return 0.0 if set(src) == set(dst) else 0.1 + 0.01 * len(src) + 0.02 * len(dst)
+
+    for _ in range(60):
+        devs = list(range(g.cluster.devices))
+        rng.shuffle(devs)
+        cut, cut2 = rng.randint(1, 3), rng.randint(1, 3)
+        first = [
+            PlacedPiece("a/lm", 0, 1, tuple(devs[:cut])),
+            PlacedPiece("b/lm", 0, 1, tuple(devs[cut:])),
+        ]
+        rng.shuffle(devs)
+        second = [
+            PlacedPiece("a/lm", 1, 2, tuple(devs[:cut2])),
+            PlacedPiece("b/lm", 1, 2, tuple(devs[cut2 : rng.randint(cut2 + 1, 4)])),
+        ]
+        slow = {"a/lm": rng.uniform(0.1, 2.0), "b/lm": rng.uniform(0.1, 2.0)}
+        t = time_placement(
+            placement(first, second),
+            lambda op, n, slow=slow: slow[op] / n,
+            flows,
+            moved,
+            allreduce,
+            step,
+        )
+        load: dict[int, float] = {}
+        busiest = {"f": {}, "b": {}}
+        for q, p in zip(first, second, strict=True):
+            if set(q.devices) == set(p.devices):
+                continue
+            for way, secs in (
+                ("f", moved(0, q.devices, p.devices)),
+                ("b", moved(0, p.devices, q.devices)),
+            ):
+                for d in set(q.devices) | set(p.devices):
+                    load[d] = load.get(d, 0.0) + secs
+                    busiest[way][d] = busiest[way].get(d, 0.0) + secs
+        after = sum(max(w.values(), default=0.0) for w in busiest.values())
+        stages = {d: load.get(d, 0.0) for d in load}
+        longest = 0.0
+        for p, extra in zip(second, t.entry_extra[1], strict=True):
+            secs = (p.end - p.first) * slow[p.op] / len(p.devices) + extra
+            longest = max(longest, secs)
+            for d in p.devices:
+                stages[d] = secs + load.get(d, 0.0)
+        want = min(max(max(stages.values(), default=0.0) - longest, 0.0), after)
+        assert t.wave_transfer[1] == pytest.approx(want, abs=1e-12)
