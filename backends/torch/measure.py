@@ -42,7 +42,7 @@ from .grads import _reduce_scatter
 from .optim import adamw_step
 from .params import build_part
 from .parts import Part
-from .zero import _all_gather
+from .zero import _all_gather, state_dtype
 
 Beat = Callable[[str], None]
 # Every rank of a collective must run it as often as the others: a fixed count, never "until
@@ -328,18 +328,26 @@ def exchange_seconds(probe: Probe, nbytes: int) -> float | None:
 
 # --- optimizer and fixed costs --------------------------------------------------------------
 
+# AdamW's settings in the optimizer timings (the values do not change its cost)
+_HYPER = dict(lr=1e-3, weight_decay=0.01, beta1=0.9, beta2=0.999, eps=1e-8)
+
+
+def _trainable(probe: Probe, graph: MetaGraph, key: str) -> list[torch.nn.Parameter]:
+    """Part ``key``'s trainable tensors, built as a rank builds the part."""
+    module = build_part(graph, Part.from_key(key), 0, probe.dtype, probe.device)
+    return [t for t in module.parameters() if t.requires_grad]
+
 
 def optimizer_seconds(probe: Probe, nbytes: int) -> float | None:
     """AdamW on a flat shard of ``nbytes`` of parameters, as the sharded optimizer steps it
     (the runtime's own step, ``optim.adamw_step``: torch's fused AdamW, fp32 state)."""
     elem = torch.tensor([], dtype=probe.dtype).element_size()
     n = max(1, nbytes // elem)
-    sdtype = probe.dtype if torch.finfo(probe.dtype).bits >= 32 else torch.float32
+    sdtype = state_dtype(probe.dtype)
     w, g, m, v = (torch.rand(n, dtype=sdtype, device=probe.device) for _ in range(4))
-    hyper = dict(lr=1e-3, weight_decay=0.01, beta1=0.9, beta2=0.999, eps=1e-8)
 
     def step() -> None:
-        adamw_step([w], [g], [m], [v], [1], hyper)
+        adamw_step([w], [g], [m], [v], [1], _HYPER)
 
     return probe.compute(f"optimizer {nbytes} bytes", step)
 
@@ -363,8 +371,7 @@ def part_seconds(probe: Probe, graph: MetaGraph, key: str) -> float | None:
     """The optimizer's per-part work on one holder of part ``key`` (built as a rank builds it):
     its gradients flattened into the bucket's buffer, its weights copied into the holder's row
     and, after the update, back into each parameter tensor by tensor."""
-    module = build_part(graph, Part.from_key(key), 0, probe.dtype, probe.device)
-    params = [t for t in module.parameters() if t.requires_grad]
+    params = _trainable(probe, graph, key)
     if not params:
         return None
     for t in params:
@@ -391,19 +398,16 @@ def part_seconds(probe: Probe, graph: MetaGraph, key: str) -> float | None:
 def part_alone_seconds(probe: Probe, graph: MetaGraph, key: str) -> tuple[float, int] | None:
     """AdamW over part ``key``'s tensors in place, as its only holder steps it (``zero.py``:
     one fused call over the part's own tensors, no flat buffer), and the part's bytes."""
-    module = build_part(graph, Part.from_key(key), 0, probe.dtype, probe.device)
-    params = [t for t in module.parameters() if t.requires_grad]
+    params = _trainable(probe, graph, key)
     if not params:
         return None
-    sdtype = probe.dtype if torch.finfo(probe.dtype).bits >= 32 else torch.float32
-    weights = [t.detach().to(sdtype) for t in params]
+    weights = [t.detach().to(state_dtype(t.dtype)) for t in params]
     grads = [torch.randn_like(w) for w in weights]
     exp_avg = [torch.zeros_like(w) for w in weights]
     exp_avg_sq = [torch.zeros_like(w) for w in weights]
-    hyper = dict(lr=1e-3, weight_decay=0.01, beta1=0.9, beta2=0.999, eps=1e-8)
 
     def step() -> None:
-        adamw_step(weights, grads, exp_avg, exp_avg_sq, [1] * len(weights), hyper)
+        adamw_step(weights, grads, exp_avg, exp_avg_sq, [1] * len(weights), _HYPER)
 
     seconds = probe.compute(f"optimizer alone on part {key}", step)
     nbytes = sum(t.numel() * t.element_size() for t in params)
