@@ -17,8 +17,9 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   its MetaOp's input stages on the MetaOp's first entry (reading the raw batch, the
   embedding, patch or feature projection, forward and backward) and a fixed cost per stage
   (``wave_s``: the step loop's bookkeeping, the autograd call, the exchange handshake); and
-  where a wave runs several groups side by side, the expected wait for the latest of them
-  when each stage strays by the measured ``rank_jitter`` (``cost.jitter``; none without it).
+  the expected wait for the wave's latest rank when each rank's stage strays by the measured
+  ``rank_jitter`` (``cost.jitter``; none without it): ranks meet at the next exchange or
+  collective, the ranks of one data-parallel group at their gradient buckets.
 - ``transfer_s``: activations crossing device groups at wave boundaries (``planner.timing``,
   with the cost model's point-to-point price). The runtime has no barrier between waves: only
   the ranks of a move take part in its exchange, so on cores of their own a move delays the
@@ -256,9 +257,13 @@ class StepModel:
                 ]
                 base = max((p.seconds for p, _ in busy), default=0.0)
                 longest = max((secs for _, secs in busy), default=0.0)
-                # groups running side by side meet at the next boundary: the latest of
-                # stages that each stray (``cost.jitter``)
-                whole = expected_latest([secs for _, secs in busy], self.overheads.rank_jitter)
+                # every rank's stage strays, and ranks meet at the next exchange or
+                # collective: the latest of them (``cost.jitter``)
+                whole = expected_latest(
+                    [secs for _, secs in busy],
+                    self.overheads.rank_jitter,
+                    [len(p.devices) for p, _ in busy],
+                )
                 exposed.append(_moves_exposed(wave, mine, move, longest))
             else:  # devices time-sliced over a node's cores, or a hand-made overlapping wave
                 for p, extra in zip(wave, mine, strict=True):

@@ -54,3 +54,20 @@ def test_rank_jitter_is_what_the_ranks_do_not_share() -> None:
     for t in range(0, 4000, 100):
         turns[0][t] = [5.0]
     assert rank_jitter(turns) == pytest.approx(0.2, rel=0.08)
+
+
+def test_ranks_running_one_stage_each_stray_on_their_own() -> None:
+    # two ranks of one stage are two stages; one rank of it, no wait
+    assert expected_latest([10.0], 0.2, [2]) == pytest.approx(10.0 + 2.0 / math.sqrt(math.pi))
+    assert expected_latest([10.0], 0.2, [1]) == 10.0
+    assert expected_latest([10.0, 4.0], 0.2, [0, 3]) == expected_latest([4.0], 0.2, [3])
+    # n copies folded by doubling match sampling the latest of n ranks
+    rng = random.Random(1)
+    stages, ranks, jitter = [8.0, 10.0], [5, 3], 0.2
+    draws = 100_000
+    total = sum(
+        max(rng.gauss(s, jitter * s) for s, c in zip(stages, ranks, strict=True) for _ in range(c))
+        for _ in range(draws)
+    )
+    assert expected_latest(stages, jitter, ranks) == pytest.approx(total / draws, rel=0.01)
+    assert expected_latest(stages, jitter, ranks) > expected_latest(stages, jitter)

@@ -11,6 +11,7 @@ import pytest
 
 from spindle_dsl.cluster import CORES_ENV, usable_cores
 from spindle_dsl.cost import make_cost_model
+from spindle_dsl.cost.jitter import expected_latest
 from spindle_dsl.cost.overheads import (
     Collective,
     Line,
@@ -298,18 +299,30 @@ def test_the_one_core_each_fast_path_prices_as_the_per_device_sum() -> None:
     assert step.price(overlapping).durations == pytest.approx((0.03,))  # device 1 runs both
 
 
-def test_rank_jitter_prices_the_wait_where_groups_run_side_by_side_and_round_trips() -> None:
+def test_rank_jitter_prices_the_wait_for_a_waves_latest_rank_and_round_trips() -> None:
     g = graph()
     plain = make_step_model(g, overheads(), grad_in_curves=False)
     noisy = make_step_model(g, overheads(rank_jitter=0.2), grad_in_curves=False)
     a, b = g.metaops[0], g.metaops[1]
+
+    def late(waves) -> float:
+        calm, waiting = plain.price(waves), noisy.price(waves)
+        assert calm.durations == waiting.durations  # the layers are what they are ...
+        return waiting.wave_extra[0] - calm.wave_extra[0]  # ... the wait comes on top
+
+    # one group on two ranks (they meet at their gradient buckets): the latest of two 10 ms
+    # stages straying by 20% ends 2 ms / sqrt(pi) late
+    pair = [[PieceTime(a.id, 1, 2, (0, 1), 0.01)]]  # a later layer: no input stage
+    assert late(pair) == pytest.approx(
+        expected_latest([0.01 + noisy.overheads.wave_s], 0.2, [2]) - 0.01 - noisy.overheads.wave_s
+    )
+    assert late(pair) == pytest.approx(0.2 * (0.01 + noisy.overheads.wave_s) / math.sqrt(math.pi))
+    # two groups of two side by side: the latest of their four ranks
     side_by_side = [[PieceTime(a.id, 0, 1, (0, 1), 0.01), PieceTime(b.id, 0, 1, (2, 3), 0.01)]]
-    calm, waiting = plain.price(side_by_side), noisy.price(side_by_side)
-    assert calm.durations == waiting.durations  # the layers are what they are ...
-    # ... and the latest of two 10 ms groups straying by 20% ends 2 ms / sqrt(pi) late
-    late = waiting.wave_extra[0] - calm.wave_extra[0]
-    assert late == pytest.approx(0.002 / math.sqrt(math.pi))
-    alone = _pieces(g, lambda op: (0, 1, 2, 3))  # one group per wave: no one to wait for
+    stages = [0.01 + e for e in plain.price(side_by_side).entry_extra[0]]
+    assert late(side_by_side) == pytest.approx(expected_latest(stages, 0.2, [2, 2]) - max(stages))
+    assert late(side_by_side) > late(pair)
+    alone = [[PieceTime(a.id, 1, 2, (0,), 0.01)]]  # a rank alone waits for no one
     assert noisy.price(alone) == plain.price(alone)
     again = StepOverheads.from_dict(overheads(rank_jitter=0.2).to_dict(), "x")
     assert again.rank_jitter == 0.2
