@@ -218,14 +218,13 @@ def make_plan(
     if not chosen.fits and check_memory:
         raise PlanError(overflow_message(ctx, chosen))
     runner_up_note: tuple[str, ...] = ()
-    same_k = rival is not None and rival.levers.micro_batches == ctx.levers.micro_batches
-    if rival is not None and rival.ctx is not None and not same_k:
+    if rival is not None and rival.ctx is not None and fit.best is not None:
+        # (the overflow loop above only adds recompute: the plan's k is still not the rival's)
         rival_evaluated, pick = _plan_round(
             rival.ctx, scheduler, limit, check_memory, choice, passes
         )
         kept = pick.fits and pick.iteration_s < chosen.iteration_s * (1 - 1e-9)
-        best_s = fit.best.time_s if fit.best is not None else rival.time_s
-        runner_up_note = (_runner_up_note(ctx, chosen, rival, best_s, pick, kept),)
+        runner_up_note = (_runner_up_note(ctx, chosen, rival, fit.best.time_s, pick, kept),)
         if kept:
             evaluated, chosen, ctx = rival_evaluated, pick, rival.ctx
     tuned = _tuned_baselines(search)
