@@ -252,9 +252,10 @@ def _moves_of(wave: Sequence[PlacedPiece], fwd: _Load, bwd: _Load) -> WaveMoves:
         return WaveMoves(0.0, (0.0,) * len(wave), 0.0)
     charged = [d for d, _ in fwd.charges + bwd.charges] + [p.ids for p in wave]
     size = 1 + max(int(d.max()) for d in charged if len(d))
-    both = fwd.sums(size) + bwd.sums(size)
+    f, b = fwd.sums(size), bwd.sums(size)  # each summed once: the busiest read off them
+    both = f + b
     per_piece = tuple(float(both[p.ids].max()) if p.devices else 0.0 for p in wave)
-    return WaveMoves(fwd.busiest() + bwd.busiest(), per_piece, float(both.max()))
+    return WaveMoves(float(f.max() + b.max()), per_piece, float(both.max()))
 
 
 def grad_sync_seconds(
