@@ -51,7 +51,15 @@ from .exchange import ReceivePool, exchange
 from .memory import MemoryMeter
 from .params import PartStore
 from .parts import Part, head_module
-from .schedule import Flow, Schedule, Stage, layer_module, shape_after, shard_bounds
+from .schedule import (
+    LM_LOSS_FLOW,
+    Flow,
+    Schedule,
+    Stage,
+    layer_module,
+    shape_after,
+    shard_bounds,
+)
 from .trace import Tracer
 
 StageKey = tuple[str, int]
@@ -271,7 +279,7 @@ class StepExecutor:
         shares: dict[str, float] = {}
         seeds: list[torch.Tensor] = []  # loss tensors to back-propagate
         sink_leaves: list[tuple[StageKey, torch.Tensor]] = []
-        readouts: dict[str, torch.Tensor] = {}
+        readouts: dict[str, torch.Tensor] = {}  # what this rank sends in the loss phase
         for task in self.tasks:
             shares[task.name] = 0.0
             for i, sink_id in enumerate(task.sinks):
@@ -286,6 +294,12 @@ class StepExecutor:
                     with torch.set_grad_enabled(y.requires_grad):
                         readouts[f"loss:{task.name}:{i}"] = L.readout(y)
                     continue
+                if f"{LM_LOSS_FLOW}{sink_id}" in self.flow_by_key:  # scored on its loss devices
+                    where = self.lm_targets[sink_id]
+                    readouts[f"{LM_LOSS_FLOW}{sink_id}"] = y[
+                        :, where.offset : where.offset + where.count - 1
+                    ]
+                    continue
                 if hi == lo:
                     continue
                 raw = self.data.rows(task.name, step, lo, hi)
@@ -299,14 +313,21 @@ class StepExecutor:
                 if part.requires_grad:
                     seeds.append(part)
         flows = self.flows[m][self.schedule.n_waves]
+        # Contrastive tasks gather both readouts of the whole batch on the loss device (unless
+        # cached for the step); spread lm sinks re-split their head inputs over their loss
+        # devices, which score the rows they receive.
+        moving = flows if cache is None else tuple(f for f in flows if _lm_flow(f))
+        gathered: dict[str, torch.Tensor] = {}
+        if any(f.involves(self.rank) for f in moving):
+            got = exchange(self.rank, moving, readouts, dtype=self.dtype, device=self.device)
+            gathered = {k: v.requires_grad_(self.flow_by_key[k].backward) for k, v in got.items()}
+        for f in moving:
+            if _lm_flow(f) and f.key in gathered:
+                task_name, part = self._score_rows(step, m, f, gathered[f.key])
+                shares[task_name] += float(part.detach())
+                if part.requires_grad:
+                    seeds.append(part)
         if cache is None:
-            # Contrastive tasks: gather both readouts of the whole batch on the loss device.
-            gathered: dict[str, torch.Tensor] = {}
-            if any(f.involves(self.rank) for f in flows):
-                got = exchange(self.rank, flows, readouts, dtype=self.dtype, device=self.device)
-                gathered = {
-                    k: v.requires_grad_(self.flow_by_key[k].backward) for k, v in got.items()
-                }
             for task in self.tasks:
                 if task.loss == "contrastive" and f"loss:{task.name}:0" in gathered:
                     a, b = gathered[f"loss:{task.name}:0"], gathered[f"loss:{task.name}:1"]
@@ -325,6 +346,7 @@ class StepExecutor:
                     for f in flows
                     if f.key in cache.grads
                 }
+                grads.update((k, _grad_of(v)) for k, v in gathered.items())
             back = exchange(
                 self.rank, flows, grads, reverse=True, dtype=self.dtype, device=self.device
             )
@@ -393,6 +415,24 @@ class StepExecutor:
                     grads[key] = _grad_of(t)
         return ContrastiveCache(losses, grads)
 
+    def _score_rows(
+        self, step: int, m: int, flow: MicroFlow, hidden: torch.Tensor
+    ) -> tuple[str, torch.Tensor]:
+        """A spread lm sink's loss on the rows of pass ``m`` this rank received (``hidden``:
+        the positions the head reads): its task and this rank's share of the task's loss."""
+        sink_id = flow.key[len(LM_LOSS_FLOW) :]
+        task = self.graph.task(self.graph.op(sink_id).task)
+        lo, hi = shard_bounds(flow.batch, len(flow.dst))[flow.dst.index(self.rank)]
+        base = self.micro_rows(task.batch, m)[0]
+        raw = self.data.rows(task.name, step, base + lo, base + hi)
+        head = self.store[Part(head_module(self.graph.op(sink_id)), "head")]
+        where = self.lm_targets[sink_id]
+        rows_only = L.LmTarget(where.modality, 0, where.count)  # ``hidden`` starts at the text
+        # (inside the loss span; a category no step term sums, to see who scored what)
+        with self.tracer.span(f"score {sink_id}", "loss rows", rows=hi - lo):
+            part = L.lm_loss_part(head, hidden, raw[where.modality], rows_only, task.batch)
+        return task.name, part
+
     # --- backward -----------------------------------------------------------------------------
     def _send_back(
         self,
@@ -428,6 +468,11 @@ def _micro_flow(flow: Flow, k: int, m: int) -> MicroFlow:
     lo, hi = shard_bounds(flow.batch, k)[m]
     fields = {f.name: getattr(flow, f.name) for f in dataclasses.fields(Flow)}
     return MicroFlow(**{**fields, "batch": hi - lo}, batch_whole=flow.batch)
+
+
+def _lm_flow(flow: Flow) -> bool:
+    """Whether ``flow`` carries a spread lm sink's head inputs (``schedule.LM_LOSS_FLOW``)."""
+    return flow.key.startswith(LM_LOSS_FLOW)
 
 
 def _reads_raw(op) -> bool:

@@ -9,23 +9,28 @@ Execution model. Inside an entry's device group the runtime is data parallel: de
 the entry's ``devices`` list holds the ``i``-th contiguous ceil-split shard of the MetaOp's
 batch (the plan never asks for tensor parallelism). Data crosses groups in three places: the
 output of a MetaOp's last entry flows to the first entry of each consumer; a MetaOp split over
-several waves hands its activations from one entry to the next; and a contrastive loss gathers
-the two pooled sink outputs of its task onto one device.
+several waves hands its activations from one entry to the next; a contrastive loss gathers
+the two pooled sink outputs of its task onto one device; and an lm sink whose loss the plan
+spreads (``Plan.loss_devices``) re-splits the positions its head reads over its loss devices
+(``LM_LOSS_FLOW``), which hold the head.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
+from spindle_dsl.cost.memory import lm_text_tokens
 from spindle_dsl.errors import ExecutionError
 from spindle_dsl.kinds import get_kind
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 from spindle_dsl.plan.model import Plan
 
 from .parts import Part, graph_parts, head_module, tied_stage
+
+LM_LOSS_FLOW = "lmloss:"  # key prefix of a spread lm sink's head inputs (then the sink's id)
 
 
 def shard_bounds(batch: int, n: int) -> tuple[tuple[int, int], ...]:
@@ -225,11 +230,32 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
                 )
             )
 
+    spread = dict(plan.loss_devices)
     loss_devices: list[tuple[str, tuple[int, ...]]] = []
     for task in graph.tasks:
         if task.batch <= 0:
             continue
         sinks = [chains[s][-1] for s in task.sinks]
+        if task.loss == "lm":
+            for sink_id, last in zip(task.sinks, sinks, strict=True):
+                if sink_id in spread:
+                    sink = graph.op(sink_id)
+                    flows.append(
+                        Flow(
+                            f"{LM_LOSS_FLOW}{sink_id}",
+                            n_waves,
+                            task.batch,
+                            last.devices,
+                            spread[sink_id],
+                            (lm_text_tokens(graph, sink) - 1, sink.out_width),
+                            (sink_id, last.index),
+                            sink.needs_backward,
+                        )
+                    )
+            sinks = [
+                replace(last, devices=spread.get(sink_id, last.devices))
+                for sink_id, last in zip(task.sinks, sinks, strict=True)
+            ]
         if task.loss == "contrastive":
             group = (sinks[0].devices[0],)
             for i, (sink_id, last) in enumerate(zip(task.sinks, sinks, strict=True)):
@@ -250,7 +276,7 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
             group = tuple(sorted({d for s in sinks for d in s.devices}))
         loss_devices.append((task.name, group))
 
-    holders = _holders(graph, ops, chains)
+    holders = _holders(graph, ops, chains, spread)
     flows.sort(key=lambda f: f.phase)  # stable: creation order inside a phase
     return Schedule(
         world_size=world_size,
@@ -263,9 +289,13 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
 
 
 def _holders(
-    graph: MetaGraph, ops: tuple[MetaOp, ...], chains: dict[str, list[Stage]]
+    graph: MetaGraph,
+    ops: tuple[MetaOp, ...],
+    chains: dict[str, list[Stage]],
+    spread: dict[str, tuple[int, ...]],
 ) -> tuple[tuple[Part, tuple[int, ...]], ...]:
-    """Parameter device groups: every rank that runs anything touching a part holds it."""
+    """Parameter device groups: every rank that runs anything touching a part holds it (an
+    LM head: the devices of its sinks' last entries and of their spread losses)."""
     held: dict[Part, set[int]] = defaultdict(set)
     for op in ops:
         first_module = op.segments[0][0]
@@ -281,7 +311,8 @@ def _holders(
         if task.batch <= 0 or task.loss != "lm":
             continue
         for sink_id in task.sinks:
-            module, devices = head_module(graph.op(sink_id)), chains[sink_id][-1].devices
+            module = head_module(graph.op(sink_id))
+            devices = (*chains[sink_id][-1].devices, *spread.get(sink_id, ()))
             held[Part(module, "head")].update(devices)
             tied = tied_stage(graph, module)
             if tied is not None:  # a tied head multiplies by that stage's embedding
@@ -351,5 +382,14 @@ def _check_plan(graph: MetaGraph, plan: Plan, world_size: int) -> None:
                     f"{mid} starts in wave {first_wave[mid]} before its input {dep} ends "
                     f"(wave {last_wave[dep]})"
                 )
+    lm_sinks = {s for t in graph.tasks if t.batch > 0 and t.loss == "lm" for s in t.sinks}
+    for sink_id, devices in plan.loss_devices:
+        if sink_id not in lm_sinks:
+            problems.append(f"loss_devices names {sink_id}, which is not a sink of an lm task")
+        elif not lm_text_tokens(graph, graph.op(sink_id)):
+            problems.append(f"loss_devices names {sink_id}, whose loss reads no LM head")
+        bad = [d for d in devices if not 0 <= d < world_size]
+        if bad:
+            problems.append(f"loss_devices of {sink_id} names devices {bad}")
     if problems:
         raise ExecutionError("cannot run this plan:\n  " + "\n  ".join(problems))

@@ -70,7 +70,7 @@ def _flows(
     for step in steps:
         at = schedule(step) if callable(schedule) else schedule
         for flow in at.flows:
-            if flow.src == flow.dst or flow.key.startswith("loss:"):
+            if flow.src == flow.dst or flow.phase == at.n_waves:  # the loss phase: no stage
                 continue
             metaop = flow.key.split("<")[0].split("#")[0]
             dst_stage = 0 if "<" in flow.key else int(flow.key.split("#")[1])

@@ -16,6 +16,13 @@ Top-level ``"micro_batches"`` (k, required by the format from this release; 1 wh
 ``"zero_stage"`` (1 when absent: each parameter part's optimizer state is sharded over the
 devices that hold the part; 2: its gradients are sharded too, ZeRO-2; 0: nothing sharded) are
 the memory levers the runtime carries out as the plan says.
+
+Optional top-level ``"loss_devices"`` (absent: none): ``{sink MetaOp id: [device, ...]}`` for
+lm sinks whose loss the runtime computes on those devices instead of the sink's last entry's.
+The sink's output rows (the positions the head reads) are re-split over the listed devices in
+their order, as a flow between entries is, and their gradients come back; every listed device
+holds the LM head. The planner spreads a loss so when that makes the step quicker
+(``planner.lossspread``).
 """
 
 from __future__ import annotations
@@ -179,6 +186,8 @@ class Plan:
     # the part (ZeRO-1, Megatron's distributed optimizer); 2 shards its gradients too (ZeRO-2).
     micro_batches: int = 1
     zero_stage: int = 1
+    # lm sinks whose loss runs on other devices than their last entry's (module docstring)
+    loss_devices: tuple[tuple[str, tuple[int, ...]], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def metaop(self, metaop_id: str) -> PlanMetaOp:
@@ -234,6 +243,8 @@ class Plan:
             out["breakdown"] = dict(self.breakdown)
         if self.memory_bytes:
             out["memory_bytes"] = list(self.memory_bytes)
+        if self.loss_devices:
+            out["loss_devices"] = {sink: list(ds) for sink, ds in self.loss_devices}
         if self.notes:
             out["notes"] = list(self.notes)
         out.update(self.extra)
@@ -270,6 +281,7 @@ class Plan:
                 "notes",
                 "micro_batches",
                 "zero_stage",
+                "loss_devices",
             }
             return cls(
                 spec=SpecRef(d["spec"]["path"], d["spec"]["sha256"], d["spec"]["mix"]),
@@ -330,6 +342,7 @@ class Plan:
                 notes=tuple(d.get("notes", ())),
                 micro_batches=_count(d.get("micro_batches", 1), "micro_batches", 1),
                 zero_stage=_count(d.get("zero_stage", 1), "zero_stage", 0, 2),
+                loss_devices=_loss_devices(d.get("loss_devices", {})),
                 extra={k: v for k, v in d.items() if k not in known},
             )
         except PlanFormatError:
@@ -366,3 +379,21 @@ def _count(value: Any, what: str, low: int, high: int | None = None) -> int:
         span = f"at least {low}" if high is None else f"from {low} to {high}"
         raise PlanFormatError(f"malformed plan: {what} must be {span}, got {value}")
     return value
+
+
+def _loss_devices(value: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``{sink: [device, ...]}``: non-empty lists of distinct device ids; anything else is a
+    malformed plan (whether the sinks and devices fit the spec is the runtime's check)."""
+    if not isinstance(value, dict):
+        raise PlanFormatError(f"malformed plan: loss_devices must be an object, got {value!r}")
+    out = []
+    for sink, devices in value.items():
+        if not isinstance(devices, list) or not devices:
+            raise PlanFormatError(
+                f"malformed plan: loss_devices[{sink!r}] must be a non-empty list of devices"
+            )
+        ids = tuple(_count(x, f"loss_devices[{sink!r}] device", 0) for x in devices)
+        if len(set(ids)) != len(ids):
+            raise PlanFormatError(f"malformed plan: loss_devices[{sink!r}] repeats a device")
+        out.append((str(sink), ids))
+    return tuple(out)

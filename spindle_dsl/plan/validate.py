@@ -102,6 +102,15 @@ def _devices(plan: Plan) -> list[str]:
                         f"devices: device {d} runs both '{owner[d]}' and '{e.metaop}' in wave {pos}"
                     )
                 owner.setdefault(d, e.metaop)
+    ids = {m.id for m in plan.metaops}
+    for sink, devices in plan.loss_devices:
+        if sink not in ids:
+            errs.append(f"loss_devices: unknown MetaOp '{sink}'")
+        errs.extend(
+            f"loss_devices: '{sink}' scores on device {d}, outside [0, {N})"
+            for d in devices
+            if not 0 <= d < N
+        )
     return errs
 
 

@@ -91,6 +91,10 @@ def test_memory_levers_round_trip(tmp_path):
         ("micro_batches", "2", "micro_batches must be an integer"),
         ("zero_stage", 3, "zero_stage must be from 0 to 2"),
         ("zero_stage", True, "zero_stage must be an integer"),
+        ("loss_devices", [0, 1], "loss_devices must be an object"),
+        ("loss_devices", {"a/lm": []}, "must be a non-empty list of devices"),
+        ("loss_devices", {"a/lm": [0, -1]}, r"device must be at least 0"),
+        ("loss_devices", {"a/lm": [1, 1]}, "repeats a device"),
     ],
 )
 def test_bad_memory_levers(field, value, words):
