@@ -29,7 +29,11 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   of the sinks whose last entry it runs (lm: vocab head and cross-entropy; mse; contrastive:
   pooled readouts, InfoNCE of the whole batch on one device), forward and backward; the
   busiest device counts (``loss_load`` gives each device's, which ``planner.lossbalance``
-  evens out).
+  evens out). An lm sink's loss may be spread over more devices than its last entry's
+  (``loss_groups``, chosen by ``planner.lossspread``, carried out by the runtime): its rows
+  are re-split over the group, each device paying the loss on its shard, and the head's
+  inputs move there and their gradients back (``loss_moves``: seconds per device, priced by
+  the planner with the cost model's transfers).
 - ``grad_sync_s``: gradient reduction as the runtime issues it, and the step's closing
   all-reduce of the losses over every rank (which also lines the ranks up). A parameter part
   (a layer, an input stage, an LM head) is summed over the ranks holding it; parts with the
@@ -235,9 +239,13 @@ class StepModel:
         micro_batches: int = 1,
         zero_stage: int = 1,
         moves: Sequence[WaveMoves] = (),
+        loss_groups: Mapping[str, tuple[int, ...]] | None = None,
+        loss_moves: Mapping[int, float] | None = None,
     ) -> StepPrice:
         """Price one step of these waves (see the module docstring for each term); ``moves``
-        are the activation moves at each wave's boundary (none where absent)."""
+        are the activation moves at each wave's boundary (none where absent); ``loss_groups``
+        the lm sinks whose loss is spread over other devices than their last entry's, and
+        ``loss_moves`` what moving their rows there and back costs each device (one pass)."""
         k = max(1, micro_batches)
         durations, extras, entry_extra, exposed = [], [], [], []
         for wi, wave in enumerate(waves):
@@ -276,36 +284,49 @@ class StepModel:
             durations.append(base)
             extras.append(max(whole - base, 0.0))
             entry_extra.append(tuple(mine))
-        holders = self._holders(waves)
+        holders = self._holders(waves, loss_groups)
         tasks = len({s.task for s in self.sinks})
         return StepPrice(
             tuple(durations),
             tuple(extras),
             tuple(entry_extra),
-            self._loss(waves, k),
+            self._share(self.loss_load(waves, k, loss_groups, loss_moves)),
             self._reduction(waves, holders, durations, extras, k, zero_stage),
             self._optimizer(holders, zero_stage),
             self.overheads.all_reduce.seconds(8.0 * max(tasks, 1), self.devices),
             tuple(exposed),
         )
 
-    def _loss(self, waves: Sequence[Sequence[PieceTime]], k: int) -> float:
-        return self._share(self.loss_load(waves, k))
-
-    def loss_load(self, waves: Sequence[Sequence[PieceTime]], k: int) -> dict[int, float]:
+    def loss_load(
+        self,
+        waves: Sequence[Sequence[PieceTime]],
+        k: int,
+        groups: Mapping[str, tuple[int, ...]] | None = None,
+        moves: Mapping[int, float] | None = None,
+    ) -> dict[int, float]:
         """Seconds of the loss phase (one pass) per device: each sink's loss heads on the
-        devices of its last piece in ``waves``, as the runtime computes them after the last
-        forward wave. The planner reads it to spread the phase (``planner.lossbalance``)."""
+        devices of its last piece in ``waves`` (an lm sink in ``groups``: on its group's), as
+        the runtime computes them after the last forward wave, plus ``moves`` (the spread
+        sinks' rows moving to their groups and their gradients back). The planner reads it
+        to spread the phase (``planner.lossbalance``, ``planner.lossspread``)."""
         last: dict[str, PieceTime] = {}
         for wave in waves:
             for p in wave:
                 last[p.op] = p
-        load: dict[int, float] = {}
+        load: dict[int, float] = dict(moves or {})
+        groups = groups or {}
         for s in self.sinks:
             p = last.get(s.sink)
             if p is None:
                 continue
             batch = self.ops[s.sink].batch
+            group = groups.get(s.sink) if s.loss == "lm" else None
+            if group:  # each device of the group on its own part of the ceil split
+                rows = comm.ceil_div(batch, k)
+                for d, held in zip(group, ceil_split(rows, len(group)), strict=True):
+                    if held:
+                        load[d] = load.get(d, 0.0) + self.loss_seconds(s, held)
+                continue
             shard = _shard(batch, k, len(p.devices))
             each = self.loss_seconds(s, shard)  # every device of the piece alike
             if s.loss == "contrastive":  # readouts everywhere, InfoNCE of the batch on one
@@ -339,10 +360,15 @@ class StepModel:
             ends[w] = t
         return BackwardClock(tuple(ends), t)
 
-    def _holders(self, waves: Sequence[Sequence[PieceTime]]) -> dict[str, Held]:
+    def _holders(
+        self,
+        waves: Sequence[Sequence[PieceTime]],
+        loss_groups: Mapping[str, tuple[int, ...]] | None = None,
+    ) -> dict[str, Held]:
         """Every trainable part the waves run, as the runtime assigns parts: a layer to its
         entries' devices, input stages to the first entry's, an LM head to the sink's last
-        entry's (in the order the forward pass first meets them)."""
+        entry's and to its loss group's, if spread (in the order the forward pass first
+        meets them)."""
         held: dict[str, Held] = {}
         # the layers of a shared module meet the same pieces in the same order: each union of
         # two holder sets is made once (frozensets keep their hash; a hit compares identity)
@@ -375,12 +401,18 @@ class StepModel:
                     key, nbytes = op.layer_parts[g]
                     add(key, nbytes, group, wi)
                 last_piece[p.op] = (wi, p, group)
+        spread = loss_groups or {}
         for s in self.sinks:
             got = last_piece.get(s.sink)
-            if got is not None and s.head_part:
-                add(s.head_part, s.head_bytes, got[2], got[0])
-            if got is not None and s.tied_part:  # the runtime holds it with the head too
-                add(s.tied_part, s.tied_bytes, got[2], got[0])
+            if got is None:
+                continue
+            group = got[2]
+            if s.loss == "lm" and spread.get(s.sink):
+                group = group | frozenset(spread[s.sink])
+            if s.head_part:
+                add(s.head_part, s.head_bytes, group, got[0])
+            if s.tied_part:  # the runtime holds it with the head too
+                add(s.tied_part, s.tied_bytes, group, got[0])
         return held
 
     def _buckets(self, held: Mapping[str, Held]) -> list[tuple[tuple[int, ...], float, int]]:
@@ -496,6 +528,13 @@ def _disjoint(wave: Sequence[PieceTime]) -> bool:
     """Whether no device runs two pieces of ``wave``."""
     count = sum(len(p.devices) for p in wave)
     return count == len(set().union(*(p.devices for p in wave))) if count else True
+
+
+def ceil_split(rows: int, n: int) -> list[int]:
+    """The rows each of ``n`` devices holds when ``rows`` are split into contiguous shards of
+    ``ceil(rows / n)`` (the runtime's split: the last shards may be short or empty)."""
+    size = comm.ceil_div(rows, n) if n else 0
+    return [max(0, min(size, rows - i * size)) for i in range(n)]
 
 
 def _shard(batch: int, k: int, n: int) -> int:

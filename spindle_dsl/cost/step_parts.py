@@ -59,6 +59,9 @@ class SinkLoss:
     head_bytes: float  # its gradient bytes (0 when frozen or no head)
     tied_part: str | None = None  # the embedding stage a tied head multiplies by
     tied_bytes: float = 0.0  # its gradient bytes
+    # lm: bytes per sample of what the head reads (text tokens - 1 positions of the sink's
+    # output), which moves when the loss is spread over more devices (``cost.loss_spread``)
+    hidden_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -143,12 +146,14 @@ def sink_losses(graph: MetaGraph) -> tuple[SinkLoss, ...]:
             head_part, head_bytes, flops = None, 0.0, 0.0
             tied_part, tied_bytes = None, 0.0
             text = 0
+            hidden = 0.0
             if task.loss == "lm":
                 text = _text_tokens(graph, sink)
                 last = graph.module(sink.segments[-1][0])
                 kind = get_kind(last.kind)
                 vocab = int(dict(last.args).get("vocab") or 0)
                 flops = passes * 2.0 * max(text - 1, 0) * sink.out_width * vocab
+                hidden = max(text - 1, 0) * sink.out_width * dt
                 head_part = f"{last.name}/head"
                 if not last.frozen:
                     head_bytes = kind.head_params(dict(last.args)) * dt
@@ -171,6 +176,7 @@ def sink_losses(graph: MetaGraph) -> tuple[SinkLoss, ...]:
                     head_bytes,
                     tied_part,
                     tied_bytes,
+                    hidden,
                 )
             )
     return tuple(out)

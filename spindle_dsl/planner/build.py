@@ -446,6 +446,7 @@ def to_plan(
         notes=notes,
         micro_batches=ctx.levers.micro_batches,
         zero_stage=ctx.levers.zero_stage,
+        loss_devices=chosen.placement.loss_groups,
         extra={**extra, **step_model_record(ctx.step, t)},
     )
 

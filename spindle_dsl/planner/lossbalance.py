@@ -29,7 +29,7 @@ become the quickest (``spread_round``). It changes nothing where the loss is alr
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -146,22 +146,30 @@ def candidates(
     return out
 
 
-def placed(ctx: PlanContext, waves: Waves) -> Placement:
+def placed(
+    ctx: PlanContext, waves: Waves, loss_groups: tuple[tuple[str, tuple[int, ...]], ...] = ()
+) -> Placement:
     """The placement of ``waves`` as they are, its memory priced by a fresh ledger in the
-    order placement adds pieces (a wave's largest groups first)."""
+    order placement adds pieces (a wave's largest groups first), with the lm losses of
+    ``loss_groups`` moved to their groups (``planner.lossspread``)."""
     ledger = ctx.ledger()
     last_op: dict[int, str] = {}
+    last: dict[str, PlacedPiece] = {}
     for wave in waves:
         for p in sorted(wave, key=lambda p: -p.n):
             piece = Piece(p.op, p.first, p.end, p.n)
             ledger.add(piece, p.devices, ledger.need(piece))
+            last[p.op] = p
             for x in p.devices:
                 last_op[x] = p.op
+    for sink, group in loss_groups:
+        p = last[sink]
+        ledger.spread_loss(sink, p.end, p.devices, group)  # type: ignore[attr-defined]
     memory = ledger.memory()
     cap = ctx.topology.capacity
     overflow = tuple((x, last_op.get(x, ""), b) for x, b in enumerate(memory) if b > cap)
     fullest = ledger.breakdown(max(range(len(memory)), key=memory.__getitem__)) if memory else None
-    return Placement(waves, memory, overflow, fullest)
+    return Placement(waves, memory, overflow, fullest, loss_groups)
 
 
 def rebalance_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
@@ -204,35 +212,6 @@ def rebalance_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
         f"{best.iteration_s * 1e3:.1f} ms"
     )
     return replace(best, schedule=replace(best.schedule, notes=(*best.schedule.notes, note)))
-
-
-def spread_round(
-    ctx: PlanContext, evaluated: Mapping[str, Evaluated], always: Collection[str]
-) -> dict[str, Evaluated]:
-    """``rebalance_losses`` over one round's candidates, quickest first, skipping those that
-    could not become the quickest fitting plan even with their loss spread evenly
-    (``_floor``: relabeling moves the same loss work between devices, so the busiest
-    carries at least the mean), except the names in ``always`` (the requested scheduler and the
-    baselines, whose reported times must be priced the same way as the plan's)."""
-    out = dict(evaluated)
-    best = float("inf")
-    for name in sorted(evaluated, key=lambda n: evaluated[n].iteration_s):
-        ev = evaluated[name]
-        if name in always or _floor(ctx, ev) < best:
-            out[name] = ev = rebalance_losses(ctx, ev)
-        if ev.fits:
-            best = min(best, ev.iteration_s)
-    return out
-
-
-def _floor(ctx: PlanContext, ev: Evaluated) -> float:
-    step = ctx.step
-    if step is None:
-        return ev.iteration_s
-    k = ctx.levers.micro_batches
-    n = ctx.topology.devices
-    total = sum(float(v.sum()) for _, v in sink_loads(step, ev.placement.waves, k, n))
-    return ev.iteration_s - ev.timing.loss_s + k * total / n
 
 
 def _over(memory: Sequence[int], cap: int) -> int:

@@ -55,6 +55,9 @@ class Placement:
     memory: tuple[int, ...]  # predicted peak bytes per device id
     overflow: tuple[tuple[int, str, int], ...]  # (device, op that pushed it over, bytes) if any
     fullest: DeviceBreakdown | None = None  # what fills the device with the highest peak
+    # lm sinks whose loss runs on these devices instead of their last piece's
+    # (``planner.lossspread``; the plan's ``loss_devices``)
+    loss_groups: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -40,13 +40,28 @@ def entry_slices(
 
 
 def plan_ledger(graph: MetaGraph, plan: Plan, cost: CostModel) -> PartLedger:
-    """A ledger holding every entry of ``plan`` on its devices."""
+    """A ledger holding every entry of ``plan`` on its devices, and the loss tensors of the
+    lm sinks it spreads on their loss devices (``Plan.loss_devices``)."""
     entries = list(entry_slices(graph, plan, cost))
     memo = {(e.metaop, len(e.devices), e.first, e.end): sm for e, sm in entries}
-    ledger = PartLedger(plan.cluster.devices, lambda *key: memo[key])
+    recompute = frozenset(m.id for m in plan.metaops if m.recompute)
+    levers = Levers(plan.micro_batches, plan.zero_stage, recompute)
+    view = micro_graph(graph, plan.micro_batches)
+
+    def slice_of(op: str, n: int, first: int, end: int) -> SliceMemory:
+        key = (op, n, first, end)
+        if key not in memo:  # a spread sink's last layer on its loss devices' count
+            memo[key] = slice_memory_of(cost, view, view.op(op), n, first, end, levers)
+        return memo[key]
+
+    ledger = PartLedger(plan.cluster.devices, slice_of)
+    last: dict[str, Entry] = {}
     for e, _ in entries:
         piece = Piece(e.metaop, e.first, e.end, len(e.devices))
         ledger.add(piece, list(e.devices), ledger.need(piece))
+        last[e.metaop] = e
+    for sink, devices in plan.loss_devices:
+        ledger.spread_loss(sink, last[sink].end, last[sink].devices, devices)
     return ledger
 
 

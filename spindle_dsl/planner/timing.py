@@ -179,11 +179,14 @@ def _time_step(
         [PieceTime(p.op, p.first, p.end, p.devices, p.layers * seconds(p.op, p.n)) for p in w]
         for w in placement.waves
     ]
+    groups = dict(placement.loss_groups)
     price = step.price(
         waves,
         micro_batches=k,
         zero_stage=zero_stage,
         moves=_wave_moves(placement, flows, transfer),
+        loss_groups=groups,
+        loss_moves=loss_moves(placement, step, flows, transfer, k) if groups else None,
     )
     if step.grad_in_curves:
         # each layer's own all-reduce is in the pass curves at its per-pass share
@@ -207,6 +210,32 @@ def _time_step(
         wave_transfer=price.wave_transfer,
         stepped=True,
     )
+
+
+def loss_moves(
+    placement: Placement, step: StepModel, flows: Flows, transfer: TransferFn, k: int
+) -> dict[int, float]:
+    """Seconds per device of one pass's spread-loss moves (``Placement.loss_groups``): each
+    spread sink's head inputs from its last piece to its loss group and, with a backward
+    pass, their gradients back, charged to the devices of both (as a wave's moves are)."""
+    groups = dict(placement.loss_groups)
+    last: dict[str, PlacedPiece] = {}
+    for wave in placement.waves:
+        for p in wave:
+            last[p.op] = p
+    out: dict[int, float] = {}
+    for s in step.sinks:
+        group, p = groups.get(s.sink), last.get(s.sink)
+        if not group or p is None or s.loss != "lm" or s.hidden_bytes <= 0:
+            continue
+        batch = step.ops[s.sink].batch
+        nbytes = -(-batch // k) * s.hidden_bytes  # one micro-batch's rows
+        secs = transfer(nbytes, p.devices, group)
+        if flows.backward.get(s.sink, True):
+            secs += transfer(nbytes, group, p.devices)
+        for d in {*p.devices, *group}:
+            out[d] = out.get(d, 0.0) + secs
+    return out
 
 
 def _transfer_seconds(placement: Placement, flows: Flows, transfer: TransferFn) -> float:

@@ -20,8 +20,8 @@ from spindle_dsl.planner.lossbalance import (
     rebalance_losses,
     relabeled,
     spread,
-    spread_round,
 )
+from spindle_dsl.planner.lossspread import spread_round
 from spindle_dsl.planner.placement import PlacedPiece
 from spindle_dsl.planner.problem import Piece, Schedule
 

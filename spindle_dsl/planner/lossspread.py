@@ -1,0 +1,213 @@
+"""Spread LM losses over every device that holds their head, so that no device's loss phase
+waits for a heavy sink's rows.
+
+Why. The runtime computes an lm sink's loss (vocabulary head and cross-entropy, forward and
+backward) after the last forward wave on the devices of the sink's last piece (``cost.step``,
+``loss_s``), and the loss phase lasts as long as its busiest device. The sink's group was sized
+for its layers, not for its loss: a task with long text has few rows per layer-second but many
+tokens to score, so its devices score twice the mean while the other sinks' devices wait
+(qwen_val at 128 devices: the text task's 36 devices score 5.8k tokens each per pass, the
+mean is 2.9k, and the phase is 8.5% of the step). Relabeling devices (``planner.lossbalance``)
+cannot help when the sinks already end on disjoint groups that cover the cluster.
+
+What. The devices that end any sink of one LM head all hold that head (and a tied embedding
+stage), so any of them can score any of those sinks' rows: a sink's head inputs (its output at
+the positions the head reads) are re-split over the union of those devices, each scores its
+share, and the gradients of those inputs go back (the runtime's flows, as between entries;
+``Plan.loss_devices``). Nothing else changes: the same devices hold the head, so the gradient
+reduction and the optimizer are the same, and the sum of the shares is the same loss.
+
+How it is chosen. Per head, its sinks are spread heaviest first (loss seconds per device on
+their own group): the heaviest alone, the two heaviest, ..., all. A spread sink's group is
+chosen greedily on the loss seconds the devices already carry (``balanced_groups``): for each
+number of rows per device c from the fewest the union allows to the most its own group had,
+its ``ceil(rows / c)`` least loaded devices of the union, the least loaded first (the runtime
+splits rows ceil-wise, so the last device gets the short shard); the c whose busiest device
+ends least loaded wins. A row is the unit: a split that gave every device of the union
+``ceil(rows / N)`` rows would leave the last devices empty and the first ones fuller than
+needed. Each candidate is priced by the same step model as any plan (the moves with the cost
+model's transfers, the memory with the loss tensors moved, ``lossbalance.placed``), and kept
+only if the whole step is quicker and fits no worse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import replace
+
+from spindle_dsl.cost.comm import ceil_div
+from spindle_dsl.cost.step import StepModel, ceil_split
+from spindle_dsl.cost.step_parts import SinkLoss
+from spindle_dsl.planner.build import Evaluated, PlanContext, time_of
+from spindle_dsl.planner.lossbalance import placed, rebalance_losses, sink_loads
+from spindle_dsl.planner.placement import PlacedPiece
+
+SPREAD_LOSS_NOTE = "lm losses spread over their head's devices"  # how the plan's note begins
+
+Groups = dict[str, tuple[int, ...]]
+
+
+def head_sinks(step: StepModel, last: dict[str, PlacedPiece]) -> dict[str, list[SinkLoss]]:
+    """Per LM head part, the lm sinks that run and read it (whose rows could move)."""
+    out: dict[str, list[SinkLoss]] = {}
+    for s in step.sinks:
+        if s.loss == "lm" and s.head_part and s.hidden_bytes > 0 and s.sink in last:
+            out.setdefault(s.head_part, []).append(s)
+    return out
+
+
+def balanced_groups(
+    step: StepModel,
+    spread: list[SinkLoss],
+    union: tuple[int, ...],
+    load: dict[int, float],
+    own: Mapping[str, int],
+    k: int,
+) -> Groups:
+    """A loss group per sink of ``spread`` (heaviest first), chosen greedily on ``load``, the
+    loss seconds each device carries from the sinks that stay (module docstring); ``own``:
+    the devices of each sink's last piece. ``load`` is updated with what the groups add.
+
+    A group of g devices, the least loaded first, takes ``ceil(rows / g)`` rows on each but
+    the last; since the loads are sorted, its busiest device is the (g-1)-th with a full
+    share or the g-th with the rest, so each g is weighed in constant time; every g up to
+    ``EVERY_SIZE`` is tried, then sizes about ``SIZE_STEP`` apart. The least busiest device
+    of the union wins, then the least busy group."""
+    out: Groups = {}
+    for s in spread:
+        rows = ceil_div(step.ops[s.sink].batch, k)
+        if rows <= 0:
+            continue
+        order = sorted(union, key=lambda d: (load.get(d, 0.0), d))
+        loads = [load.get(d, 0.0) for d in order]
+        best: tuple[tuple[float, float], int] | None = None
+        for g in _sizes(min(own[s.sink], rows), min(len(order), rows)):
+            c = ceil_div(rows, g)
+            g = ceil_div(rows, c)  # the devices a ceil split of c rows each uses
+            rest = rows - (g - 1) * c
+            peak = loads[g - 1] + step.loss_seconds(s, rest)
+            if g >= 2:
+                peak = max(peak, loads[g - 2] + step.loss_seconds(s, c))
+            outside = loads[-1] if g < len(loads) else peak
+            key = (max(peak, outside), peak)
+            if best is None or key < best[0]:
+                best = (key, g)
+        assert best is not None
+        group = tuple(order[: best[1]])
+        for d, held in zip(group, ceil_split(rows, len(group)), strict=True):
+            if held:
+                load[d] = load.get(d, 0.0) + step.loss_seconds(s, held)
+        out[s.sink] = group
+    return out
+
+
+EVERY_SIZE = 64  # group sizes tried one by one up to this many devices
+SIZE_STEP = 1.05  # then each about this much larger than the last
+MAX_SPREADS = 8  # heaviest-first prefixes of a head's sinks priced, at most
+
+
+def _sizes(low: int, high: int) -> list[int]:
+    """Group sizes from ``low`` to ``high``: each up to ``EVERY_SIZE``, then a geometric
+    grid, ``high`` always included."""
+    out, g = [], max(1, low)
+    while g <= high:
+        out.append(g)
+        g = g + 1 if g < EVERY_SIZE else max(g + 1, int(g * SIZE_STEP))
+    if not out or out[-1] != high:
+        out.append(high)
+    return out
+
+
+def _prefixes(m: int) -> list[int]:
+    """How many of a head's m sinks (heaviest first) each candidate spreads: every count up
+    to 4, then doubling, m always; at most ``MAX_SPREADS`` (the largest kept)."""
+    counts = sorted({*range(1, min(m, 4) + 1), *(2**i for i in range(2, 12) if 2**i < m), m})
+    return counts[-MAX_SPREADS:] if len(counts) > MAX_SPREADS else counts
+
+
+def spread_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
+    """``ev`` with the lm losses spread over their heads' devices where that makes the whole
+    step quicker and fits no worse (module docstring), or ``ev`` itself."""
+    step = ctx.step
+    ledger_moves_losses = hasattr(ctx.ledger(), "spread_loss")
+    if step is None or not ledger_moves_losses or ev.placement.loss_groups:
+        return ev
+    waves = ev.placement.waves
+    last = {p.op: p for wave in waves for p in wave}
+    k = ctx.levers.micro_batches
+    cap = ctx.topology.capacity
+    best = ev
+    for sinks in head_sinks(step, last).values():
+        union = tuple(sorted({d for s in sinks for d in last[s.sink].devices}))
+        if all(len(last[s.sink].devices) == len(union) for s in sinks):
+            continue  # every sink already scores on every device of the head
+        heavy = sorted(sinks, key=lambda s: -_own_loss(step, s, len(last[s.sink].devices), k))
+        base = dict(best.placement.loss_groups)
+        own = {s.sink: len(last[s.sink].devices) for s in sinks}
+        for j in _prefixes(len(heavy)):
+            load: dict[int, float] = {}
+            for s in heavy[j:]:  # the sinks that stay on their own devices
+                each = _own_loss(step, s, own[s.sink], k)
+                for d in last[s.sink].devices:
+                    load[d] = load.get(d, 0.0) + each
+            trial_groups = {**base, **balanced_groups(step, heavy[:j], union, load, own, k)}
+            pl = placed(ctx, waves, tuple(trial_groups.items()))
+            if _over(pl.memory, cap) > _over(best.placement.memory, cap):
+                continue  # a plan that fits keeps fitting
+            trial = Evaluated(best.schedule, pl, time_of(ctx, pl))
+            if trial.iteration_s < best.iteration_s * (1 - 1e-9):
+                best = trial
+    if best is ev:
+        return ev
+    where = ", ".join(f"{sink} over {len(ds)}" for sink, ds in best.placement.loss_groups)
+    note = (
+        f"{SPREAD_LOSS_NOTE} ({where}): losses "
+        f"{ev.timing.loss_s * 1e3:.1f} -> {best.timing.loss_s * 1e3:.1f} ms, iteration "
+        f"{ev.iteration_s * 1e3:.1f} -> {best.iteration_s * 1e3:.1f} ms"
+    )
+    return replace(best, schedule=replace(best.schedule, notes=(*best.schedule.notes, note)))
+
+
+def balance_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
+    """The loss phase evened out: devices relabeled (``rebalance_losses``), then lm losses
+    spread over their heads' devices (``planner.lossspread``), each where it pays."""
+    return spread_losses(ctx, rebalance_losses(ctx, ev))
+
+
+def spread_round(
+    ctx: PlanContext, evaluated: Mapping[str, Evaluated], always: Collection[str]
+) -> dict[str, Evaluated]:
+    """``balance_losses`` over one round's candidates, quickest first, skipping those that
+    could not become the quickest fitting plan even with their loss spread evenly
+    (``_floor``: relabeling moves the same loss work between devices, so the busiest
+    carries at least the mean), except the names in ``always`` (the requested scheduler and the
+    baselines, whose reported times must be priced the same way as the plan's)."""
+    out = dict(evaluated)
+    best = float("inf")
+    for name in sorted(evaluated, key=lambda n: evaluated[n].iteration_s):
+        ev = evaluated[name]
+        if name in always or _floor(ctx, ev) < best:
+            out[name] = ev = balance_losses(ctx, ev)
+        if ev.fits:
+            best = min(best, ev.iteration_s)
+    return out
+
+
+def _floor(ctx: PlanContext, ev: Evaluated) -> float:
+    step = ctx.step
+    if step is None:
+        return ev.iteration_s
+    k = ctx.levers.micro_batches
+    n = ctx.topology.devices
+    total = sum(float(v.sum()) for _, v in sink_loads(step, ev.placement.waves, k, n))
+    return ev.iteration_s - ev.timing.loss_s + k * total / n
+
+
+def _own_loss(step: StepModel, sink: SinkLoss, devices: int, k: int) -> float:
+    """One pass's loss seconds per device of ``sink`` scored on ``devices`` devices."""
+    rows = ceil_div(ceil_div(step.ops[sink.sink].batch, k), devices)
+    return step.loss_seconds(sink, rows)
+
+
+def _over(memory: tuple[int, ...], cap: int) -> int:
+    return sum(max(0, m - cap) for m in memory)

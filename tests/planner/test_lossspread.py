@@ -1,0 +1,108 @@
+"""Spreading lm losses over the devices that hold their head (``planner.lossspread``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from test_lossbalance import SPEC, _evaluated, _pp
+
+from spindle_dsl.cost import make_cost_model
+from spindle_dsl.cost.step import PieceTime, ceil_split
+from spindle_dsl.language import compile_text
+from spindle_dsl.plan.model import Plan
+from spindle_dsl.plan.validate import validate_plan
+from spindle_dsl.planner.build import context, to_plan
+from spindle_dsl.planner.lossbalance import loss_loads
+from spindle_dsl.planner.lossspread import SPREAD_LOSS_NOTE, balanced_groups, spread_losses
+
+# the sinks end on disjoint groups covering the cluster (nothing to relabel), sized for their
+# layers: transcribe's 128 rows are scored on one device, caption's on three
+SPLIT = (
+    (_pp("caption/vision", 0, 4, (0, 1, 2)), _pp("transcribe/hearing", 0, 2, (3,))),
+    (_pp("caption/vision_proj", 0, 1, (0, 1, 2)), _pp("transcribe/audio_proj", 0, 1, (3,))),
+    (_pp("caption/lm", 0, 6, (0, 1, 2)), _pp("transcribe/lm", 0, 6, (3,))),
+)
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    graph = compile_text(SPEC, path="<lossspread>").graph
+    return context(graph, make_cost_model(graph.cluster))
+
+
+def test_ceil_split_is_the_runtimes_row_split():
+    assert ceil_split(10, 4) == [3, 3, 3, 1]
+    assert ceil_split(4, 3) == [2, 2, 0]
+    assert ceil_split(0, 2) == [0, 0]
+
+
+def test_a_spread_sink_is_priced_on_its_groups_rows(ctx):
+    step = ctx.step
+    waves = [[PieceTime(p.op, p.first, p.end, p.devices, 0.0) for p in w] for w in SPLIT]
+    alone = step.loss_load(waves, 1)
+    spread = step.loss_load(waves, 1, {"transcribe/lm": (3, 2)}, {3: 0.5})
+    sink = next(s for s in step.sinks if s.sink == "transcribe/lm")
+    assert alone[3] == pytest.approx(step.loss_seconds(sink, 128))
+    # 64 rows each on devices 3 and 2, plus the moves charged to device 3
+    assert spread[3] == pytest.approx(step.loss_seconds(sink, 64) + 0.5)
+    assert spread[2] == pytest.approx(alone[2] + step.loss_seconds(sink, 64))
+    assert spread[0] == pytest.approx(alone[0])
+
+
+def test_the_greedy_groups_fill_the_least_loaded_devices_row_by_row(ctx):
+    step = ctx.step
+    sink = next(s for s in step.sinks if s.sink == "transcribe/lm")
+    load = {0: 1.0, 1: 1.0, 2: 1.0}  # caption's loss, staying where it ends
+    groups = balanced_groups(step, [sink], (0, 1, 2, 3), load, {"transcribe/lm": 1}, 1)
+    group = groups["transcribe/lm"]
+    assert group[0] == 3  # the idle device first
+    assert len(group) == len(set(group)) and set(group) <= {0, 1, 2, 3}
+    shares = ceil_split(128, len(group))
+    assert sum(shares) == 128
+    assert max(load.values()) < 1.0 + step.loss_seconds(sink, 128)
+
+
+def test_spreading_evens_a_loss_phase_relabeling_cannot(ctx):
+    before = _evaluated(ctx, SPLIT)
+    after = spread_losses(ctx, before)
+    groups = dict(after.placement.loss_groups)
+    assert set(groups) == {"transcribe/lm"} or set(groups) == {"transcribe/lm", "caption/lm"}
+    assert len(groups["transcribe/lm"]) > 1
+    assert after.timing.loss_s < 0.75 * before.timing.loss_s
+    assert after.iteration_s < before.iteration_s
+    assert any(n.startswith(SPREAD_LOSS_NOTE) for n in after.schedule.notes)
+    # the loss tensors moved with the rows: device 3 holds fewer, the others more
+    assert after.placement.memory[3] < before.placement.memory[3]
+    assert after.placement.memory[0] > before.placement.memory[0]
+    # the same waves; relabeling alone finds nothing here
+    assert after.placement.waves == before.placement.waves
+    assert loss_loads(ctx.step, SPLIT, 1) == loss_loads(ctx.step, after.placement.waves, 1)
+
+
+def test_the_plan_carries_the_loss_devices_through_its_json(ctx):
+    after = spread_losses(ctx, _evaluated(ctx, SPLIT))
+    others = dict.fromkeys(("sequential", "distmm", "optimus"), after.iteration_s)
+    plan = to_plan(ctx, after, lower_bound_s=0.0, baselines=others, wall_s=0.0, notes=(), extra={})
+    assert plan.loss_devices == after.placement.loss_groups
+    assert validate_plan(plan) == []
+    again = Plan.from_dict(plan.to_dict())
+    assert again.loss_devices == plan.loss_devices
+    assert "loss_devices" not in Plan.from_dict({**plan.to_dict(), "loss_devices": {}}).extra
+    wrong = dataclasses.replace(plan, loss_devices=(("nope/lm", (0,)), ("caption/lm", (9,))))
+    assert validate_plan(wrong) == [
+        "loss_devices: unknown MetaOp 'nope/lm'",
+        "loss_devices: 'caption/lm' scores on device 9, outside [0, 4)",
+    ]
+
+
+def test_sinks_already_on_every_device_of_their_head_stay(ctx):
+    everywhere = (
+        (_pp("caption/vision", 0, 4, (0, 1, 2, 3)),),
+        (_pp("transcribe/hearing", 0, 2, (0, 1, 2, 3)),),
+        (_pp("caption/vision_proj", 0, 1, (0, 1)), _pp("transcribe/audio_proj", 0, 1, (2, 3))),
+        (_pp("caption/lm", 0, 6, (0, 1, 2, 3)),),
+        (_pp("transcribe/lm", 0, 6, (0, 1, 2, 3)),),
+    )
+    ev = _evaluated(ctx, everywhere)
+    assert spread_losses(ctx, ev) is ev
