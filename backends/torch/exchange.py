@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from .schedule import Flow, moves, shard_bounds
+from .schedule import Flow, Move
 
 
 class ReceivePool:
@@ -69,15 +69,17 @@ def exchange(
         if reverse and not flow.backward:
             continue
         src, dst = (flow.dst, flow.src) if reverse else (flow.src, flow.dst)
-        flow_moves = moves(flow.batch, src, dst)
+        flow_moves = flow.moves
+        if reverse:  # the same overlaps, travelled the other way
+            flow_moves = tuple(Move(m.dst, m.src, m.lo, m.hi) for m in flow_moves)
         if not (rank in src or rank in dst):
             tag += len(flow_moves)
             continue
-        src_lo = shard_bounds(flow.batch, len(src))[src.index(rank)][0] if rank in src else 0
+        src_lo = flow.bounds(rank, source=not reverse)[0] if rank in src else 0
         buf = None
         dst_lo = 0
         if rank in dst:
-            dst_lo, dst_hi = shard_bounds(flow.batch, len(dst))[dst.index(rank)]
+            dst_lo, dst_hi = flow.bounds(rank, source=reverse)
             shape = (dst_hi - dst_lo, *flow.tail)
             if pool is not None and not reverse:
                 buf = pool.get(flow.key, shape, dtype, device)

@@ -59,6 +59,7 @@ from .schedule import (
     layer_module,
     shape_after,
     shard_bounds,
+    unit_bounds,
 )
 from .trace import Tracer
 
@@ -296,9 +297,8 @@ class StepExecutor:
                     continue
                 if f"{LM_LOSS_FLOW}{sink_id}" in self.flow_by_key:  # scored on its loss devices
                     where = self.lm_targets[sink_id]
-                    readouts[f"{LM_LOSS_FLOW}{sink_id}"] = y[
-                        :, where.offset : where.offset + where.count - 1
-                    ]
+                    positions = y[:, where.offset : where.offset + where.count - 1]
+                    readouts[f"{LM_LOSS_FLOW}{sink_id}"] = positions.reshape(-1, y.shape[-1])
                     continue
                 if hi == lo:
                     continue
@@ -418,19 +418,22 @@ class StepExecutor:
     def _score_rows(
         self, step: int, m: int, flow: MicroFlow, hidden: torch.Tensor
     ) -> tuple[str, torch.Tensor]:
-        """A spread lm sink's loss on the rows of pass ``m`` this rank received (``hidden``:
-        the positions the head reads): its task and this rank's share of the task's loss."""
+        """A spread lm sink's loss on the positions of pass ``m`` this rank received
+        (``hidden``: one row per position the head reads, the pass's rows one after another):
+        its task and this rank's share of the task's loss."""
         sink_id = flow.key[len(LM_LOSS_FLOW) :]
         task = self.graph.task(self.graph.op(sink_id).task)
-        lo, hi = shard_bounds(flow.batch, len(flow.dst))[flow.dst.index(self.rank)]
-        base = self.micro_rows(task.batch, m)[0]
-        raw = self.data.rows(task.name, step, base + lo, base + hi)
-        head = self.store[Part(head_module(self.graph.op(sink_id)), "head")]
         where = self.lm_targets[sink_id]
-        rows_only = L.LmTarget(where.modality, 0, where.count)  # ``hidden`` starts at the text
+        per_row = where.count - 1
+        lo, hi = flow.bounds(self.rank, source=False)
+        first, end = lo // per_row, -(-hi // per_row)  # the batch rows those positions are in
+        base = self.micro_rows(task.batch, m)[0]
+        ids = self.data.rows(task.name, step, base + first, base + end)[where.modality]
+        targets = ids[:, 1 : where.count].reshape(-1)[lo - first * per_row : hi - first * per_row]
+        head = self.store[Part(head_module(self.graph.op(sink_id)), "head")]
         # (inside the loss span; a category no step term sums, to see who scored what)
-        with self.tracer.span(f"score {sink_id}", "loss rows", rows=hi - lo):
-            part = L.lm_loss_part(head, hidden, raw[where.modality], rows_only, task.batch)
+        with self.tracer.span(f"score {sink_id}", "loss rows", positions=hi - lo):
+            part = L.lm_loss_positions(head, hidden, targets, task.batch * per_row)
         return task.name, part
 
     # --- backward -----------------------------------------------------------------------------
@@ -465,7 +468,7 @@ class MicroFlow(Flow):
 
 
 def _micro_flow(flow: Flow, k: int, m: int) -> MicroFlow:
-    lo, hi = shard_bounds(flow.batch, k)[m]
+    lo, hi = unit_bounds(flow.batch, k, flow.src_unit)[m]  # whole rows in each pass
     fields = {f.name: getattr(flow, f.name) for f in dataclasses.fields(Flow)}
     return MicroFlow(**{**fields, "batch": hi - lo}, batch_whole=flow.batch)
 

@@ -83,6 +83,17 @@ def lm_loss_part(
     return total / (batch * (n - 1))
 
 
+def lm_loss_positions(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, count: int
+) -> torch.Tensor:
+    """The share of a mean next-token cross-entropy over ``count`` positions that these
+    positions bring (``hidden``: one head input per position; ``targets``: the next token of
+    each). A spread lm loss scores any run of positions this way (``Plan.loss_devices``)."""
+    logits = head(hidden)
+    total = F.cross_entropy(logits, targets, reduction="sum")
+    return total / count
+
+
 def mse_loss_part(out: torch.Tensor, target: torch.Tensor, batch: int) -> torch.Tensor:
     """This shard's share of the mean squared error over a batch of ``batch``."""
     per_sample = math.prod(target.shape[1:])

@@ -11,8 +11,8 @@ batch (the plan never asks for tensor parallelism). Data crosses groups in three
 output of a MetaOp's last entry flows to the first entry of each consumer; a MetaOp split over
 several waves hands its activations from one entry to the next; a contrastive loss gathers
 the two pooled sink outputs of its task onto one device; and an lm sink whose loss the plan
-spreads (``Plan.loss_devices``) re-splits the positions its head reads over its loss devices
-(``LM_LOSS_FLOW``), which hold the head.
+spreads (``Plan.loss_devices``) re-splits the positions its head reads over its loss devices,
+position by position (``LM_LOSS_FLOW``, ``Flow.src_unit``), which hold the head.
 """
 
 from __future__ import annotations
@@ -50,10 +50,21 @@ class Move:
     hi: int
 
 
-def moves(batch: int, src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[Move, ...]:
-    """Every non-empty overlap between a source shard and a destination shard."""
+def unit_bounds(batch: int, n: int, unit: int = 1) -> tuple[tuple[int, int], ...]:
+    """``shard_bounds`` of ``batch`` elements split in whole units of ``unit`` (a row of
+    ``unit`` positions stays on one device)."""
+    if unit == 1:
+        return shard_bounds(batch, n)
+    return tuple((a * unit, b * unit) for a, b in shard_bounds(batch // unit, n))
+
+
+def moves(
+    batch: int, src: tuple[int, ...], dst: tuple[int, ...], src_unit: int = 1
+) -> tuple[Move, ...]:
+    """Every non-empty overlap between a source shard and a destination shard (the source
+    split in whole units of ``src_unit`` elements, the destination element by element)."""
     out = []
-    for s, (a, b) in zip(src, shard_bounds(batch, len(src)), strict=True):
+    for s, (a, b) in zip(src, unit_bounds(batch, len(src), src_unit), strict=True):
         for d, (c, e) in zip(dst, shard_bounds(batch, len(dst)), strict=True):
             lo, hi = max(a, c), min(b, e)
             if lo < hi:
@@ -94,10 +105,20 @@ class Flow:
     tail: tuple[int, ...]  # shape of one sample (tokens, width), or (width,) for a readout
     source: tuple[str, int]  # (metaop, stage index) that produced the rows
     backward: bool
+    # elements per source row: 1 for batch rows; a spread lm loss moves positions, ``batch``
+    # rows x positions of them, split by row over the source and by position over ``dst``
+    src_unit: int = 1
 
     @property
     def moves(self) -> tuple[Move, ...]:
-        return moves(self.batch, self.src, self.dst)
+        return moves(self.batch, self.src, self.dst, self.src_unit)
+
+    def bounds(self, rank: int, *, source: bool) -> tuple[int, int]:
+        """The elements ``rank`` holds on the flow's source side (``source``) or its
+        destination side."""
+        if source:
+            return unit_bounds(self.batch, len(self.src), self.src_unit)[self.src.index(rank)]
+        return shard_bounds(self.batch, len(self.dst))[self.dst.index(rank)]
 
     def involves(self, rank: int) -> bool:
         return rank in self.src or rank in self.dst
@@ -240,16 +261,18 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
             for sink_id, last in zip(task.sinks, sinks, strict=True):
                 if sink_id in spread:
                     sink = graph.op(sink_id)
+                    positions = lm_text_tokens(graph, sink) - 1  # what the head reads per row
                     flows.append(
                         Flow(
                             f"{LM_LOSS_FLOW}{sink_id}",
                             n_waves,
-                            task.batch,
+                            task.batch * positions,
                             last.devices,
                             spread[sink_id],
-                            (lm_text_tokens(graph, sink) - 1, sink.out_width),
+                            (sink.out_width,),
                             (sink_id, last.index),
                             sink.needs_backward,
+                            src_unit=positions,
                         )
                     )
             sinks = [

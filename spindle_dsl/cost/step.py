@@ -30,10 +30,11 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   pooled readouts, InfoNCE of the whole batch on one device), forward and backward; the
   busiest device counts (``loss_load`` gives each device's, which ``planner.lossbalance``
   evens out). An lm sink's loss may be spread over more devices than its last entry's
-  (``loss_groups``, chosen by ``planner.lossspread``, carried out by the runtime): its rows
-  are re-split over the group, each device paying the loss on its shard, and the head's
-  inputs move there and their gradients back (``loss_moves``: seconds per device, priced by
-  the planner with the cost model's transfers).
+  (``loss_groups``, chosen by ``planner.lossspread``, carried out by the runtime): the
+  positions its head reads are re-split over the group, each device paying the loss on its
+  share (``spread_shares``), and those inputs move there and their gradients back
+  (``loss_moves``: seconds per device, priced by the planner with the cost model's
+  transfers).
 - ``grad_sync_s``: gradient reduction as the runtime issues it, and the step's closing
   all-reduce of the losses over every rank (which also lines the ranks up). A parameter part
   (a layer, an input stage, an LM head) is summed over the ranks holding it; parts with the
@@ -321,9 +322,8 @@ class StepModel:
                 continue
             batch = self.ops[s.sink].batch
             group = groups.get(s.sink) if s.loss == "lm" else None
-            if group:  # each device of the group on its own part of the ceil split
-                rows = comm.ceil_div(batch, k)
-                for d, held in zip(group, ceil_split(rows, len(group)), strict=True):
+            if group:  # each device of the group on its part of the positions' ceil split
+                for d, held in zip(group, spread_shares(s, batch, k, len(group)), strict=True):
                     if held:
                         load[d] = load.get(d, 0.0) + self.loss_seconds(s, held)
                 continue
@@ -535,6 +535,14 @@ def ceil_split(rows: int, n: int) -> list[int]:
     ``ceil(rows / n)`` (the runtime's split: the last shards may be short or empty)."""
     size = comm.ceil_div(rows, n) if n else 0
     return [max(0, min(size, rows - i * size)) for i in range(n)]
+
+
+def spread_shares(sink: SinkLoss, batch: int, k: int, n: int) -> list[float]:
+    """The samples' worth each of ``n`` loss devices scores of a spread lm sink's pass: its
+    ``ceil(batch / k)`` rows' positions split ceil-wise position by position, as the runtime
+    splits them (``Plan.loss_devices``), in rows (positions over positions per row)."""
+    per_row = max(sink.positions, 1)
+    return [x / per_row for x in ceil_split(comm.ceil_div(batch, k) * per_row, n)]
 
 
 def _shard(batch: int, k: int, n: int) -> int:

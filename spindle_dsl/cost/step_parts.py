@@ -59,9 +59,10 @@ class SinkLoss:
     head_bytes: float  # its gradient bytes (0 when frozen or no head)
     tied_part: str | None = None  # the embedding stage a tied head multiplies by
     tied_bytes: float = 0.0  # its gradient bytes
-    # lm: bytes per sample of what the head reads (text tokens - 1 positions of the sink's
-    # output), which moves when the loss is spread over more devices (``cost.loss_spread``)
+    # lm: the positions the head reads per sample (text tokens - 1) and their bytes, which
+    # move when the loss is spread over more devices (``planner.lossspread``)
     hidden_bytes: float = 0.0
+    positions: int = 0
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,7 @@ def sink_losses(graph: MetaGraph) -> tuple[SinkLoss, ...]:
                     tied_part,
                     tied_bytes,
                     hidden,
+                    max(text - 1, 0),
                 )
             )
     return tuple(out)

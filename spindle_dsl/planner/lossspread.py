@@ -20,14 +20,13 @@ reduction and the optimizer are the same, and the sum of the shares is the same 
 How it is chosen. Per head, its sinks are spread heaviest first (loss seconds per device on
 their own group): the heaviest alone, the two heaviest, ..., all. A spread sink's group is
 chosen greedily on the loss seconds the devices already carry (``balanced_groups``): for each
-number of rows per device c from the fewest the union allows to the most its own group had,
-its ``ceil(rows / c)`` least loaded devices of the union, the least loaded first (the runtime
-splits rows ceil-wise, so the last device gets the short shard); the c whose busiest device
-ends least loaded wins. A row is the unit: a split that gave every device of the union
-``ceil(rows / N)`` rows would leave the last devices empty and the first ones fuller than
-needed. Each candidate is priced by the same step model as any plan (the moves with the cost
-model's transfers, the memory with the loss tensors moved, ``lossbalance.placed``), and kept
-only if the whole step is quicker and fits no worse.
+group size g from its own group's to the union's, its g least loaded devices of the union, the
+least loaded first (the runtime splits the positions ceil-wise, so the last device gets the
+short share); the g whose busiest device ends least loaded wins. The runtime moves positions,
+not rows, so a long-text row may be scored on two devices and a pass with fewer rows than
+devices still spreads over all of them. Each candidate is priced by the same step model as any
+plan (the moves with the cost model's transfers, the memory with the loss tensors moved,
+``lossbalance.placed``), and kept only if the whole step is quicker and fits no worse.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 from spindle_dsl.cost.comm import ceil_div
-from spindle_dsl.cost.step import StepModel, ceil_split
+from spindle_dsl.cost.step import StepModel, spread_shares
 from spindle_dsl.cost.step_parts import SinkLoss
 from spindle_dsl.planner.build import Evaluated, PlanContext, time_of
 from spindle_dsl.planner.lossbalance import placed, rebalance_losses, sink_loads
@@ -68,33 +67,35 @@ def balanced_groups(
     loss seconds each device carries from the sinks that stay (module docstring); ``own``:
     the devices of each sink's last piece. ``load`` is updated with what the groups add.
 
-    A group of g devices, the least loaded first, takes ``ceil(rows / g)`` rows on each but
-    the last; since the loads are sorted, its busiest device is the (g-1)-th with a full
-    share or the g-th with the rest, so each g is weighed in constant time; every g up to
-    ``EVERY_SIZE`` is tried, then sizes about ``SIZE_STEP`` apart. The least busiest device
-    of the union wins, then the least busy group."""
+    A group of g devices, the least loaded first, takes ``ceil(P / g)`` of the pass's P
+    positions on each but the last; since the loads are sorted, its busiest device is the
+    (g-1)-th with a full share or the g-th with the rest, so each g is weighed in constant
+    time; every g up to ``EVERY_SIZE`` is tried, then sizes about ``SIZE_STEP`` apart. The
+    least busiest device of the union wins, then the least busy group."""
     out: Groups = {}
     for s in spread:
-        rows = ceil_div(step.ops[s.sink].batch, k)
-        if rows <= 0:
+        per_row = max(s.positions, 1)
+        total = ceil_div(step.ops[s.sink].batch, k) * per_row
+        if total <= 0:
             continue
         order = sorted(union, key=lambda d: (load.get(d, 0.0), d))
         loads = [load.get(d, 0.0) for d in order]
         best: tuple[tuple[float, float], int] | None = None
-        for g in _sizes(min(own[s.sink], rows), min(len(order), rows)):
-            c = ceil_div(rows, g)
-            g = ceil_div(rows, c)  # the devices a ceil split of c rows each uses
-            rest = rows - (g - 1) * c
-            peak = loads[g - 1] + step.loss_seconds(s, rest)
+        for g in _sizes(min(own[s.sink], len(order)), min(len(order), total)):
+            c = ceil_div(total, g)
+            g = ceil_div(total, c)  # the devices a ceil split of c positions each uses
+            rest = total - (g - 1) * c
+            peak = loads[g - 1] + step.loss_seconds(s, rest / per_row)
             if g >= 2:
-                peak = max(peak, loads[g - 2] + step.loss_seconds(s, c))
+                peak = max(peak, loads[g - 2] + step.loss_seconds(s, c / per_row))
             outside = loads[-1] if g < len(loads) else peak
             key = (max(peak, outside), peak)
             if best is None or key < best[0]:
                 best = (key, g)
         assert best is not None
         group = tuple(order[: best[1]])
-        for d, held in zip(group, ceil_split(rows, len(group)), strict=True):
+        shares = spread_shares(s, step.ops[s.sink].batch, k, len(group))
+        for d, held in zip(group, shares, strict=True):
             if held:
                 load[d] = load.get(d, 0.0) + step.loss_seconds(s, held)
         out[s.sink] = group

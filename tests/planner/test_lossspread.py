@@ -8,7 +8,7 @@ import pytest
 from test_lossbalance import SPEC, _evaluated, _pp
 
 from spindle_dsl.cost import make_cost_model
-from spindle_dsl.cost.step import PieceTime, ceil_split
+from spindle_dsl.cost.step import PieceTime, ceil_split, spread_shares
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.plan.validate import validate_plan
@@ -31,10 +31,14 @@ def ctx():
     return context(graph, make_cost_model(graph.cluster))
 
 
-def test_ceil_split_is_the_runtimes_row_split():
+def test_ceil_split_is_the_runtimes_split_and_positions_are_its_unit(ctx):
     assert ceil_split(10, 4) == [3, 3, 3, 1]
     assert ceil_split(4, 3) == [2, 2, 0]
     assert ceil_split(0, 2) == [0, 0]
+    sink = next(s for s in ctx.step.sinks if s.sink == "transcribe/lm")
+    assert sink.positions == 63
+    # 3 rows of 63 positions over 2 devices: 95 and 94 positions, not 2 rows and 1
+    assert spread_shares(sink, 3, 1, 2) == [95 / 63, 94 / 63]
 
 
 def test_a_spread_sink_is_priced_on_its_groups_rows(ctx):
@@ -58,8 +62,8 @@ def test_the_greedy_groups_fill_the_least_loaded_devices_row_by_row(ctx):
     group = groups["transcribe/lm"]
     assert group[0] == 3  # the idle device first
     assert len(group) == len(set(group)) and set(group) <= {0, 1, 2, 3}
-    shares = ceil_split(128, len(group))
-    assert sum(shares) == 128
+    shares = spread_shares(sink, 128, 1, len(group))
+    assert sum(shares) == pytest.approx(128)
     assert max(load.values()) < 1.0 + step.loss_seconds(sink, 128)
 
 

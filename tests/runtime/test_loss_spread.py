@@ -1,9 +1,10 @@
 """lm losses spread over other devices than their sink's last entry (``Plan.loss_devices``).
 
-The spread sink's head inputs are re-split over its loss devices, which score them and send the
-gradients back: the run must still train the model the single-process oracle trains, exactly
-(float64), with one micro-batch and with two (each pass's rows offset in the batch), with a
-group larger than the sink's last entry, one smaller, and a sink left where it ends.
+The spread sink's head inputs are re-split position by position over its loss devices, which
+score them and send the gradients back: the run must still train the model the
+single-process oracle trains, exactly (float64), with one micro-batch and with two (each
+pass's rows offset in the batch), with groups larger than the sink's last entry, one of them
+cutting rows in the middle.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from spindle_dsl.backends.torch.parts import Part
 from spindle_dsl.backends.torch.schedule import LM_LOSS_FLOW, build_schedule
 from spindle_dsl.errors import ExecutionError
 
-# TINY_WAVES end caption/lm on (1, 3) and transcribe/lm on (0, 2)
-SPREAD = (("caption/lm", (2, 0, 3)), ("transcribe/lm", (1,)))
+# TINY_WAVES end caption/lm on (1, 3) and transcribe/lm on (0, 2); transcribe's 8 rows of 11
+# positions split over 3 devices as 30, 30 and 28 positions: rows cut in the middle
+SPREAD = (("caption/lm", (2, 0, 3)), ("transcribe/lm", (1, 3, 0)))
 
 
 def _spread_plan(graph, micro_batches: int = 1, spread=SPREAD):
@@ -37,7 +39,7 @@ def test_schedule_moves_the_head_inputs_and_holds_the_head_on_the_loss_devices()
     caption = flows[f"{LM_LOSS_FLOW}caption/lm"]
     assert (caption.src, caption.dst) == ((1, 3), (2, 0, 3))
     # the positions the head reads: text tokens - 1, at the lm's width
-    assert caption.tail == (11, 96) and caption.backward
+    assert caption.tail == (96,) and caption.backward and caption.src_unit == 11
     assert schedule.holder_map[Part("lm", "head")] == (0, 1, 2, 3)
     assert set(schedule.loss_group("caption")) == {0, 2, 3}
 
