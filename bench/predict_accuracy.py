@@ -21,7 +21,8 @@ single-threaded matrix product just before each profile and each run (``speed_pr
 prints the run's probe over the profile's (``drift``: 1.20 = the machine was 20% slower when
 the run started than when it was profiled), and ``--repeat R`` runs every case R times, profile
 included, and adds a table of each row's median ratio over the repeats with its spread: the
-figure to judge a target by on such a machine.
+figure to judge a target by on such a machine. The two plans of a case take turns going first
+from one repeat to the next, so that a drift within a cycle does not always favour one.
 
     .venv/bin/python bench/predict_accuracy.py [--steps 8] [--repeat 3] [--cases tiny_mm@2 ...]
 """
@@ -109,7 +110,9 @@ def run_case(name: str, nproc: int, steps: int, work: Path, cycle: int = 0) -> l
     spindle("profile", spec, *common, "--out", str(profile), "-q")
     profiled_s = time.perf_counter() - t0
     out = []
-    for scheduler in SCHEDULERS:
+    # default first in even cycles, sequential first in odd ones: on a machine whose speed
+    # drifts, a fixed order would favour whichever plan runs earlier in every cycle
+    for scheduler in SCHEDULERS if cycle % 2 == 0 else tuple(reversed(SCHEDULERS)):
         stem = work / f"{name}-{nproc}-{cycle}-{scheduler}"
         plan, trace, summary = (Path(f"{stem}-{x}.json") for x in ("plan", "trace", "summary"))
         spindle("plan", spec, "--devices", str(nproc), "--profile", str(profile),
