@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC = REPO.parent / "shared" / "spec" / "cpu_medium.spindle"
 WORK = ("forward", "backward", "loss")
 OVERHEAD = ("exchange", "reduce", "optimizer", "other")
+SPANNED = (*WORK, *OVERHEAD[:-1])  # the categories that tile a step (``other``: the rest)
 
 
 def step_sums(trace: dict, first_step: int = 2) -> dict[int, dict[str, float]]:
@@ -50,7 +51,8 @@ def step_sums(trace: dict, first_step: int = 2) -> dict[int, dict[str, float]]:
         out["step"] += s["dur"] / 1e6
         covered = 0.0
         for e in by_rank[rank]:
-            if lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 1.0:
+            # (spans of other categories lie inside these: a spread loss's "loss rows")
+            if e["cat"] in SPANNED and lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 1.0:
                 out[e["cat"]] += e["dur"] / 1e6
                 covered += e["dur"] / 1e6
         out["other"] += s["dur"] / 1e6 - covered

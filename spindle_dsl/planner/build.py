@@ -16,7 +16,7 @@ paper's allocator and the MILPs included, plans with each MetaOp's minimum devic
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from spindle_dsl.cost.base import CostModel, Curves, SliceMemory, has_slice_memory
@@ -355,11 +355,9 @@ def evaluate(ctx: PlanContext, sched: Schedule) -> Evaluated:
     return Evaluated(sched, placement, time_of(ctx, placement))
 
 
-def time_of(ctx: PlanContext, placement: Placement) -> Timing:
-    """The iteration time of ``placement`` under ``ctx``'s levers (the step model's). Moves
-    are priced once per (bytes, source, destination) and context family (``moves``): the
-    candidates a search places repeat most of them, and pricing a re-shard walks both
-    splits."""
+def transfer_of(ctx: PlanContext) -> Callable[[float, Sequence[int], Sequence[int]], float]:
+    """The cost model's transfer time, each (bytes, source, destination) priced once per
+    context family (``ctx.moves``)."""
     cost, cluster, moves = ctx.cost, ctx.graph.cluster, ctx.moves
 
     def transfer(nbytes: float, src: Sequence[int], dst: Sequence[int]) -> float:
@@ -369,11 +367,20 @@ def time_of(ctx: PlanContext, placement: Placement) -> Timing:
             got = moves[key] = cost.transfer_seconds(nbytes, src, dst, cluster)
         return got
 
+    return transfer
+
+
+def time_of(ctx: PlanContext, placement: Placement) -> Timing:
+    """The iteration time of ``placement`` under ``ctx``'s levers (the step model's). Moves
+    are priced once per (bytes, source, destination) and context family (``moves``): the
+    candidates a search places repeat most of them, and pricing a re-shard walks both
+    splits."""
+    cost, cluster = ctx.cost, ctx.graph.cluster
     return time_placement(
         placement,
         lambda op, n: ctx.problem.op(op).t(n),
         ctx.flows,
-        transfer,
+        transfer_of(ctx),
         lambda b, ds: cost.allreduce_seconds(b, ds, cluster),
         ctx.step,
         micro_batches=ctx.levers.micro_batches,

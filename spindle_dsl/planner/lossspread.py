@@ -24,9 +24,11 @@ group size g from its own group's to the union's, its g least loaded devices of 
 least loaded first (the runtime splits the positions ceil-wise, so the last device gets the
 short share); the g whose busiest device ends least loaded wins. The runtime moves positions,
 not rows, so a long-text row may be scored on two devices and a pass with fewer rows than
-devices still spreads over all of them. Each candidate is priced by the same step model as any
-plan (the moves with the cost model's transfers, the memory with the loss tensors moved,
-``lossbalance.placed``), and kept only if the whole step is quicker and fits no worse.
+devices still spreads over all of them. The candidates are judged by their loss phase
+alone (moves included), and the ``PRICED`` best whose phase is shorter are priced by the same
+step model as any plan (the moves with the cost model's transfers, the memory with the loss
+tensors moved, ``lossbalance.placed``) and kept only if the whole step is quicker and fits no
+worse.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 from spindle_dsl.cost.comm import ceil_div
-from spindle_dsl.cost.step import StepModel, spread_shares
+from spindle_dsl.cost.step import PieceTime, StepModel, spread_shares
 from spindle_dsl.cost.step_parts import SinkLoss
-from spindle_dsl.planner.build import Evaluated, PlanContext, time_of
-from spindle_dsl.planner.lossbalance import placed, rebalance_losses, sink_loads
-from spindle_dsl.planner.placement import PlacedPiece
+from spindle_dsl.planner.build import Evaluated, PlanContext, time_of, transfer_of
+from spindle_dsl.planner.lossbalance import Waves, placed, rebalance_losses, sink_loads
+from spindle_dsl.planner.placement import PlacedPiece, Placement
+from spindle_dsl.planner.timing import loss_moves
 
 SPREAD_LOSS_NOTE = "lm losses spread over their head's devices"  # how the plan's note begins
 
@@ -104,7 +107,8 @@ def balanced_groups(
 
 EVERY_SIZE = 64  # group sizes tried one by one up to this many devices
 SIZE_STEP = 1.05  # then each about this much larger than the last
-MAX_SPREADS = 8  # heaviest-first prefixes of a head's sinks priced, at most
+MAX_SPREADS = 8  # heaviest-first prefixes of a head's sinks tried, at most
+PRICED = 2  # of those, the ones with the shortest loss phase whose whole step is priced
 
 
 def _sizes(low: int, high: int) -> list[int]:
@@ -145,6 +149,7 @@ def spread_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
         heavy = sorted(sinks, key=lambda s: -_own_loss(step, s, len(last[s.sink].devices), k))
         base = dict(best.placement.loss_groups)
         own = {s.sink: len(last[s.sink].devices) for s in sinks}
+        quick = []  # (the loss phase alone, with its moves; the groups)
         for j in _prefixes(len(heavy)):
             load: dict[int, float] = {}
             for s in heavy[j:]:  # the sinks that stay on their own devices
@@ -152,6 +157,11 @@ def spread_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
                 for d in last[s.sink].devices:
                     load[d] = load.get(d, 0.0) + each
             trial_groups = {**base, **balanced_groups(step, heavy[:j], union, load, own, k)}
+            quick.append((_loss_phase(ctx, waves, trial_groups), j, trial_groups))
+        now = _loss_phase(ctx, waves, base)
+        for phase, _, trial_groups in sorted(quick, key=lambda q: q[:2])[:PRICED]:
+            if phase >= now * (1 - 1e-9):
+                break  # the loss phase alone gets no shorter: the whole step cannot gain
             pl = placed(ctx, waves, tuple(trial_groups.items()))
             if _over(pl.memory, cap) > _over(best.placement.memory, cap):
                 continue  # a plan that fits keeps fitting
@@ -167,6 +177,18 @@ def spread_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
         f"{ev.iteration_s * 1e3:.1f} -> {best.iteration_s * 1e3:.1f} ms"
     )
     return replace(best, schedule=replace(best.schedule, notes=(*best.schedule.notes, note)))
+
+
+def _loss_phase(ctx: PlanContext, waves: Waves, groups: Groups) -> float:
+    """One pass's loss phase of ``waves`` with ``groups`` spread, moves included: what a
+    candidate is judged by before the whole step is priced (``PRICED``)."""
+    step = ctx.step
+    assert step is not None
+    pieces = [[PieceTime(p.op, p.first, p.end, p.devices, 0.0) for p in w] for w in waves]
+    shell = Placement(waves, (), (), None, tuple(groups.items()))
+    k = ctx.levers.micro_batches
+    moves = loss_moves(shell, step, ctx.flows, transfer_of(ctx), k) if groups else None
+    return max(step.loss_load(pieces, k, groups, moves).values(), default=0.0)
 
 
 def balance_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
