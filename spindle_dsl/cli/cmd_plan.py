@@ -166,6 +166,7 @@ def summary(plan: Plan) -> dict[str, Any]:
         "micro_batches": plan.micro_batches,
         "zero_stage": plan.zero_stage,
         "recompute": [m.id for m in plan.metaops if m.recompute],
+        "loss_devices": {sink: list(ds) for sink, ds in plan.loss_devices},
         "metaops": len(plan.metaops),
         "peak_memory_bytes": max(plan.memory_bytes, default=0),
         "memory_bytes": list(plan.memory_bytes),

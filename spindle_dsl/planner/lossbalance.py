@@ -2,8 +2,9 @@
 sinks' losses do not pile up on the same few devices.
 
 The runtime computes every sink's loss heads after the last forward wave, on the devices of
-the sink's last piece (``cost.step``, ``loss_s``), so a device that ends two sinks computes
-both losses while the others wait. Placement cannot see this when it places a sink's first
+the sink's last piece (``cost.step``, ``loss_s``; unless its loss is spread, which
+``planner.lossspread`` decides after this), so a device that ends two sinks computes both
+losses while the others wait. Placement cannot see this when it places a sink's first
 piece (its later pieces follow it, and the other sinks are placed waves later), and a
 concurrent plan whose sinks end on overlapping device groups can lose much of what its waves
 gained: with vocabulary-sized heads the loss phase is several percent of a step (qwen_val at

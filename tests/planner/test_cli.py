@@ -34,6 +34,7 @@ def test_plan_json_summary(shared_dir, capsys):
     assert summary["chosen"] == "sequential"
     assert summary["speedup"]["sequential"] == pytest.approx(1.0)
     assert set(summary["baselines"]) == {"sequential_s", "distmm_s", "optimus_s"}
+    assert summary["loss_devices"] == {}  # every sink already ends on every device
 
 
 def test_written_plan_validates(plan_file, capsys):
