@@ -545,6 +545,13 @@ def spread_shares(sink: SinkLoss, batch: int, k: int, n: int) -> list[float]:
     return [x / per_row for x in ceil_split(comm.ceil_div(batch, k) * per_row, n)]
 
 
+def spread_share(sink: SinkLoss, batch: int, k: int, n: int) -> float:
+    """The largest share of a pass's batch one of ``n`` loss devices scores of a spread lm
+    sink (``spread_shares`` over the pass's rows): what its loss tensors scale by."""
+    rows = comm.ceil_div(batch, k)
+    return max(spread_shares(sink, batch, k, n), default=0.0) / rows if rows else 0.0
+
+
 def _shard(batch: int, k: int, n: int) -> int:
     """Samples the largest device shard of one micro-batch pass holds."""
     return comm.ceil_div(comm.ceil_div(batch, k), max(n, 1)) if batch > 0 else 0

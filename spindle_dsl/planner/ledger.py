@@ -331,20 +331,24 @@ class PartLedger:
             self.grad[grid] = np.maximum(self.grad[grid], r.grads[:, None])
             self.held[grid] = True
 
-    def spread_loss(self, op: str, layers: int, last: Iterable[int], group: Iterable[int]) -> None:
+    def spread_loss(
+        self, op: str, layers: int, last: Iterable[int], group: Iterable[int], share: float
+    ) -> None:
         """Move lm sink ``op``'s loss tensors from the devices of its last piece (``last``,
-        added already) to its loss group (``planner.lossspread``): each device of the group
-        then holds them for its share of the rows. The last piece's working set (the logits,
-        if they were its largest) stays charged: a peak can only be overstated by it."""
+        added already) to its loss group (``planner.lossspread``), each device of which
+        holds them for at most ``share`` of the pass's batch (``cost.step.spread_share``):
+        the runtime scores a spread loss data-parallel, so the whole batch's tensors (on one
+        device) scale by the share. The last piece's working set (the logits, if they were
+        its largest) stays charged: a peak can only be overstated by it."""
         old = np.asarray(list(last), dtype=int)
         new = np.asarray(list(group), dtype=int)
         before = self.fn(op, len(old), layers - 1, layers)
-        after = self.fn(op, len(new), layers - 1, layers)
+        whole = self.fn(op, 1, layers - 1, layers)
         cl = self._whole_classes(old)
         self.loss[cl] -= before.loss
         cg = self._whole_classes(new)
-        self.loss[cg] += after.loss
-        self.working[cg] = np.maximum(self.working[cg], after.working)
+        self.loss[cg] += whole.loss * share
+        self.working[cg] = np.maximum(self.working[cg], whole.working * share)
 
     def _held(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(layers per row, held row x class, holders per row) over the rows so far."""

@@ -35,7 +35,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from spindle_dsl.cost.step import PieceTime, StepModel
+from spindle_dsl.cost.step import PieceTime, StepModel, spread_share
 from spindle_dsl.planner.build import Evaluated, PlanContext, time_of
 from spindle_dsl.planner.placement import PlacedPiece, Placement
 from spindle_dsl.planner.problem import Piece
@@ -163,9 +163,14 @@ def placed(
             last[p.op] = p
             for x in p.devices:
                 last_op[x] = p.op
+    if loss_groups:
+        assert ctx.step is not None
+        sinks = {s.sink: s for s in ctx.step.sinks}
+        k = ctx.levers.micro_batches
     for sink, group in loss_groups:
         p = last[sink]
-        ledger.spread_loss(sink, p.end, p.devices, group)  # type: ignore[attr-defined]
+        share = spread_share(sinks[sink], ctx.step.ops[sink].batch, k, len(group))
+        ledger.spread_loss(sink, p.end, p.devices, group, share)  # type: ignore[attr-defined]
     memory = ledger.memory()
     cap = ctx.topology.capacity
     overflow = tuple((x, last_op.get(x, ""), b) for x, b in enumerate(memory) if b > cap)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spindle_dsl.cost.base import CostModel, SliceMemory
+from spindle_dsl.cost.step import spread_share
+from spindle_dsl.cost.step_parts import sink_losses
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.plan.model import Entry, Plan
 from spindle_dsl.planner.build import slice_memory_of
@@ -60,8 +62,10 @@ def plan_ledger(graph: MetaGraph, plan: Plan, cost: CostModel) -> PartLedger:
         piece = Piece(e.metaop, e.first, e.end, len(e.devices))
         ledger.add(piece, list(e.devices), ledger.need(piece))
         last[e.metaop] = e
+    sinks = {s.sink: s for s in sink_losses(graph)}
     for sink, devices in plan.loss_devices:
-        ledger.spread_loss(sink, last[sink].end, last[sink].devices, devices)
+        share = spread_share(sinks[sink], graph.op(sink).batch, plan.micro_batches, len(devices))
+        ledger.spread_loss(sink, last[sink].end, last[sink].devices, devices, share)
     return ledger
 
 
