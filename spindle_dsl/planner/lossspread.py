@@ -40,7 +40,13 @@ from spindle_dsl.cost.comm import ceil_div
 from spindle_dsl.cost.step import PieceTime, StepModel, spread_shares
 from spindle_dsl.cost.step_parts import SinkLoss
 from spindle_dsl.planner.build import Evaluated, PlanContext, time_of, transfer_of
-from spindle_dsl.planner.lossbalance import Waves, placed, rebalance_losses, sink_loads
+from spindle_dsl.planner.lossbalance import (
+    Waves,
+    loss_loads,
+    placed,
+    rebalance_losses,
+    sink_loads,
+)
 from spindle_dsl.planner.placement import PlacedPiece, Placement
 from spindle_dsl.planner.timing import loss_moves
 
@@ -134,8 +140,8 @@ def spread_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
     """``ev`` with the lm losses spread over their heads' devices where that makes the whole
     step quicker and fits no worse (module docstring), or ``ev`` itself."""
     step = ctx.step
-    ledger_moves_losses = hasattr(ctx.ledger(), "spread_loss")
-    if step is None or not ledger_moves_losses or ev.placement.loss_groups:
+    # (a ledger of whole pieces cannot move a sink's loss tensors: no spread without parts)
+    if step is None or not ctx.per_part or ev.placement.loss_groups:
         return ev
     waves = ev.placement.waves
     last = {p.op: p for wave in waves for p in wave}
@@ -146,16 +152,14 @@ def spread_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
         union = tuple(sorted({d for s in sinks for d in last[s.sink].devices}))
         if all(len(last[s.sink].devices) == len(union) for s in sinks):
             continue  # every sink already scores on every device of the head
-        heavy = sorted(sinks, key=lambda s: -_own_loss(step, s, len(last[s.sink].devices), k))
+        alone = {s.sink: loss_loads(step, ((last[s.sink],),), k) for s in sinks}
+        heavy = sorted(sinks, key=lambda s: -max(alone[s.sink].values(), default=0.0))
         base = dict(best.placement.loss_groups)
         own = {s.sink: len(last[s.sink].devices) for s in sinks}
         quick = []  # (the loss phase alone, with its moves; the groups)
         for j in _prefixes(len(heavy)):
-            load: dict[int, float] = {}
-            for s in heavy[j:]:  # the sinks that stay on their own devices
-                each = _own_loss(step, s, own[s.sink], k)
-                for d in last[s.sink].devices:
-                    load[d] = load.get(d, 0.0) + each
+            # the sinks that stay score on their own devices
+            load = loss_loads(step, tuple((last[s.sink],) for s in heavy[j:]), k)
             trial_groups = {**base, **balanced_groups(step, heavy[:j], union, load, own, k)}
             quick.append((_loss_phase(ctx, waves, trial_groups), j, trial_groups))
         now = _loss_phase(ctx, waves, base)
@@ -224,12 +228,6 @@ def _floor(ctx: PlanContext, ev: Evaluated) -> float:
     n = ctx.topology.devices
     total = sum(float(v.sum()) for _, v in sink_loads(step, ev.placement.waves, k, n))
     return ev.iteration_s - ev.timing.loss_s + k * total / n
-
-
-def _own_loss(step: StepModel, sink: SinkLoss, devices: int, k: int) -> float:
-    """One pass's loss seconds per device of ``sink`` scored on ``devices`` devices."""
-    rows = ceil_div(ceil_div(step.ops[sink.sink].batch, k), devices)
-    return step.loss_seconds(sink, rows)
 
 
 def _over(memory: tuple[int, ...], cap: int) -> int:

@@ -56,6 +56,16 @@ PILED = (
 )
 
 
+# both LM sinks end on every device: the loss phase is even already
+EVERYWHERE = (
+    (_pp("caption/vision", 0, 4, (0, 1, 2, 3)),),
+    (_pp("transcribe/hearing", 0, 2, (0, 1, 2, 3)),),
+    (_pp("caption/vision_proj", 0, 1, (0, 1)), _pp("transcribe/audio_proj", 0, 1, (2, 3))),
+    (_pp("caption/lm", 0, 6, (0, 1, 2, 3)),),
+    (_pp("transcribe/lm", 0, 6, (0, 1, 2, 3)),),
+)
+
+
 @pytest.fixture(scope="module")
 def ctx():
     graph = compile_text(SPEC, path="<lossbalance>").graph
@@ -130,14 +140,7 @@ def test_a_piled_plan_gets_a_quicker_loss_phase_and_still_fits_and_validates(ctx
 
 
 def test_a_plan_whose_sinks_end_on_every_device_is_returned_as_it_is(ctx):
-    spread = (
-        (_pp("caption/vision", 0, 4, (0, 1, 2, 3)),),
-        (_pp("transcribe/hearing", 0, 2, (0, 1, 2, 3)),),
-        (_pp("caption/vision_proj", 0, 1, (0, 1)), _pp("transcribe/audio_proj", 0, 1, (2, 3))),
-        (_pp("caption/lm", 0, 6, (0, 1, 2, 3)),),
-        (_pp("transcribe/lm", 0, 6, (0, 1, 2, 3)),),
-    )
-    ev = _evaluated(ctx, spread)
+    ev = _evaluated(ctx, EVERYWHERE)
     assert rebalance_losses(ctx, ev) is ev
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_lossbalance import SPEC, _evaluated, _pp
+from test_lossbalance import EVERYWHERE, SPEC, _evaluated, _pp
 
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.cost.step import PieceTime, ceil_split, spread_shares
@@ -101,12 +101,5 @@ def test_the_plan_carries_the_loss_devices_through_its_json(ctx):
 
 
 def test_sinks_already_on_every_device_of_their_head_stay(ctx):
-    everywhere = (
-        (_pp("caption/vision", 0, 4, (0, 1, 2, 3)),),
-        (_pp("transcribe/hearing", 0, 2, (0, 1, 2, 3)),),
-        (_pp("caption/vision_proj", 0, 1, (0, 1)), _pp("transcribe/audio_proj", 0, 1, (2, 3))),
-        (_pp("caption/lm", 0, 6, (0, 1, 2, 3)),),
-        (_pp("transcribe/lm", 0, 6, (0, 1, 2, 3)),),
-    )
-    ev = _evaluated(ctx, everywhere)
+    ev = _evaluated(ctx, EVERYWHERE)
     assert spread_losses(ctx, ev) is ev
