@@ -63,6 +63,11 @@ class RunConfig:
     zero_stage: int | None = None
     # measure each rank's peak tensor bytes (``backends/torch/memory.py``)
     measure_memory: bool = True
+    # the most gradient elements one bucket carries (None: the runtime's own cap, which the
+    # step model prices; ``backends/torch/shards.MAX_BUCKET_ELEMENTS``): smaller buckets start
+    # reducing earlier in a stage's backward, each paying a collective's latency (tests and
+    # benchmarks pick one)
+    bucket_elements: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -88,6 +93,8 @@ class RunConfig:
                 f"grad_collective must be auto, all_reduce or reduce_scatter, "
                 f"got {self.grad_collective!r}"
             )
+        if self.bucket_elements is not None and self.bucket_elements < 1:
+            problems.append(f"bucket_elements must be at least 1, got {self.bucket_elements}")
         if self.micro_batches is not None and self.micro_batches < 1:
             problems.append(f"micro_batches must be at least 1, got {self.micro_batches}")
         if self.zero_stage is not None and self.zero_stage not in (0, 1, 2):

@@ -72,6 +72,9 @@ class BackwardListener:
     def begin_pass(self, index: int, count: int) -> None:
         pass
 
+    def backward_begin(self, tick: int) -> None:
+        pass
+
     def backward_done(self, tick: int) -> None:
         pass
 
@@ -191,6 +194,7 @@ class StepExecutor:
                 key = (stage.metaop, stage.index)
                 out = outputs.pop(key)
                 if out.requires_grad:
+                    self.listener.backward_begin(n - wave)
                     with self._span("B", "backward", stage, step):
                         grad = out_grads.pop(key, None)
                         torch.autograd.backward(

@@ -5,13 +5,17 @@ adds into ``.grad``), and then summed over the ranks that hold the part: its par
 group. Parts with the same holders travel together in buckets (``shards.py``), one collective
 per bucket, issued asynchronously as soon as the bucket is ready, as DDP does:
 
-- When a part is final on a rank is known from the schedule, not from hooks: it is the last
-  stage of the backward on that rank that touches the part (``ready_ticks``), counting a LM
-  head as touched by the loss. Shared parts get gradient from several MetaOps, so their last
-  one counts. The executor reports each finished tick (``backward_done``); a bucket is issued
-  once its tick has passed and every earlier bucket of its group (in the order all holders
-  agree on) has been issued, so the collectives of a group never cross, while the backward
-  of the rest of the step runs on.
+- In which stage a part becomes final on a rank is known from the schedule: the last stage
+  of the backward on that rank that touches the part (``ready_ticks``), counting a LM head
+  as touched by the loss. Shared parts get gradient from several MetaOps, so their last one
+  counts. Inside that stage, autograd says when: the executor announces each stage's
+  backward (``backward_begin``) and each parameter's accumulation hook counts down its
+  bucket, which is issued at its last gradient, while the stage's backward runs on through
+  its earlier layers (buckets are cut in the backward's order, later layers first). The
+  executor also reports each finished tick (``backward_done``), which issues whatever the
+  hooks did not (the loss's tick, a parameter that got no gradient). A bucket is issued only
+  after every earlier bucket of its group (in the order all holders agree on), so the
+  collectives of a group never cross, while the backward of the rest of the step runs on.
 - With ``k`` micro-batches the passes accumulate into ``.grad`` and only the last pass reduces,
   unless gradients are sharded (ZeRO-2), where every pass reduce-scatters its buckets into
   the rank's gradient shard, which accumulates over the passes, and frees the full-size
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from spindle_dsl.errors import ExecutionError
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 
 from .params import PartStore
@@ -160,6 +165,24 @@ class GradSync:
         # called with each bucket of several holders whose final gradient shard is ready while
         # the last pass's backward still runs (the sharded optimizer updates it there)
         self.on_final: Callable[[Bucket], None] | None = None
+        # issuing inside a stage (``backward_begin``): the tick whose backward runs, and per
+        # bucket that becomes final in it, how many of its parameters have yet to receive
+        # their last gradient
+        self._ready = ready
+        self._tick: int | None = None
+        self._left: dict[Bucket, int] = {}
+        self._got: set[int] = set()  # parameters (by id) that received it in this tick
+        self._early: set[Bucket] = set()  # buckets whose gradients became final in this tick
+        self._bucket_of: dict[int, Bucket] = {}
+        self._hooks = []
+        if ready is not None:
+            for b in self.buckets:
+                if len(b.holders) < 2:
+                    continue
+                for ps in b.parts:
+                    for t in self.params[ps.part]:
+                        self._bucket_of[id(t)] = b
+                        self._hooks.append(t.register_post_accumulate_grad_hook(self._accumulated))
 
     # --- the executor's calls -------------------------------------------------------------------
     def begin_pass(self, index: int, count: int) -> None:
@@ -173,9 +196,58 @@ class GradSync:
             self._complete(bucket)
         self._last = index == count - 1
 
+    def backward_begin(self, tick: int) -> None:
+        """Backward tick ``tick`` (a wave's stage; not the loss, tick 0, whose heads may take
+        several backward calls) is about to run: each bucket whose gradients become final in
+        it is issued from the accumulation hook of its last parameter, while the rest of the
+        stage's backward runs on (a stage finishes its last layer first), as DDP issues its
+        buckets; a wave's single backward call gives each parameter one accumulation."""
+        self._tick, self._got = None, set()
+        self._left.clear()
+        self._early.clear()
+        if not self._reducing or tick <= 0 or self._ready is None:
+            return
+        self._tick = tick
+        for b in self.buckets:
+            if len(b.holders) < 2 or b.ready_on(self.rank) != tick:
+                continue
+            i = b.holders.index(self.rank)
+            self._left[b] = sum(
+                len(self.params[ps.part]) for ps in b.parts if self._ready[ps.part][i] == tick
+            )
+
+    def _accumulated(self, param: torch.Tensor) -> None:
+        """A parameter's gradient was accumulated (autograd's hook): issue its bucket, and any
+        of its group's queue it unblocks, if that was the bucket's last final gradient."""
+        if self._tick is None:
+            return
+        bucket = self._bucket_of.get(id(param))
+        if bucket is None or bucket not in self._left:
+            return
+        if id(param) in self._got:
+            raise ExecutionError(
+                f"internal: a parameter of {bucket.parts[0].part} received two gradients in "
+                f"one backward stage, after its bucket was issued"
+            )
+        self._got.add(id(param))
+        self._left[bucket] -= 1
+        if self._left[bucket] == 0:
+            self._early.add(bucket)
+            self._issue_queue(bucket.holders, self._tick - 1)
+
+    def _issue_queue(self, holders: tuple[int, ...], tick: int) -> None:
+        """Issue the group's buckets in order while each is ready by ``tick`` or final early."""
+        queue = self.queues[holders]
+        i = self._next.get(holders, 0)
+        while i < len(queue) and (queue[i].ready_on(self.rank) <= tick or queue[i] in self._early):
+            self._issue(queue[i])
+            i += 1
+        self._next[holders] = i
+
     def backward_done(self, tick: int) -> None:
         """Backward tick ``tick`` of the pass is over: issue every bucket it made ready, in
         its group's order."""
+        self._tick = None
         if not self._reducing:
             return
         for bucket, pending in list(self._pending.items()):  # free what is done already
@@ -183,12 +255,10 @@ class GradSync:
                 self._complete(bucket)
         while self._final and self.on_final is not None:
             self.on_final(self._final.pop(0))
-        for holders, queue in self.queues.items():
-            i = self._next.get(holders, 0)
-            while i < len(queue) and queue[i].ready_on(self.rank) <= tick:
-                self._issue(queue[i])
-                i += 1
-            self._next[holders] = i
+        for holders in self.queues:
+            self._issue_queue(holders, tick)
+        self._early.clear()  # issued now: a later pass's buckets are final only in that pass
+        self._left.clear()
 
     def finish(self) -> None:
         """Issue every bucket the step has not issued yet (all are ready once the backward is

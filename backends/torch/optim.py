@@ -25,6 +25,7 @@ from .grads import GradSync
 from .params import PartStore
 from .parts import Part
 from .schedule import Schedule
+from .shards import MAX_BUCKET_ELEMENTS
 from .trace import Tracer
 
 
@@ -126,6 +127,7 @@ class ReplicatedAdamW:
         ready: Mapping[Part, tuple[int, ...]] | None = None,
         tracer: Tracer | None = None,
         keep: Callable[[torch.Tensor, str], None] | None = None,
+        max_bucket_elements: int = MAX_BUCKET_ELEMENTS,
     ):
         self.rank, self.store, self.holders = rank, store, schedule.holder_map
         self.tracer = tracer or Tracer(rank, enabled=False)
@@ -138,7 +140,15 @@ class ReplicatedAdamW:
             eps=eps,
         )
         self.sync = GradSync(
-            schedule, rank, store, groups, stage=0, tracer=self.tracer, ready=ready, keep=self.keep
+            schedule,
+            rank,
+            store,
+            groups,
+            stage=0,
+            tracer=self.tracer,
+            ready=ready,
+            keep=self.keep,
+            max_bucket_elements=max_bucket_elements,
         )
 
     def step(self) -> None:

@@ -99,13 +99,15 @@ def plan_buckets(
     so every holder of a set computes the same buckets in the same order. A bucket closes when
     its buffer (``k`` rows) would pass ``max_elements``, or when the group tick changes and it
     holds ``min_elements`` already; a part larger than the cap gets a bucket of its own. The
-    buckets come sorted by group tick, then by the position of their first part."""
+    buckets come sorted by group tick, then the later parts first (the backward's order)."""
     by_holders: dict[tuple[int, ...], list[tuple[int, int, Part, int]]] = {}
     for position, (part, holders, numel) in enumerate(held):
         if numel <= 0:
             continue
         ticks = ready[part] if ready is not None else (0,) * len(holders)
-        by_holders.setdefault(holders, []).append((max(ticks), position, part, numel))
+        # within a tick, later parts first: the backward finishes them first, so a bucket can
+        # be issued while the stage's backward still runs (``grads.GradSync``'s hooks)
+        by_holders.setdefault(holders, []).append((max(ticks), -position, part, numel))
     done: list[tuple[int, int, Bucket]] = []
     for holders, parts in by_holders.items():
         k = len(holders)

@@ -76,6 +76,8 @@ def make_rank_optimizer(
     groups = holder_groups(schedule, rank)
     hyper = dict(lr=config.lr, weight_decay=config.weight_decay, betas=config.betas, eps=config.eps)
     common = dict(tracer=tracer, ready=ready, keep=keep)
+    if config.bucket_elements is not None:
+        common["max_bucket_elements"] = config.bucket_elements
     if stage == 0:
         return ReplicatedAdamW(schedule, rank, store, groups, **common, **hyper)
     gloo_only = dist.get_backend() == "gloo" and not gloo_has_reduce_scatter()

@@ -46,9 +46,10 @@ def test_buckets_split_every_part_over_its_holders_exactly_once(parts, cap):
             covered = [e for r in ps.holders for e in range(*ps.bounds(r))]
             assert covered == list(range(ps.numel))  # contiguous shards, in holder order
             assert max(hi - lo for lo, hi in map(ps.bounds, ps.holders)) == ps.slot
-    # buckets come in the order of their first part: ranks sharing two sets agree on it
+    # buckets come in the backward's order of their first part (later parts first): ranks
+    # sharing two sets agree on it
     firsts = [next(i for i, (p, _, _) in enumerate(held) if p == b.parts[0].part) for b in buckets]
-    assert firsts == sorted(firsts)
+    assert firsts == sorted(firsts, reverse=True)
 
 
 @given(numel=st.integers(1, 40), k=st.integers(1, 6), before=st.integers(0, 5))
