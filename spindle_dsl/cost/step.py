@@ -43,11 +43,15 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   (``zero_stage`` 0), or with ZeRO-2 a reduce-scatter in every micro-batch pass. A rank
   issues its buckets one after another, so the slowest rank's sum counts.
   ``cost.overheads.REDUCTION_OVERLAP`` says whether a bucket's reduction starts as soon as its
-  parts' last backward is done on the rank and runs under the backward still to come (then
+  parts' last backward is done on every holder and runs under the backward still to come (then
   only what sticks out past the backward counts), or only after the whole backward (the
-  runtime before bucketed asynchronous reduction). Overlap needs something to run the
-  collective beside the backward: a GPU's communication kernels, or on a CPU node a core that
-  no device computes on (gloo's threads copy, sum and wait on sockets on the CPU). On a CPU
+  runtime before bucketed asynchronous reduction). "As soon as" is inside a stage: the runtime
+  issues a bucket from the accumulation hook of its last gradient, as DDP does, and a piece's
+  backward finishes its last layer first, so a bucket of a piece's later layers is ready part
+  way into its wave's backward (``Held.lag_s``), not at the wave's end (an LM head's, after
+  the loss, at once). Overlap needs something to run the collective beside the backward: a
+  GPU's communication kernels, or on a CPU node a core that no device computes on (gloo's
+  threads copy, sum and wait on sockets on the CPU). On a CPU
   node with no spare core (``spare_core``) the collectives issued during the backward make
   little progress until it ends (measured: tiny_mm on 2 ranks over 2 cores waits 14-20 ms
   for gradients after a backward that issued them early), so they are priced after it.
@@ -120,6 +124,9 @@ class Held:
     devices: frozenset[int]  # the ranks holding it (shared between parts: never mutated)
     wave: int  # the earliest wave running it: its last backward ends there
     order: int  # when the forward pass first met it
+    # how far into that wave's backward its last holder is done with it (seconds; inf: at the
+    # wave's end): a piece's backward finishes its last layer first
+    lag_s: float = float("inf")
 
 
 @dataclass(frozen=True)
@@ -149,6 +156,10 @@ class BackwardClock:
         """When a part whose last backward is in ``wave`` is ready (past the last wave: at
         once)."""
         return self.ends[wave] if wave < len(self.ends) else 0.0
+
+    def start_s(self, wave: int) -> float:
+        """When the backward of ``wave`` starts (that of the wave after it ends)."""
+        return self.ready_s(wave + 1)
 
 
 def reductions_per_step(micro_batches: int, zero_stage: int) -> float:
@@ -374,13 +385,18 @@ class StepModel:
         # two holder sets is made once (frozensets keep their hash; a hit compares identity)
         unions: dict[tuple[frozenset[int], frozenset[int]], frozenset[int]] = {}
 
-        def add(key: str, nbytes: float, group: frozenset[int], wave: int) -> None:
+        def add(
+            key: str, nbytes: float, group: frozenset[int], wave: int, lag: float = float("inf")
+        ) -> None:
             if nbytes <= 0:
                 return
             h = held.get(key)
             if h is None:
-                held[key] = Held(nbytes, group, wave, len(held))
-            elif group is not h.devices:
+                held[key] = Held(nbytes, group, wave, len(held), lag)
+                return
+            if wave == h.wave:  # another piece of its earliest wave: the later one counts
+                h.lag_s = max(h.lag_s, lag)
+            if group is not h.devices:
                 pair = (h.devices, group)
                 both = unions.get(pair)
                 if both is None:
@@ -394,12 +410,15 @@ class StepModel:
                 # one set per piece, shared by every part it runs (at thousands of devices a
                 # piece's layers would otherwise copy its device list once each)
                 group = frozenset(p.devices)
+                # one layer's backward: the piece finishes layer g (end - g) of them in, and
+                # its input stages after its first layer
+                each = p.seconds / max(p.end - p.first, 1) * op.backward_share
                 if p.first == 0:
                     for stage in op.inputs:
-                        add(stage.part, stage.grad_bytes, group, wi)
+                        add(stage.part, stage.grad_bytes, group, wi, (p.end - p.first) * each)
                 for g in range(p.first, p.end):
                     key, nbytes = op.layer_parts[g]
-                    add(key, nbytes, group, wi)
+                    add(key, nbytes, group, wi, (p.end - g) * each)
                 last_piece[p.op] = (wi, p, group)
         spread = loss_groups or {}
         for s in self.sinks:
@@ -409,19 +428,21 @@ class StepModel:
             group = got[2]
             if s.loss == "lm" and spread.get(s.sink):
                 group = group | frozenset(spread[s.sink])
-            if s.head_part:
-                add(s.head_part, s.head_bytes, group, got[0])
+            if s.head_part:  # final after the loss phase, before any wave's backward
+                add(s.head_part, s.head_bytes, group, len(waves), 0.0)
             if s.tied_part:  # the runtime holds it with the head too
                 add(s.tied_part, s.tied_bytes, group, got[0])
         return held
 
-    def _buckets(self, held: Mapping[str, Held]) -> list[tuple[tuple[int, ...], float, int]]:
-        """(holders, bytes, wave the bucket is ready after) of every bucket, as the runtime
-        cuts them (``backends/torch/shards.plan_buckets``): parts with the same holders, in the
-        order their backward ends (later waves first, later layers first inside one), cut
-        where a bucket would pass ``bucket_bytes``, and where the backward moves on to an
-        earlier wave once the bucket holds ``min_bucket_bytes`` (each bucket one collective,
-        each paying its latency)."""
+    def _buckets(self, held: Mapping[str, Held]) -> list[tuple[tuple[int, ...], float, int, float]]:
+        """(holders, bytes, wave the bucket is ready in, how far into that wave's backward)
+        of every bucket, as the runtime cuts them (``backends/torch/shards.plan_buckets``):
+        parts with the same holders, in the order their backward ends (later waves first,
+        later layers first inside one), cut where a bucket would pass ``bucket_bytes``, and
+        where the backward moves on to an earlier wave once the bucket holds
+        ``min_bucket_bytes`` (each bucket one collective, each paying its latency). The
+        runtime issues a bucket from the accumulation hook of its last gradient, so inside
+        the wave's backward (``backends/torch/grads.py``)."""
         groups: dict[tuple[int, ...], list[Held]] = {}
         ranks_of: dict[frozenset[int], tuple[int, ...]] = {}  # parts share their sets
         for h in held.values():
@@ -434,15 +455,16 @@ class StepModel:
         cap, least = self.overheads.bucket_bytes, self.overheads.min_bucket_bytes
         for ranks, parts in groups.items():
             parts.sort(key=lambda h: (-h.wave, -h.order))
-            size, ready = 0.0, 0
+            size, ready, lag = 0.0, 0, 0.0
             for h in parts:
                 moved = h.wave != ready and size >= least
                 if size and (size + h.nbytes > cap or moved):
-                    out.append((ranks, size, ready))
+                    out.append((ranks, size, ready, lag))
                     size = 0.0
+                lag = h.lag_s if not size or h.wave != ready else max(lag, h.lag_s)
                 size += h.nbytes
                 ready = h.wave  # waves only fall along the order
-            out.append((ranks, size, ready))
+            out.append((ranks, size, ready, lag))
         return out
 
     def _reduction(
@@ -459,10 +481,10 @@ class StepModel:
         buckets = self._buckets(held)
         backward = self._clock(waves, durations, extras)
         worst = 0.0
-        for d in sorted({d for ranks, _, _ in buckets for d in ranks}):
+        for d in sorted({d for ranks, *_ in buckets for d in ranks}):
             overlapped: list[tuple[float, float]] = []  # (ready time, seconds)
             after = 0.0
-            for ranks, nbytes, wave in buckets:
+            for ranks, nbytes, wave, lag in buckets:
                 if d not in ranks:
                     continue
                 first_s, last_s = self._collectives(nbytes, len(ranks), zero_stage)
@@ -470,7 +492,8 @@ class StepModel:
                     first_s *= k  # a reduce-scatter into the gradient shard every pass
                 after += last_s
                 if self.overlaps_reduction:
-                    overlapped.append((backward.ready_s(wave), first_s))
+                    at = min(backward.start_s(wave) + lag, backward.ready_s(wave))
+                    overlapped.append((at, first_s))
                 else:
                     after += first_s
             clock = 0.0

@@ -25,6 +25,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from spindle_dsl.cost.overheads import BUCKET_BYTES
 from spindle_dsl.cost.step import (
     BackwardClock,
     PieceTime,
@@ -193,7 +194,12 @@ def _time_step(
         # (``planner.levers``); what shared modules add is reduced as often as the stage says
         clock = step.backward_clock(waves, price) if step.overlaps_reduction else None
         reduction = grad_sync_seconds(
-            placement, flows, allreduce, clock, reductions_per_step(k, zero_stage)
+            placement,
+            flows,
+            allreduce,
+            clock,
+            reductions_per_step(k, zero_stage),
+            lambda op, n: seconds(op, n) * step.ops[op].backward_share,
         )
     else:
         reduction = price.grad_sync_s
@@ -293,6 +299,7 @@ def grad_sync_seconds(
     allreduce: AllreduceFn,
     backward: BackwardClock | None = None,
     scale: float = 1.0,
+    layer_backward: Callable[[str, int], float] | None = None,
 ) -> float:
     """What summing shared modules' gradients over their holders costs beyond T_m(n), and,
     given the ``backward`` pass's clock, the part of it the backward does not hide.
@@ -308,15 +315,25 @@ def grad_sync_seconds(
     Without a clock, every device's extras run after the waves, one after another: the
     busiest device's sum. With one, as the runtime issues its asynchronous buckets: a layer's
     reduction is ready when the last of its holders' backward of it ends (backward runs the
-    waves in reverse, so at the end of the backward of the earliest wave holding it); each
-    device runs its reductions one after another in the order they become ready, under the
-    backward still to come, and only what ends past the end of the backward counts.
+    waves in reverse, so in the backward of the earliest wave holding it); each device runs
+    its reductions one after another in the order they become ready, under the backward still
+    to come, and only what ends past the end of the backward counts. When is that inside the
+    wave? With ``layer_backward(op, n)`` (one layer's backward, seconds), layer by layer, as
+    the runtime issues a bucket from the accumulation hook of its last gradient
+    (``backends/torch/grads.py``): a piece's backward starts with its wave's and finishes its
+    last layer first, so layer g of a piece ``[first, end)`` is done ``(end - g)`` layers in;
+    the layers go into buckets of at most ``BUCKET_BYTES`` in that order, each ready with its
+    last layer, and a run's extra is spread over its buckets by their bytes. Without it, at
+    the end of that wave's backward (a stage's gradients issued when the stage ends).
     """
     where: dict[str, list[tuple[int, int, tuple[int, ...], int]]] = {}
     for wi, wave in enumerate(placement.waves):
         for p in wave:
             where.setdefault(p.op, []).append((p.first, p.end, tuple(sorted(p.devices)), wi))
     groups: dict[tuple[tuple[tuple[int, ...], ...], int], float] = {}  # (sets, ready wave)
+    # per group, its buckets inside the wave: (seconds from the backward's start, bytes)
+    inside: dict[tuple[tuple[tuple[int, ...], ...], int], list[tuple[float, float]]] = {}
+    by_layer = backward is not None and layer_backward is not None
     for mod in flows.shared:
         # the module's layers split into runs at every piece boundary of every holder: within
         # a run each holder runs every layer on the same devices (no loop over layers)
@@ -328,19 +345,27 @@ def grad_sync_seconds(
         for lo, hi in pairwise(bounds):
             sets = []
             ready = len(placement.waves)
+            pieces = []  # (op, offset, end, n, wave) of each holder's piece with the run
             for op, offset in mod.holders:
                 layer = offset + lo
                 for first, end, devs, wi in where.get(op, []):
                     if first <= layer < end:
                         sets.append(devs)
                         ready = min(ready, wi)
+                        pieces.append((op, offset, end, len(devs), wi))
                         break
             if len(set(sets)) > 1:
                 key = (tuple(sorted(sets)), ready if backward is not None else 0)
                 groups[key] = groups.get(key, 0.0) + (hi - lo) * mod.bytes_per_layer
+                if by_layer:
+                    inside.setdefault(key, []).extend(
+                        _run_buckets(lo, hi, mod.bytes_per_layer, pieces, backward, layer_backward)
+                    )
     load = _Load()
-    queued: dict[int, list[tuple[float, float]]] = {}  # device -> (ready s, seconds)
-    for (sets, ready), nbytes in groups.items():
+    jobs: list[list[tuple[float, float]]] = []  # per group: (ready s, seconds) of its buckets
+    member: dict[int, list[int]] = {}  # device -> the groups it is in
+    for key, nbytes in groups.items():
+        sets, ready = key
         union = tuple(sorted(set().union(*sets)))
         extra = scale * (allreduce(nbytes, union) - sum(allreduce(nbytes, s) for s in sets))
         if extra <= 0:
@@ -348,15 +373,45 @@ def grad_sync_seconds(
         if backward is None:
             load.charge(_ids(union), extra)
             continue
-        at = backward.ready_s(ready)
+        buckets = inside.get(key) or [(backward.ready_s(ready), nbytes)]
+        jobs.append([(at, extra * b / nbytes) for at, b in buckets])
         for d in union:
-            queued.setdefault(d, []).append((at, extra))
+            member.setdefault(d, []).append(len(jobs) - 1)
     if backward is None:
         return load.busiest()
     worst = 0.0
-    for jobs in queued.values():
+    for mine in {tuple(g) for g in member.values()}:  # devices in the same groups queue alike
         clock = 0.0
-        for at, secs in sorted(jobs):
+        for at, secs in sorted(j for g in mine for j in jobs[g]):
             clock = max(clock, at) + secs
         worst = max(worst, clock - backward.total_s)
     return max(worst, 0.0)
+
+
+def _run_buckets(
+    lo: int,
+    hi: int,
+    bytes_per_layer: float,
+    pieces: Sequence[tuple[str, int, int, int, int]],
+    backward: BackwardClock,
+    layer_backward: Callable[[str, int], float],
+) -> list[tuple[float, float]]:
+    """A run's layers ``[lo, hi)`` of a shared module as the runtime buckets them during the
+    backward: (when the bucket is ready, seconds from the backward's start; its bytes). Layer
+    l is done on a holder's piece (op, offset, end, n, wave) ``end - (offset + l)`` layers
+    into that wave's backward, and ready once every holder is done; later layers first, a
+    bucket closing before it would pass ``BUCKET_BYTES`` (as ``backends/torch/shards``)."""
+    out: list[tuple[float, float]] = []
+    size, at = 0.0, 0.0
+    for layer in range(hi - 1, lo - 1, -1):
+        done = max(
+            backward.start_s(wave) + (end - offset - layer) * layer_backward(op, n)
+            for op, offset, end, n, wave in pieces
+        )
+        if size and size + bytes_per_layer > BUCKET_BYTES:
+            out.append((at, size))
+            size = 0.0
+        size += bytes_per_layer
+        at = min(done, backward.ready_s(min(p[4] for p in pieces)))
+    out.append((at, size))
+    return out

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spindle_dsl.cost.overheads import analytic_overheads
+from spindle_dsl.cost.overheads import BUCKET_BYTES, analytic_overheads
 from spindle_dsl.cost.step import BackwardClock, PieceTime, make_step_model
 from spindle_dsl.language import compile_text
 from spindle_dsl.planner.build import flows_of
@@ -205,7 +205,41 @@ def test_a_step_priced_plan_overlaps_the_shared_sync_when_the_switch_says_so():
     extra = grad_sync_seconds(p, flows, allreduce)
     assert 0 < extra < 1e-3
     assert sync_of(replace(base, reduction_overlap=False)) == pytest.approx(extra)
-    assert sync_of(replace(base, reduction_overlap=True)) == pytest.approx(extra / 2)
+    # overlapped: layer 1's half hides under wave 0's backward; layer 0's is ready when its
+    # backward is done, before wave 0's input stages' backward, which hides that much of it
+    step = make_step_model(g, base, grad_in_curves=True)
+    waves = [[PieceTime(q.op, q.first, q.end, q.devices, 1.0) for q in w] for w in p.waves]
+    clock = step.backward_clock(waves, step.price(waves))
+    layer0 = clock.start_s(0) + 1.0 * step.ops["a/lm"].backward_share
+    assert clock.start_s(0) < layer0 < clock.total_s
+    exposed = extra / 2 - (clock.total_s - layer0)
+    assert exposed > 0
+    assert sync_of(replace(base, reduction_overlap=True)) == pytest.approx(exposed)
+
+
+def test_a_shared_layer_is_reduced_once_its_holders_finish_it_inside_the_wave():
+    """The runtime issues a bucket from its last gradient's accumulation hook: a piece's
+    backward finishes its last layer first, so the reductions of a piece's later layers run
+    under the backward of its earlier ones, and only the first layer's sticks out."""
+    mod = SharedModule("x", 3, BUCKET_BYTES, (("a/x", 0), ("b/x", 0)))  # a bucket per layer
+    flows = Flows({}, {}, (), (mod,))
+    p = placement([PlacedPiece("a/x", 0, 3, (0, 1)), PlacedPiece("b/x", 0, 3, (2, 3))])
+    each = allreduce(BUCKET_BYTES, (0, 1, 2, 3)) - 2 * allreduce(BUCKET_BYTES, (0, 1))
+    clock = BackwardClock(ends=(3 * each,), total_s=3 * each)  # a layer's backward: `each`
+    # a stage's buckets issued when the stage ends: all three after the backward
+    assert grad_sync_seconds(p, flows, allreduce, clock) == pytest.approx(3 * each)
+    # layer 2 ready after one layer's backward (reduced by the end of the second), layer 1
+    # after two (reduced by the end of the third), layer 0 at the end: one reduction exposed
+    got = grad_sync_seconds(p, flows, allreduce, clock, layer_backward=lambda op, n: each)
+    assert got == pytest.approx(each)
+    # two layers to a bucket: layers 2 and 1 ready together after two layers' backward
+    half = SharedModule("x", 3, BUCKET_BYTES / 2, mod.holders)
+    got = grad_sync_seconds(
+        p, Flows({}, {}, (), (half,)), allreduce, clock, layer_backward=lambda op, n: each
+    )
+    # the whole extra (3 halves) spread by bytes: 2/3 ready at 2 units, 1/3 at 3 units
+    whole = allreduce(1.5 * BUCKET_BYTES, (0, 1, 2, 3)) - 2 * allreduce(1.5 * BUCKET_BYTES, (0, 1))
+    assert got == pytest.approx(max(2 * each + whole * 2 / 3, 3 * each) + whole / 3 - 3 * each)
 
 
 def test_a_move_delays_the_ranks_it_connects_not_the_rest_of_the_wave():
