@@ -50,13 +50,34 @@ def step_sums(trace: dict, first_step: int = 2) -> dict[int, dict[str, float]]:
         out = sums[rank]
         out["step"] += s["dur"] / 1e6
         covered = 0.0
-        for e in by_rank[rank]:
-            # (spans of other categories lie inside these: a spread loss's "loss rows")
-            if e["cat"] in SPANNED and lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 1.0:
-                out[e["cat"]] += e["dur"] / 1e6
-                covered += e["dur"] / 1e6
+        # (spans of other categories lie inside these: a spread loss's "loss rows")
+        mine = [
+            e
+            for e in by_rank[rank]
+            if e["cat"] in SPANNED and lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 1.0
+        ]
+        for e in mine:
+            out[e["cat"]] += e["dur"] / 1e6
+            covered += e["dur"] / 1e6
+            # a span inside another (a bucket issued from a gradient hook during a stage's
+            # backward) is its own category's time, not the enclosing span's
+            parent = _enclosing(e, mine)
+            if parent is not None:
+                out[parent["cat"]] -= e["dur"] / 1e6
+                covered -= e["dur"] / 1e6
         out["other"] += s["dur"] / 1e6 - covered
     return {r: dict(v) for r, v in sorted(sums.items())}
+
+
+def _enclosing(span: dict, spans: list[dict]) -> dict | None:
+    """The shortest span of ``spans`` (one rank's) that contains ``span``, if any."""
+    lo, hi = span["ts"], span["ts"] + span["dur"]
+    around = [
+        e
+        for e in spans
+        if e is not span and e["ts"] <= lo and hi <= e["ts"] + e["dur"] and e["dur"] > span["dur"]
+    ]
+    return min(around, key=lambda e: e["dur"], default=None)
 
 
 def table(sums: dict[int, dict[str, float]], steps: int) -> tuple[list[str], float]:
