@@ -247,7 +247,12 @@ def make_plan(
     )
     notes += runner_up_note
     if search is not None:
-        notes += _lever_notes(ctx, fit, tuned)
+        asked = tuple(
+            f"{flag} {value}"
+            for flag, value in (("--micro-batches", micro_batches), ("--zero-stage", zero_stage))
+            if value is not None
+        )
+        notes += _lever_notes(ctx, fit, tuned, asked)
     if not chosen.fits:
         notes += ("memory check off: " + overflow_message(ctx, chosen),)
     bound = _lower_bound(ctx, search, choice)
@@ -425,9 +430,13 @@ def _levers_dict(levers: Levers) -> dict:
 
 
 def _lever_notes(
-    ctx: PlanContext, fit: Fit, tuned: dict[str, tuple[Evaluated, PlanContext]]
+    ctx: PlanContext,
+    fit: Fit,
+    tuned: dict[str, tuple[Evaluated, PlanContext]],
+    asked: tuple[str, ...] = (),
 ) -> tuple[str, ...]:
-    """Which memory levers the plan pulls and why; which the baselines pulled."""
+    """Which memory levers the plan pulls and why (``asked``: the levers the caller fixed,
+    e.g. ``("--zero-stage 0",)``); which the baselines pulled."""
     lv = ctx.levers
     total = len(ctx.graph.metaops)
     notes = []
@@ -443,6 +452,8 @@ def _lever_notes(
                 f"activation recompute on {len(lv.recompute)} of {total} MetaOps ({names})"
             )
         why = "; ".join(dict.fromkeys(fit.reasons[:2]))
+        if asked:
+            why = "; ".join(x for x in (f"asked for ({', '.join(asked)})", why) if x)
         per_k = ", ".join(
             f"k={k} {t.time_s:.4g} s ({t.levers.describe(total).split(', ', 1)[1]})"
             if t.fitting is not None

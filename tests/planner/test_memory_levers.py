@@ -64,6 +64,15 @@ def test_a_plan_that_fits_pulls_no_lever(graph) -> None:
     assert "recompute" not in json.dumps([m.to_dict() for m in plan.metaops])
 
 
+def test_a_lever_asked_for_is_said_to_be_asked_for(graph) -> None:
+    """A plan that fits without levers, made with one fixed by the caller, does not claim that
+    nothing fits without it."""
+    plan = make_plan(graph, make_cost_model(graph.cluster), time_limit_s=0.3, zero_stage=0)
+    assert plan.zero_stage == 0
+    (note,) = [n for n in plan.notes if n.startswith("memory levers")]
+    assert "Why: asked for (--zero-stage 0)." in note and "no plan fits" not in note
+
+
 @pytest.mark.parametrize("mib", [300, 60, 40])
 def test_tight_memory_pulls_levers_and_the_plan_fits(graph, mib) -> None:
     g, plan = plan_at(graph, mib)
