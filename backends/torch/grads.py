@@ -167,14 +167,15 @@ class GradSync:
         self.on_final: Callable[[Bucket], None] | None = None
         # issuing inside a stage (``backward_begin``): the tick whose backward runs, and per
         # bucket that becomes final in it, how many of its parameters have yet to receive
-        # their last gradient
+        # their last gradient. Buckets and parameters are keyed by ``id`` here: the hooks run
+        # once per parameter and backward, and a bucket's own hash walks all its parts.
         self._ready = ready
         self._tick: int | None = None
-        self._left: dict[Bucket, int] = {}
-        self._got: set[int] = set()  # parameters (by id) that received it in this tick
-        self._early: set[Bucket] = set()  # buckets whose gradients became final in this tick
+        self._left: dict[int, int] = {}
+        self._got: set[int] = set()  # parameters that received it in this tick
+        self._early: set[int] = set()  # buckets whose gradients became final in this tick
         self._bucket_of: dict[int, Bucket] = {}
-        self._hooks = []
+        self._hooks: list = []  # the hooks' handles (they live as long as the parameters)
         if ready is not None:
             for b in self.buckets:
                 if len(b.holders) < 2:
@@ -212,7 +213,7 @@ class GradSync:
             if len(b.holders) < 2 or b.ready_on(self.rank) != tick:
                 continue
             i = b.holders.index(self.rank)
-            self._left[b] = sum(
+            self._left[id(b)] = sum(
                 len(self.params[ps.part]) for ps in b.parts if self._ready[ps.part][i] == tick
             )
 
@@ -222,24 +223,26 @@ class GradSync:
         if self._tick is None:
             return
         bucket = self._bucket_of.get(id(param))
-        if bucket is None or bucket not in self._left:
+        if bucket is None or id(bucket) not in self._left:
             return
         if id(param) in self._got:
             raise ExecutionError(
                 f"internal: a parameter of {bucket.parts[0].part} received two gradients in "
-                f"one backward stage, after its bucket was issued"
+                f"one backward stage; its bucket goes out at its parameters' last gradient"
             )
         self._got.add(id(param))
-        self._left[bucket] -= 1
-        if self._left[bucket] == 0:
-            self._early.add(bucket)
+        self._left[id(bucket)] -= 1
+        if self._left[id(bucket)] == 0:
+            self._early.add(id(bucket))
             self._issue_queue(bucket.holders, self._tick - 1)
 
     def _issue_queue(self, holders: tuple[int, ...], tick: int) -> None:
         """Issue the group's buckets in order while each is ready by ``tick`` or final early."""
         queue = self.queues[holders]
         i = self._next.get(holders, 0)
-        while i < len(queue) and (queue[i].ready_on(self.rank) <= tick or queue[i] in self._early):
+        while i < len(queue) and (
+            queue[i].ready_on(self.rank) <= tick or id(queue[i]) in self._early
+        ):
             self._issue(queue[i])
             i += 1
         self._next[holders] = i
