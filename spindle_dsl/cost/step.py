@@ -58,7 +58,9 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
 - ``optimizer_s``: AdamW over what each rank owns (its ZeRO shard of every part it holds) plus
   the per-part work of every part it holds: with other holders, gradients into the flat
   buffer and weights out again, tensor by tensor; as its only holder, AdamW over each of the
-  part's tensors in place (a cost per tensor, no copies); slowest rank.
+  part's tensors in place (a cost per tensor, no copies); slowest rank. Under ZeRO-0 every
+  holder owns the whole part and steps its tensors in place, having laid its gradients into
+  the all-reduced flat buffer (one copy) when it has other holders.
 
 With ``micro_batches`` k the waves, their overheads, the transfers and the losses run k times;
 the reduction (unless ZeRO-2) and the optimizer once. Where the k-dependence of the gradient
@@ -521,9 +523,16 @@ class StepModel:
             share = h.nbytes / len(h.devices) if zero_stage >= 1 else h.nbytes
             idx = np.fromiter(h.devices, dtype=np.int64, count=len(h.devices))
             owned[idx] += share  # a set: no device twice
-            # an only holder steps the part in place; several share it through flat buffers
-            alone = len(h.devices) == 1 and zero_stage >= 1
-            per_part[idx] += (o.part_alone_seconds if alone else o.part_seconds)(key, h.nbytes)
+            if zero_stage == 0:
+                # replicated: AdamW over the part's own tensors on every holder, which with
+                # other holders first laid its gradients into the all-reduced flat buffer
+                # (one copy; the gradients then view it, nothing is copied back)
+                copy = 0.5 * o.copy_s_per_byte * h.nbytes if len(h.devices) > 1 else 0.0
+                per_part[idx] += o.part_alone_seconds(key, h.nbytes) + copy
+            else:
+                # an only holder steps the part in place; several share it through flat buffers
+                alone = len(h.devices) == 1
+                per_part[idx] += (o.part_alone_seconds if alone else o.part_seconds)(key, h.nbytes)
             holds[idx] = True
         (ranks,) = np.nonzero(holds)
         line, mine = o.optimizer, owned[ranks]

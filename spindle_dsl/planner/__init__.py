@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spindle_dsl.cost.base import CostModel, has_slice_memory
 from spindle_dsl.errors import PlanError
@@ -440,11 +440,20 @@ def _lever_notes(
     lv = ctx.levers
     total = len(ctx.graph.metaops)
     notes = []
-    if lv != Levers():
+    # replicated optimizer state is no memory lever but the want of one: the search takes it
+    # where it fits and is quicker (``LeverSearch.search``, step 3)
+    replicated = lv.zero_stage == 0 and "--zero-stage 0" not in asked
+    if replicated:
+        notes.append(
+            "optimizer state replicated on every holder of a part (ZeRO-0): it fits, and the "
+            "quick plans judge the step quicker than with it sharded (no all-gather of the "
+            "weights after the update)"
+        )
+    if replace(lv, zero_stage=1) != Levers() or (lv.zero_stage != 1 and not replicated):
         pulled = []
         if lv.micro_batches > 1:
             pulled.append(f"{lv.micro_batches} micro-batches per iteration")
-        if lv.zero_stage != 1:
+        if lv.zero_stage != 1 and not replicated:
             pulled.append(f"ZeRO-{lv.zero_stage}")
         if lv.recompute:
             names = ", ".join(f"'{o.id}'" for o in ctx.graph.metaops if o.id in lv.recompute)

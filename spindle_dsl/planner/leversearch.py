@@ -5,7 +5,7 @@ that fit.
 For a setting ``Levers(k, z, R)`` the planner builds a ``PlanContext`` (one pass's curves at
 the micro-batch size, memory under stage z, allocations restricted to where each MetaOp fits)
 and places a quick set of schedules in it (the ``Judge``: the paper's plan and the baselines
-for the default scheduler). The search runs in two phases:
+for the default scheduler). The search runs in three steps:
 
 1. without recompute, for k = 1, 2, 4, ... (``levers.micro_batch_choices``; at k = 1 with
    ZeRO-2 as well, which costs no time there): until k is so large that even its fastest
@@ -20,7 +20,10 @@ for the default scheduler). The search runs in two phases:
    long as lets the fastest plan fit, or any plan if it never does), its length found by
    galloping and bisection with probes that place only the schedule they test, then
    trimmed; a second candidate adds recompute round by round only where the fastest plan
-   overflows (``select_more``).
+   overflows (``select_more``);
+3. at the best setting found, the optimizer state replicated instead (ZeRO-0): kept if it
+   fits and is quicker (no all-gather of the weights after the update; every holder updates
+   its whole parts), as for a small job on CPU ranks.
 
 The quickest fitting plan of all wins, whatever lever made it fit. Each lever is priced where
 it acts: k in the curves (smaller layers, per-pass overheads, the transfers of k passes, a
@@ -203,6 +206,7 @@ class LeverSearch:
         self.graph, self.cost = graph, cost
         self.ks = (micro_batches,) if micro_batches else micro_batch_choices(graph)
         self.stages = (zero_stage,) if zero_stage is not None else (1, 2)
+        self.replicate = zero_stage is None  # try ZeRO-0 once the best setting is known
         self.pricing = PricingCache(graph)
         self._contexts: dict[Levers, PlanContext | PlanError] = {}
         self._floors: dict[int, MemoryFloor] = {}
@@ -378,7 +382,7 @@ class LeverSearch:
         return tuple(sorted(self.stages, key=over))
 
     def search(self, judge: Judge, ks: tuple[int, ...] | None = None) -> Fit:
-        """Steps 1 and 2 of the module docstring over ``ks`` (default: every choice)."""
+        """Steps 1 to 3 of the module docstring over ``ks`` (default: every choice)."""
         out = Fit()
         ks = ks or self.ks
         plain: dict[int, Trial] = {}
@@ -405,6 +409,15 @@ class LeverSearch:
                         out.best = t
                 if t is not None and not t.levers.recompute:
                     break  # the other stage could only save recompute, and none is on
+        if out.best is not None and self.replicate:
+            # step 3: the optimizer state replicated instead of sharded, where it still fits
+            # (a step without the all-gather after the update, each holder updating its parts
+            # in place): for a small job, quicker on every rank that has the memory
+            best = out.best.levers
+            t = self.trial(replace(best, zero_stage=0), judge)
+            if t.fitting is not None and t.time_s < _time(out):
+                out.record(best.micro_batches, t)
+                out.best = t
         if not self.explored:
             self.explored = sorted(plain)
         if out.best is not None:

@@ -352,3 +352,21 @@ def test_a_bucket_is_ready_when_its_last_layer_is_done_inside_the_wave() -> None
     assert buckets[1] == (0, pytest.approx(each))
     clock = step._clock([[PieceTime("chat/lm", 0, 2, (0, 1), 2.0)]], [2.0], [0.0])
     assert clock.start_s(0) == 0.0 and clock.ready_s(0) == pytest.approx(2 * each)
+
+
+def test_zero0_steps_every_part_in_place_on_each_holder() -> None:
+    """ZeRO-0: each holder updates whole parts (every byte), having laid the gradients into
+    the all-reduced flat buffer (one copy), and copies nothing back; ZeRO-1: its shard of the
+    bytes, the gradients into the rows and the weights back out (two copies)."""
+    g = graph(cores=8)
+    o = overheads(optimizer=Line(0.0, 1e-9), copy_s_per_byte=1e-9, part_s=1e-3)
+    step = make_step_model(g, o, grad_in_curves=False)
+    held = step._holders(_pieces(g, lambda op: (0, 1)))  # every part on both ranks
+    total, parts = sum(h.nbytes for h in held.values()), len(held)
+    assert all(len(h.devices) == 2 for h in held.values())
+    assert step._optimizer(held, 0) == pytest.approx(1e-9 * total * 1.5 + parts * 1e-3)
+    assert step._optimizer(held, 1) == pytest.approx(1e-9 * total * 1.5 + parts * 1e-3)
+    bigger = replace(o, copy_s_per_byte=4e-9)  # copies dearer: ZeRO-0 makes half as many
+    step = make_step_model(g, bigger, grad_in_curves=False)
+    assert step._optimizer(held, 0) == pytest.approx(1e-9 * total * 3 + parts * 1e-3)
+    assert step._optimizer(held, 1) == pytest.approx(1e-9 * total * 4.5 + parts * 1e-3)

@@ -422,3 +422,45 @@ def test_a_room_that_no_plan_fits_leaves_out_every_k_but_the_plans(graph, monkey
     _, plan = plan_at(graph, 60)
     assert plan.extra["bounds"]["micro_batches"] == [plan.micro_batches]
     assert 0 < plan.lower_bound_s <= plan.iteration_s
+
+
+class _Overheads:
+    """A cost model whose step is priced from given figures, as a profile's is (the
+    collectives priced by the step model itself), everything else the analytic model's."""
+
+    def __init__(self, base, overheads):
+        self.base, self.overheads = base, overheads
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)
+
+    def step_model(self, graph):
+        from spindle_dsl.cost.step import make_step_model
+
+        return make_step_model(graph, self.overheads, grad_in_curves=False)
+
+
+def _with_step(g, **changes):
+    from spindle_dsl.cost.overheads import analytic_overheads
+
+    figures = replace(analytic_overheads(g.cluster), **changes)
+    return _Overheads(make_cost_model(g.cluster), figures)
+
+
+def test_the_optimizer_state_is_replicated_where_it_fits_and_is_quicker(graph) -> None:
+    """Step 3 of the search: ZeRO-0 at the best setting, kept only if it fits and is quicker.
+    A slow all-gather after the update makes it so; a slow AdamW per byte (every holder then
+    updates whole parts) does not."""
+    from spindle_dsl.cost.overheads import Collective, Line
+
+    slow_gather = Collective(((2, Line(5e-2, 1e-9)),))
+    plan = make_plan(graph, _with_step(graph, all_gather=slow_gather), time_limit_s=0.3)
+    assert plan.zero_stage == 0 and validate_plan(plan) == []
+    assert any(n.startswith("optimizer state replicated") for n in plan.notes)
+    assert not any(n.startswith("memory levers") for n in plan.notes)
+    slow_adamw = _with_step(graph, optimizer=Line(1e-4, 1e-6))
+    assert make_plan(graph, slow_adamw, time_limit_s=0.3).zero_stage == 1
+    # where replicated state does not fit, it is not taken, however slow the gather
+    tight = with_memory(graph, 60)
+    plan = make_plan(tight, _with_step(tight, all_gather=slow_gather), time_limit_s=0.3)
+    assert plan.zero_stage != 0 and validate_plan(plan) == []
