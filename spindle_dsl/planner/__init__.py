@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from spindle_dsl.cost.base import CostModel, has_slice_memory
 from spindle_dsl.errors import PlanError
@@ -449,11 +449,12 @@ def _lever_notes(
             "quick plans judge the step quicker than with it sharded (no all-gather of the "
             "weights after the update)"
         )
-    if replace(lv, zero_stage=1) != Levers() or (lv.zero_stage != 1 and not replicated):
+    sharded = lv.zero_stage != 1 and not replicated  # ZeRO-2, or a stage asked for
+    if lv.micro_batches > 1 or lv.recompute or sharded:
         pulled = []
         if lv.micro_batches > 1:
             pulled.append(f"{lv.micro_batches} micro-batches per iteration")
-        if lv.zero_stage != 1 and not replicated:
+        if sharded:
             pulled.append(f"ZeRO-{lv.zero_stage}")
         if lv.recompute:
             names = ", ".join(f"'{o.id}'" for o in ctx.graph.metaops if o.id in lv.recompute)
