@@ -200,6 +200,7 @@ def _time_step(
             clock,
             reductions_per_step(k, zero_stage),
             lambda op, n: seconds(op, n) * step.ops[op].backward_share,
+            step.overheads.bucket_bytes,
         )
     else:
         reduction = price.grad_sync_s
@@ -300,6 +301,7 @@ def grad_sync_seconds(
     backward: BackwardClock | None = None,
     scale: float = 1.0,
     layer_backward: Callable[[str, int], float] | None = None,
+    bucket_bytes: float = BUCKET_BYTES,
 ) -> float:
     """What summing shared modules' gradients over their holders costs beyond T_m(n), and,
     given the ``backward`` pass's clock, the part of it the backward does not hide.
@@ -322,7 +324,8 @@ def grad_sync_seconds(
     the runtime issues a bucket from the accumulation hook of its last gradient
     (``backends/torch/grads.py``): a piece's backward starts with its wave's and finishes its
     last layer first, so layer g of a piece ``[first, end)`` is done ``(end - g)`` layers in;
-    the layers go into buckets of at most ``BUCKET_BYTES`` in that order, each ready with its
+    the layers go into buckets of at most ``bucket_bytes`` in that order (the step model's
+    figure, as its own buckets), each ready with its
     last layer, and a run's extra is spread over its buckets by their bytes. Without it, at
     the end of that wave's backward (a stage's gradients issued when the stage ends).
     """
@@ -359,7 +362,14 @@ def grad_sync_seconds(
                 groups[key] = groups.get(key, 0.0) + (hi - lo) * mod.bytes_per_layer
                 if by_layer:
                     inside.setdefault(key, []).extend(
-                        _run_buckets(lo, hi, mod.bytes_per_layer, pieces, backward, layer_backward)
+                        _run_buckets(
+                            (lo, hi),
+                            mod.bytes_per_layer,
+                            pieces,
+                            backward,
+                            layer_backward,
+                            bucket_bytes,
+                        )
                     )
     load = _Load()
     jobs: list[list[tuple[float, float]]] = []  # per group: (ready s, seconds) of its buckets
@@ -389,29 +399,35 @@ def grad_sync_seconds(
 
 
 def _run_buckets(
-    lo: int,
-    hi: int,
+    run: tuple[int, int],
     bytes_per_layer: float,
     pieces: Sequence[tuple[str, int, int, int, int]],
     backward: BackwardClock,
     layer_backward: Callable[[str, int], float],
+    bucket_bytes: float,
 ) -> list[tuple[float, float]]:
-    """A run's layers ``[lo, hi)`` of a shared module as the runtime buckets them during the
-    backward: (when the bucket is ready, seconds from the backward's start; its bytes). Layer
-    l is done on a holder's piece (op, offset, end, n, wave) ``end - (offset + l)`` layers
-    into that wave's backward, and ready once every holder is done; later layers first, a
-    bucket closing before it would pass ``BUCKET_BYTES`` (as ``backends/torch/shards``)."""
+    """A run's layers ``[lo, hi)`` (``run``) of a shared module as the runtime buckets them
+    during the backward: (when the bucket is ready, seconds from the backward's start; its
+    bytes). Layer l is done on a holder's piece (op, offset, end, n, wave) ``end - (offset +
+    l)`` layers into that wave's backward, and ready once every holder is done; later layers first, a
+    bucket closing before it would pass ``bucket_bytes`` (as ``backends/torch/shards``)."""
+    lo, hi = run
+    # the backward of the earliest wave holding the run ends last: every layer is ready then
+    last = backward.ready_s(min(wave for *_, wave in pieces))
+    # per holder's piece: when its wave's backward starts, the layer its piece ends at, and one
+    # layer's backward
+    starts = [
+        (backward.start_s(wave), end - offset, layer_backward(op, n))
+        for op, offset, end, n, wave in pieces
+    ]
     out: list[tuple[float, float]] = []
     size, at = 0.0, 0.0
     for layer in range(hi - 1, lo - 1, -1):
-        done = max(
-            backward.start_s(wave) + (end - offset - layer) * layer_backward(op, n)
-            for op, offset, end, n, wave in pieces
-        )
-        if size and size + bytes_per_layer > BUCKET_BYTES:
+        done = max(start + (stop - layer) * each for start, stop, each in starts)
+        if size and size + bytes_per_layer > bucket_bytes:
             out.append((at, size))
             size = 0.0
         size += bytes_per_layer
-        at = min(done, backward.ready_s(min(p[4] for p in pieces)))
+        at = min(done, last)
     out.append((at, size))
     return out
