@@ -409,8 +409,9 @@ def _run_buckets(
     """A run's layers ``[lo, hi)`` (``run``) of a shared module as the runtime buckets them
     during the backward: (when the bucket is ready, seconds from the backward's start; its
     bytes). Layer l is done on a holder's piece (op, offset, end, n, wave) ``end - (offset +
-    l)`` layers into that wave's backward, and ready once every holder is done; later layers first, a
-    bucket closing before it would pass ``bucket_bytes`` (as ``backends/torch/shards``)."""
+    l)`` layers into that wave's backward, and ready once every holder is done; later layers
+    first, a bucket closing before it would pass ``bucket_bytes`` (as
+    ``backends/torch/shards``)."""
     lo, hi = run
     # the backward of the earliest wave holding the run ends last: every layer is ready then
     last = backward.ready_s(min(wave for *_, wave in pieces))
