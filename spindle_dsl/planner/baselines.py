@@ -31,8 +31,14 @@ def balanced(ops: list[OpSpec], devices: int) -> dict[str, int]:
     """Integer allocations of independent ops minimising the longest, greedily: start each at
     its smallest allocation and keep giving the slowest op its next faster allocation."""
     alloc = {o.id: o.pareto[0] for o in ops}
+    give_to_slowest(alloc, ops, devices - sum(alloc.values()))
+    return alloc
+
+
+def give_to_slowest(alloc: dict[str, int], ops: list[OpSpec], free: int) -> int:
+    """Hand ``free`` devices out, in place: the op of ``alloc`` that ends last gets its next
+    faster allocation that fits, until none can; returns the devices left."""
     by_id = {o.id: o for o in ops}
-    free = devices - sum(alloc.values())
     blocked: set[str] = set()
     while free > 0:
         live = [i for i in alloc if i not in blocked]
@@ -45,7 +51,7 @@ def balanced(ops: list[OpSpec], devices: int) -> dict[str, int]:
             continue
         free -= nxt - alloc[slow]
         alloc[slow] = nxt
-    return alloc
+    return free
 
 
 def _groups(problem: Problem) -> list[list[OpSpec]]:

@@ -4,13 +4,15 @@
    precedence) over a few candidate allocations around the continuous optimum, warm-started
    from the paper's waves for that level, so it can only match or beat them.
 2. ``improve``: re-split layers between pieces, ``rebalance`` each wave's allocations, and
-   ``backfill`` (MetaOps start in the first wave after their own inputs are done). Two more
-   starts get the same treatment: CPA list scheduling across levels (``listsched``) and
-   task-parallel chains (the ``optimus`` layout); the paper's own plan is a fourth, and the
+   ``backfill`` (MetaOps start in the first wave after their own inputs are done). Four
+   more starts get the same treatment: CPA list scheduling across levels (``listsched``),
+   task-parallel chains (the ``optimus`` layout), tasks side by side on min-max groups with
+   each task's branches side by side (``taskpar``), and the levels with their short MetaOps
+   in turn on shared devices (``packing``); the paper's own plan is a sixth, and the
    ``distmm`` and ``sequential`` layouts (the least memory-hungry, which polish can make
    concurrent where memory allows) come as they are.
 3. If the model stays small, one MILP over all waves with precedence constraints, warm-
-   started from the best start (never worse than it), adds a fifth candidate.
+   started from the best start (never worse than it), adds one more candidate.
 4. ``polish``: local search on the placed plan's real iteration time (transfers and
    gradient sync included), when the caller gives that objective, from each of the three
    best distinct candidates (its local optimum depends on where it starts); then
@@ -38,11 +40,13 @@ from spindle_dsl.planner.crosslevel import improve, rebalance
 from spindle_dsl.planner.isolate import SolverCrashWarning, crash_count
 from spindle_dsl.planner.listsched import cpa_schedule
 from spindle_dsl.planner.milp import MilpResult, SolveStatus, WaveModelSpec, solve_waves
+from spindle_dsl.planner.packing import packed_schedule
 from spindle_dsl.planner.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.polish import Objective, polish
 from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
 from spindle_dsl.planner.resplit import resplit
 from spindle_dsl.planner.solver import SolverChoice, choose_solver
+from spindle_dsl.planner.taskpar import task_parallel_schedule
 from spindle_dsl.planner.wavefront import paper_schedule, schedule_level
 
 COMPUTE_SLACK = 1.05  # compute may exceed the level reference by this much (see below)
@@ -51,8 +55,8 @@ MAX_BINARIES = 2500  # above this a MILP is skipped: it would not finish in the 
 # beat the paper's waves and the global MILP rarely beats its start, while the layer re-splits
 # of ``improve`` and the polishing of several starts decide the plan; so they get the time.
 LEVEL_SHARE = 0.10  # all level MILPs together
-IMPROVE_SHARE = 0.15  # each of the three starts' ``improve``
-GLOBAL_SHARE = 0.60  # of the time limit, spent when the global MILP must stop
+IMPROVE_SHARE = 0.13  # each of the five starts' ``improve``
+GLOBAL_SHARE = 0.80  # of the time limit, spent when the global MILP must stop
 POLISHED = 3  # distinct candidates polished (see ``_polish_best``)
 MIN_POLISH_S = 0.02  # a start always gets at least this much polishing
 REFINE_S = 0.05  # layer re-split after a polish edit that dissolves a wave
@@ -212,7 +216,14 @@ def _stages(
             results.append(res)
     starts = {"levels": Schedule("milp", tuple(waves))}
     if passes.cross_starts:
-        starts.update(cpa=cpa_schedule(problem), tasks=optimus_schedule(problem))
+        starts.update(
+            cpa=cpa_schedule(problem),
+            tasks=optimus_schedule(problem),
+            split=task_parallel_schedule(problem),
+        )
+        packed = packed_schedule(problem)
+        if packed is not None:
+            starts["packed"] = packed
     each = IMPROVE_SHARE * time_limit_s
     improved = {
         k: replace(improve(problem, s, budget(each), solver, passes), name="milp")

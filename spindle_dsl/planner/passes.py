@@ -17,8 +17,10 @@ class PassOptions:
     """Which passes run (all by default).
 
     ``level_milps``: per-MetaLevel MILPs (off: the paper's waves for each level).
-    ``cross_starts``: the two starts that ignore MetaLevels, CPA list scheduling and the
-    task-parallel chains (off: only the level-by-level start and the paper's plan).
+    ``cross_starts``: the starts besides the level MILPs' waves: three that ignore
+    MetaLevels (CPA list scheduling, the task-parallel chains, the tasks side by side with
+    their branches side by side) and the levels packed with short MetaOps in turn on shared
+    devices (off: only the level-by-level start and the paper's plan).
     ``backfill``: the cross-level pass of ``improve`` that starts MetaOps as soon as their own
     inputs are done and fills idle devices with later levels' layers.
     ``global_milp``: one MILP over all waves with precedence, warm-started from the best start.

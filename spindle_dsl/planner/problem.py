@@ -76,6 +76,28 @@ class OpSpec:
         i = bisect_right(self.ns, limit)
         return self.ns[i - 1] if i else self.ns[0]
 
+    def fastest_within(self, limit: int) -> int:
+        """The quickest allocation of at most ``limit`` devices (the least pareto point if
+        none is): the largest pareto point not above it, each being quicker than every
+        smaller allocation."""
+        i = bisect_right(self.pareto, limit)
+        return self.pareto[i - 1] if i else self.pareto[0]
+
+    def least_within(self, seconds: float) -> int | None:
+        """The least pareto allocation on which all ``layers`` end within ``seconds``, if any
+        (pareto points get quicker as they grow: a bisection)."""
+        pts = self.pareto
+        if self.layers * self.t(pts[-1]) > seconds:
+            return None
+        lo, hi = 0, len(pts) - 1  # pts[hi] ends within it
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.layers * self.t(pts[mid]) <= seconds:
+                hi = mid
+            else:
+                lo = mid + 1
+        return pts[lo]
+
     def next_faster(self, n: int, limit: int) -> int | None:
         """The smallest pareto allocation above ``n`` and at most ``limit``, if any.
 
