@@ -10,10 +10,16 @@ update) and other (the rest of the step: the executor's own Python, the end-of-s
 all-reduce that lines the ranks up, heartbeats) are overhead. The last column is the share of
 the step outside forward, backward and loss: issue 11's target is at most 15% on cpu_medium
 with 2 ranks. Waiting for a slower rank counts as overhead here (it is time the rank spends
-outside its own work), so a plan whose ranks are unbalanced on this machine shows it.
+outside its own work), so a plan whose ranks are unbalanced on this machine shows it: the
+same 512x512 matmul loop pinned to each of this machine's two cores, side by side, took 0.89
+to 1.21 times as long on core 0 as on core 1 from one minute to the next (2026-12-02), so one
+run's waits say as much about the machine as about the runtime. ``--repeat R`` trains each
+plan R times in turns and prints the median; ``--profile`` plans with measured curves, as
+``spindle train --profile`` does.
 
     .venv/bin/python bench/runtime_overhead.py [SPEC] [--nproc 2] [--steps 10]
                                                [--scheduler default sequential] [--keep DIR]
+                                               [--profile PROFILE.json] [--repeat R]
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 from collections import defaultdict
@@ -103,7 +110,12 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--scheduler", nargs="+", default=["default"])
     ap.add_argument("--plan", help="run this plan file instead of planning")
+    ap.add_argument("--profile", help="plan with this `spindle profile` output (measured curves)")
     ap.add_argument("--keep", help="write the traces and summaries into this folder")
+    ap.add_argument(
+        "--repeat", type=int, default=1,
+        help="train each plan this many times, in turns (A B A B ...), and print the median",
+    )  # fmt: skip
     ap.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: more train flags")
     args = ap.parse_args()
 
@@ -114,23 +126,34 @@ def main() -> int:
     extra = [a for a in args.train_args if a != "--"]
     runs = [("plan file", ["--plan", args.plan])] if args.plan else []
     runs += [(s, ["--scheduler", s]) for s in args.scheduler if not args.plan]
+    if args.profile:
+        extra += ["--profile", args.profile]
     print(
         f"{Path(args.spec).name}: {args.nproc} gloo ranks on {os.cpu_count()} CPU cores, "
         f"ms per step averaged over steps 2..{args.steps} of the measured trace"
     )
-    for name, source in runs:
-        trace, summary = folder / f"trace-{name}.json", folder / f"summary-{name}.json"
-        code = spindle(
-            ["train", args.spec, "--nproc", str(args.nproc), "--steps", str(args.steps),
-             "--trace", str(trace), "--summary-json", str(summary), "--no-progress",
-             *source, *extra]
-        )  # fmt: skip
-        if code:
-            return code
-        sums = step_sums(json.loads(trace.read_text()))
-        lines, worst = table(sums, args.steps - 1)
-        print(f"\n{name}: time outside forward, backward and loss, worst rank {100 * worst:.1f}%")
-        print("\n".join(lines))
+    shares: dict[str, list[float]] = defaultdict(list)
+    for turn in range(1, args.repeat + 1):
+        for name, source in runs:
+            tag = name if args.repeat == 1 else f"{name}-{turn}"
+            trace, summary = folder / f"trace-{tag}.json", folder / f"summary-{tag}.json"
+            code = spindle(
+                ["train", args.spec, "--nproc", str(args.nproc), "--steps", str(args.steps),
+                 "--trace", str(trace), "--summary-json", str(summary), "--no-progress",
+                 *source, *extra]
+            )  # fmt: skip
+            if code:
+                return code
+            sums = step_sums(json.loads(trace.read_text()))
+            lines, worst = table(sums, args.steps - 1)
+            shares[name].append(worst)
+            print(f"\n{tag}: time outside forward, backward and loss, worst rank {worst:.1%}")
+            print("\n".join(lines))
+    if args.repeat > 1:
+        print("\nworst rank's share outside forward, backward and loss, run by run (median)")
+        for name, got in shares.items():
+            runs_pct = ", ".join(f"{100 * x:.1f}%" for x in got)
+            print(f"  {name:<12}{runs_pct}  (median {100 * statistics.median(got):.1f}%)")
     print(f"\ntraces: {folder}")
     return 0
 
