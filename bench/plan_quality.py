@@ -114,8 +114,9 @@ ABLATION_ROWS = [
     ("multitask_clip", None, 32),
     ("multitask_clip", None, 64),
     ("qwen_val", "pretrain", 64),
-    ("clip10", None, 16),
+    ("clip10", None, 64),
     ("encdec7", None, 32),
+    ("encdec7", None, 128),
 ]
 TABLES = ("1", "2", "3", "gap", "ablation")
 
