@@ -15,6 +15,7 @@ from bisect import bisect_right
 from fractions import Fraction
 
 from spindle_dsl.planner.listsched import Span, waveify
+from spindle_dsl.planner.minmax import min_max
 from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
 
 
@@ -28,30 +29,10 @@ def sequential_schedule(problem: Problem) -> Schedule:
 
 
 def balanced(ops: list[OpSpec], devices: int) -> dict[str, int]:
-    """Integer allocations of independent ops minimising the longest, greedily: start each at
-    its smallest allocation and keep giving the slowest op its next faster allocation."""
-    alloc = {o.id: o.pareto[0] for o in ops}
-    give_to_slowest(alloc, ops, devices - sum(alloc.values()))
-    return alloc
-
-
-def give_to_slowest(alloc: dict[str, int], ops: list[OpSpec], free: int) -> int:
-    """Hand ``free`` devices out, in place: the op of ``alloc`` that ends last gets its next
-    faster allocation that fits, until none can; returns the devices left."""
-    by_id = {o.id: o for o in ops}
-    blocked: set[str] = set()
-    while free > 0:
-        live = [i for i in alloc if i not in blocked]
-        if not live:
-            break
-        slow = max(live, key=lambda i: by_id[i].layers * by_id[i].t(alloc[i]))
-        nxt = by_id[slow].next_faster(alloc[slow], alloc[slow] + free)
-        if nxt is None:
-            blocked.add(slow)
-            continue
-        free -= nxt - alloc[slow]
-        alloc[slow] = nxt
-    return free
+    """Integer allocations of independent ops minimising the longest (``minmax``); each op's
+    least allocation where they do not fit side by side (callers split such ops into rounds
+    first: ``_chunks``)."""
+    return min_max(ops, devices) or {o.id: o.pareto[0] for o in ops}
 
 
 def _groups(problem: Problem) -> list[list[OpSpec]]:

@@ -12,6 +12,7 @@ The result is a valid wave schedule again, so it can seed the global MILP (``mil
 from __future__ import annotations
 
 from spindle_dsl.planner.isolate import crash_count
+from spindle_dsl.planner.minmax import min_max
 from spindle_dsl.planner.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.problem import EPS, Piece, Problem, Schedule
 from spindle_dsl.planner.resplit import resplit
@@ -157,9 +158,9 @@ def backfill(problem: Problem, sched: Schedule) -> Schedule:
 def rebalance(problem: Problem, sched: Schedule) -> Schedule:
     """Re-pick each wave's allocations to shorten it, keeping its pieces' layers.
 
-    For fixed layer counts, the min-max allocation is found greedily: every piece starts on
-    its smallest allocation and the slowest piece keeps taking its next faster one while it
-    fits; when the slowest cannot speed up, no allocation makes the wave shorter. A wave is
+    For fixed layer counts, each wave gets the min-max allocation of its pieces (``minmax``:
+    the least time within which every piece, on its least allocation ending it so, fits; the
+    devices left over go to the piece that ends last, while it can speed up). A wave is
     changed only if the time it saves beats the allocation changes it adds (each one moves
     an op's activations, ``OpSpec.switch_s``).
     """
@@ -185,16 +186,12 @@ def rebalance(problem: Problem, sched: Schedule) -> Schedule:
     out = []
     for wi, wave in enumerate(sched.waves):
         ops = {p.op: problem.op(p.op) for p in wave}
-        alloc = {p.op: ops[p.op].pareto[0] for p in wave}
         k = {p.op: p.layers for p in wave}
-        free = problem.devices - sum(alloc.values())
-        while True:
-            slow = max(alloc, key=lambda i: k[i] * ops[i].t(alloc[i]))
-            nxt = ops[slow].next_faster(alloc[slow], alloc[slow] + free)
-            if nxt is None:
-                break
-            free -= nxt - alloc[slow]
-            alloc[slow] = nxt
+        least = min_max(list(ops.values()), problem.devices, k)
+        if least is None:  # the pieces do not fit side by side at their least allocations
+            out.append(wave)
+            continue
+        alloc = least
         # pieces the new allocation does not slow past the new duration keep their n
         new = max(k[i] * ops[i].t(alloc[i]) for i in alloc)
         for p in wave:

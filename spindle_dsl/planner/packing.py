@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from spindle_dsl.planner.baselines import give_to_slowest
 from spindle_dsl.planner.listsched import Span, waveify
+from spindle_dsl.planner.minmax import give_to_slowest
 from spindle_dsl.planner.problem import OpSpec, Problem, Schedule
 
 _BISECTIONS = 40

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from itertools import pairwise
 
+from spindle_dsl.planner.minmax import min_max
 from spindle_dsl.planner.problem import Piece, Problem, Schedule, schedule_errors
 
 Objective = Callable[[Schedule], tuple[float, ...]]
@@ -34,20 +35,10 @@ Objective = Callable[[Schedule], tuple[float, ...]]
 
 def _min_max_alloc(problem: Problem, wave: list[Piece]) -> list[Piece] | None:
     """Fit ``wave`` on the devices with the shortest duration (None if it cannot fit)."""
-    ops = {p.op: problem.op(p.op) for p in wave}
-    alloc = {p.op: ops[p.op].pareto[0] for p in wave}
-    free = problem.devices - sum(alloc.values())
-    if free < 0:
+    layers = {p.op: p.layers for p in wave}
+    alloc = min_max([problem.op(p.op) for p in wave], problem.devices, layers)
+    if alloc is None:
         return None
-    while True:
-        slow = max(
-            alloc, key=lambda i: next(p.layers for p in wave if p.op == i) * ops[i].t(alloc[i])
-        )
-        nxt = ops[slow].next_faster(alloc[slow], alloc[slow] + free)
-        if nxt is None:
-            break
-        free -= nxt - alloc[slow]
-        alloc[slow] = nxt
     return [Piece(p.op, p.first, p.end, alloc[p.op]) for p in wave]
 
 

@@ -83,16 +83,17 @@ class OpSpec:
         i = bisect_right(self.pareto, limit)
         return self.pareto[i - 1] if i else self.pareto[0]
 
-    def least_within(self, seconds: float) -> int | None:
-        """The least pareto allocation on which all ``layers`` end within ``seconds``, if any
-        (pareto points get quicker as they grow: a bisection)."""
+    def least_within(self, seconds: float, layers: int | None = None) -> int | None:
+        """The least pareto allocation on which ``layers`` layers (default: all) end within
+        ``seconds``, if any (pareto points get quicker as they grow: a bisection)."""
         pts = self.pareto
-        if self.layers * self.t(pts[-1]) > seconds:
+        k = self.layers if layers is None else layers
+        if k * self.t(pts[-1]) > seconds:
             return None
         lo, hi = 0, len(pts) - 1  # pts[hi] ends within it
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.layers * self.t(pts[mid]) <= seconds:
+            if k * self.t(pts[mid]) <= seconds:
                 hi = mid
             else:
                 lo = mid + 1

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from spindle_dsl.planner.baselines import _groups, give_to_slowest
+from spindle_dsl.planner.baselines import _groups
 from spindle_dsl.planner.listsched import Span, waveify
+from spindle_dsl.planner.minmax import min_max
 from spindle_dsl.planner.problem import OpSpec, Problem, Schedule
 
 _BISECTIONS = 30  # relative precision 2^-30 on a completion time
@@ -50,40 +51,13 @@ def _seconds(op: OpSpec, n: int) -> float:
     return op.layers * op.t(n)
 
 
-def _allocations_within(ops: list[OpSpec], seconds: float) -> dict[str, int] | None:
-    """Each op's least allocation that ends it within ``seconds``; None if some op cannot."""
-    out = {}
-    for o in ops:
-        n = o.least_within(seconds)
-        if n is None:
-            return None
-        out[o.id] = n
-    return out
-
-
 def split_level(ops: list[OpSpec], devices: int) -> dict[str, int] | None:
-    """Min-max allocations of independent ops side by side on ``devices`` (the least time
-    within which each, on the least allocation that ends it so, fits; left-over devices to
-    the op that ends last); None if they do not fit side by side at their least."""
+    """Min-max allocations of independent ops side by side on ``devices`` (``minmax``); None
+    if they do not fit side by side at their least."""
     if len(ops) == 1:
         o = ops[0]
         return {o.id: o.fastest_within(devices)} if o.pareto[0] <= devices else None
-    if sum(o.pareto[0] for o in ops) > devices:
-        return None
-    lo = max(_seconds(o, o.pareto[-1]) for o in ops)
-    hi = max(_seconds(o, o.pareto[0]) for o in ops)
-    best = {o.id: o.pareto[0] for o in ops}
-    for _ in range(_BISECTIONS):
-        if hi - lo <= 1e-9 * hi:
-            break
-        mid = (lo + hi) / 2
-        got = _allocations_within(ops, mid)
-        if got is not None and sum(got.values()) <= devices:
-            hi, best = mid, got
-        else:
-            lo = mid
-    give_to_slowest(best, ops, devices - sum(best.values()))
-    return best
+    return min_max(ops, devices)
 
 
 class TaskLayout:
