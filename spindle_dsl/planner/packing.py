@@ -3,18 +3,19 @@ on shared devices, where the level's continuous optimum gives them less than one
 
 The continuous optimum of a MetaLevel gives every MetaOp n* devices so that all end together
 at C*. Many-task jobs have MetaOps with n* well under 1: a small text or IMU encoder that one
-device runs in a third of C* (bench/specs/clip10 at 64 devices: 9 of its 20 encoders are at
-n* = 0.2-0.53, C* = 83.9 ms). An integer layout that gives each its own device (the paper's
-waves, ``baselines.balanced``) leaves that device idle for the rest of the level, and the
-level MILP, at the size of such a level, does not find better in seconds (113 ms after 8 s).
-The LP bound (``lp_bound``) runs them side by side with the large encoders, one device
-each, as this layout does, with two or three of them in turn on one device.
+device runs in a third of C* (bench/specs/clip10 at 64 devices: 10 of its 20 encoders are at
+n* = 0.2-0.53, C* = 83.9 ms). An integer layout that gives each its own device
+(``baselines.balanced``) leaves that device idle for the rest of the level, and the level
+MILP, at the size of such a level, does not find better in seconds (113 ms after 8 s). The
+LP bound's solution (``lp_bound``) runs them from the start beside the large encoders, on
+one device each, for about half the level: this layout gives that shape whole devices by
+running two or three of them in turn on one.
 
 The layout, per level: for a completion time C, every op that one device runs within C is
 packed first-fit decreasing into *lanes*, one device each, holding ops in turn up to C; every
 other op gets the least valid allocation that ends within C. The least C whose lanes and
 allocations fit in the devices is found by bisection; devices left over go to the op that
-ends last, one faster allocation at a time (as ``balanced`` does). Levels run one after
+ends last, one faster allocation at a time (``minmax.give_to_slowest``). Levels run one after
 another; spans are cut into waves at every boundary (``listsched.waveify``): a large op
 spans several waves at one allocation, its layers cut where the lanes' ops change, so it
 moves nothing. As every start, the scheduler then improves (backfill across levels, layer

@@ -92,8 +92,9 @@ class TaskLayout:
         return self._memo[devices]
 
     def least_within(self, seconds: float, devices: int) -> int | None:
-        """The least group size (up to ``devices``) on which the task ends within ``seconds``
-        (its time never grows with the group: a bisection)."""
+        """The least group size (up to ``devices``) on which the task ends within ``seconds``,
+        by bisection: a task's time falls as its group grows, except where a level's ops
+        first fit side by side, where the size found may not be the least."""
         if self.seconds(devices) > seconds:
             return None
         lo, hi = self.least, devices
