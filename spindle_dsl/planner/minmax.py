@@ -12,11 +12,39 @@ over then go to the piece that ends last, as the greedy way would give them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from spindle_dsl.planner.problem import OpSpec
 
 BISECTIONS = 40  # relative precision 2^-40 on the wave's time
+
+T = TypeVar("T")
+
+
+def least_fitting(
+    lo: float,
+    hi: float,
+    fit: Callable[[float], T | None],
+    best: T,
+    *,
+    rounds: int = BISECTIONS,
+    tolerance: float = 1e-12,
+) -> T:
+    """Bisection on a completion time: what ``fit`` lays out at the least time in (lo, hi]
+    where it lays anything out (``fit`` returns None where its layout does not fit;
+    ``best`` is its layout at ``hi``). Every min-max layout here is one of these: the wave's
+    pieces (``min_max``), a task's groups (``taskpar``) and a level's lanes (``packing``)."""
+    for _ in range(rounds):
+        if hi - lo <= tolerance * hi:
+            break
+        mid = (lo + hi) / 2
+        got = fit(mid)
+        if got is None:
+            lo = mid
+        else:
+            hi, best = mid, got
+    return best
 
 
 def _layers(op: OpSpec, layers: Mapping[str, int] | None) -> int:
@@ -74,17 +102,12 @@ def min_max(
     def seconds(o: OpSpec, n: int) -> float:
         return _layers(o, layers) * o.t(n)
 
+    def fit(t: float) -> dict[str, int] | None:
+        got = least_allocations(ops, t, layers)
+        return got if got is not None and sum(got.values()) <= devices else None
+
     lo = max(seconds(o, o.pareto[-1]) for o in ops)  # no op ends sooner than this
     hi = max(seconds(o, o.pareto[0]) for o in ops)
-    best = least
-    for _ in range(BISECTIONS):
-        if hi - lo <= 1e-12 * hi:
-            break
-        mid = (lo + hi) / 2
-        got = least_allocations(ops, mid, layers)
-        if got is not None and sum(got.values()) <= devices:
-            hi, best = mid, got
-        else:
-            lo = mid
+    best = least_fitting(lo, hi, fit, least)
     give_to_slowest(best, ops, devices - sum(best.values()), layers)
     return best

@@ -27,10 +27,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 from spindle_dsl.planner.listsched import Span, waveify
-from spindle_dsl.planner.minmax import give_to_slowest
+from spindle_dsl.planner.minmax import give_to_slowest, least_fitting
 from spindle_dsl.planner.problem import OpSpec, Problem, Schedule
-
-_BISECTIONS = 40
 
 
 def _lanes(ops: list[OpSpec], seconds: float) -> list[list[OpSpec]]:
@@ -78,17 +76,13 @@ def pack_level(ops: list[OpSpec], devices: int) -> list[Span] | None:
     first = _layout(ops, hi)
     if first is None or _devices(first) > devices:
         return None
+
+    def fit(seconds: float) -> tuple[dict[str, int], list[list[OpSpec]]] | None:
+        got = _layout(ops, seconds)
+        return got if got is not None and _devices(got) <= devices else None
+
     lo = max(o.layers * o.t(o.pareto[-1]) for o in ops)  # no op ends sooner than this
-    best = first
-    for _ in range(_BISECTIONS):
-        if hi - lo <= 1e-6 * hi:
-            break
-        mid = (lo + hi) / 2
-        got = _layout(ops, mid)
-        if got is not None and _devices(got) <= devices:
-            hi, best = mid, got
-        else:
-            lo = mid
+    best = least_fitting(lo, hi, fit, first, tolerance=1e-6)
     alone, lanes = best
     by_id = {o.id: o for o in ops}
     give_to_slowest(alone, [by_id[i] for i in alone], devices - _devices(best))

@@ -28,10 +28,9 @@ from fractions import Fraction
 
 from spindle_dsl.planner.baselines import _groups
 from spindle_dsl.planner.listsched import Span, waveify
-from spindle_dsl.planner.minmax import min_max
+from spindle_dsl.planner.minmax import least_fitting, min_max
 from spindle_dsl.planner.problem import OpSpec, Problem, Schedule
 
-_BISECTIONS = 30  # relative precision 2^-30 on a completion time
 _LEFTOVER_ROUNDS = 8  # per task: hand-outs of devices left over after the bisection
 
 
@@ -66,6 +65,7 @@ class TaskLayout:
 
     def __init__(self, group: list[OpSpec]):
         self.levels = task_levels(group)
+        self.by_id = {o.id: o for o in group}
         self.least = max(o.pareto[0] for level in self.levels for o in level)
         self._memo: dict[int, float] = {}
 
@@ -83,9 +83,8 @@ class TaskLayout:
 
     def seconds(self, devices: int) -> float:
         if devices not in self._memo:
-            by_id = {o.id: o for level in self.levels for o in level}
             self._memo[devices] = sum(
-                max(_seconds(by_id[i], n) for i, n in alloc.items())
+                max(_seconds(self.by_id[i], n) for i, n in alloc.items())
                 for rounds in self.layout(devices)
                 for alloc in rounds
             )
@@ -120,18 +119,14 @@ def _sizes_within(tasks: list[TaskLayout], seconds: float, devices: int) -> list
 
 def group_sizes(tasks: list[TaskLayout], devices: int) -> list[int]:
     """Min-max group sizes of tasks side by side (module docstring)."""
-    sizes = [t.least for t in tasks]
+
+    def fit(seconds: float) -> list[int] | None:
+        got = _sizes_within(tasks, seconds, devices)
+        return got if got is not None and sum(got) <= devices else None
+
     lo = max(t.seconds(devices) for t in tasks)
     hi = max(t.seconds(t.least) for t in tasks)
-    for _ in range(_BISECTIONS):
-        if hi - lo <= 1e-9 * hi:
-            break
-        mid = (lo + hi) / 2
-        got = _sizes_within(tasks, mid, devices)
-        if got is not None and sum(got) <= devices:
-            hi, sizes = mid, got
-        else:
-            lo = mid
+    sizes = least_fitting(lo, hi, fit, [t.least for t in tasks], rounds=30, tolerance=1e-9)
     free = devices - sum(sizes)
     for _ in range(_LEFTOVER_ROUNDS * len(tasks)):
         if free <= 0:
@@ -163,11 +158,10 @@ def task_parallel_schedule(problem: Problem) -> Schedule:
     for batch in rounds:
         spans: list[Span] = []
         for task, n in zip(batch, group_sizes(batch, problem.devices), strict=True):
-            by_id = {o.id: o for level in task.levels for o in level}
             at = Fraction(0)
             for rounds_of_level in task.layout(n):
                 for alloc in rounds_of_level:
-                    row = [Span.after(by_id[i], m, at) for i, m in alloc.items()]
+                    row = [Span.after(task.by_id[i], m, at) for i, m in alloc.items()]
                     spans.extend(row)
                     at = max(s.end for s in row)
         waves.extend(waveify(spans))
