@@ -9,11 +9,17 @@ and waiting for gradient collectives, and the optimizer's all-gather), optimizer
 update) and other (the rest of the step: the executor's own Python, the end-of-step loss
 all-reduce that lines the ranks up, heartbeats) are overhead. The last column is the share of
 the step outside forward, backward and loss: issue 11's target is at most 15% on cpu_medium
-with 2 ranks. Waiting for a slower rank counts as overhead here (it is time the rank spends
+with 2 ranks. Waiting for a slower rank counts as overhead there (it is time the rank spends
 outside its own work), so a plan whose ranks are unbalanced on this machine shows it: the
 same 512x512 matmul loop pinned to each of this machine's two cores, side by side, took 0.89
-to 1.21 times as long on core 0 as on core 1 from one minute to the next (2026-12-02), so one
-run's waits say as much about the machine as about the runtime. ``--repeat R`` trains each
+to 1.21 times as long on core 0 as on core 1 from one minute to the next, and tiny_mm's LM
+layer, forward and backward, 1.7 times as long in another minute (2026-12-02), so one run's
+waits say as much about the machine as about the runtime. Hence a second
+figure, ``beyond``: the share of the step that no rank's own forward, backward and loss
+explain, the step less the busiest rank's work. No runtime could run these ranks, at the
+speeds they ran, in less than that rank's work, so ``beyond`` is what the runtime itself adds
+to the step (every rank's waits, copies and bookkeeping that the busiest rank pays); the
+worst rank's ``outside`` adds the imbalance on top. ``--repeat R`` trains each
 plan R times in turns and prints the median; ``--profile`` plans with measured curves, as
 ``spindle train --profile`` does.
 
@@ -87,20 +93,23 @@ def _enclosing(span: dict, spans: list[dict]) -> dict | None:
     return min(around, key=lambda e: e["dur"], default=None)
 
 
-def table(sums: dict[int, dict[str, float]], steps: int) -> tuple[list[str], float]:
-    """The printed rows (ms per step) and the largest overhead share over the ranks."""
+def table(sums: dict[int, dict[str, float]], steps: int) -> tuple[list[str], float, float]:
+    """The printed rows (ms per step), the largest overhead share over the ranks, and the
+    share of the step beyond the busiest rank's work (module docstring)."""
     cols = (*WORK, *OVERHEAD)
     lines = [f"{'rank':<6}{'step ms':>9}" + "".join(f"{c:>10}" for c in cols) + f"{'outside':>10}"]
     worst = 0.0
+    beyond = 1.0
     for rank, s in sums.items():
         step = s.get("step", 0.0)
         outside = step - sum(s.get(c, 0.0) for c in WORK)
         share = outside / step if step else 0.0
         worst = max(worst, share)
+        beyond = min(beyond, share)  # the busiest rank has the least time outside its work
         row = f"{rank:<6}{1e3 * step / steps:>9.1f}"
         row += "".join(f"{1e3 * s.get(c, 0.0) / steps:>10.1f}" for c in cols)
         lines.append(row + f"{100 * share:>9.1f}%")
-    return lines, worst
+    return lines, worst, (beyond if sums else 0.0)
 
 
 def main() -> int:
@@ -133,6 +142,7 @@ def main() -> int:
         f"ms per step averaged over steps 2..{args.steps} of the measured trace"
     )
     shares: dict[str, list[float]] = defaultdict(list)
+    beyonds: dict[str, list[float]] = defaultdict(list)
     for turn in range(1, args.repeat + 1):
         for name, source in runs:
             tag = name if args.repeat == 1 else f"{name}-{turn}"
@@ -145,15 +155,23 @@ def main() -> int:
             if code:
                 return code
             sums = step_sums(json.loads(trace.read_text()))
-            lines, worst = table(sums, args.steps - 1)
+            lines, worst, beyond = table(sums, args.steps - 1)
             shares[name].append(worst)
-            print(f"\n{tag}: time outside forward, backward and loss, worst rank {worst:.1%}")
+            beyonds[name].append(beyond)
+            print(
+                f"\n{tag}: time outside forward, backward and loss, worst rank {worst:.1%}; "
+                f"beyond the busiest rank's work {beyond:.1%}"
+            )
             print("\n".join(lines))
     if args.repeat > 1:
-        print("\nworst rank's share outside forward, backward and loss, run by run (median)")
-        for name, got in shares.items():
-            runs_pct = ", ".join(f"{100 * x:.1f}%" for x in got)
-            print(f"  {name:<12}{runs_pct}  (median {100 * statistics.median(got):.1f}%)")
+        for title, got_by in (
+            ("worst rank's share outside forward, backward and loss", shares),
+            ("share of the step beyond the busiest rank's work", beyonds),
+        ):
+            print(f"\n{title}, run by run (median)")
+            for name, got in got_by.items():
+                runs_pct = ", ".join(f"{100 * x:.1f}%" for x in got)
+                print(f"  {name:<12}{runs_pct}  (median {100 * statistics.median(got):.1f}%)")
     print(f"\ntraces: {folder}")
     return 0
 
