@@ -45,7 +45,11 @@ lower bound (LP plus floors, least over the k tried, each k's LP with its memory
 recompute costs where the MetaOps' kept bytes must shrink to fit the cluster, and no k at
 which nothing fits; the issue's 1.10x check), the plan's
 compute (its waves, all passes) over the LP bound (what the LP bounds; the rest of ``it/LP`` is
-transfers, sync, overheads, losses and the optimizer, which it does not count), the gradient
+transfers, sync, overheads, losses and the optimizer, which it does not count), and where that
+compute goes (``busy/LP``: the device-seconds its entries run, over N x the LP bound, which
+only allocations quicker per device-second would lower; ``idle``: the device-seconds idle
+inside its waves, a share of N x its compute, which the waves' barriers leave and the LP,
+which has none, does not: comp/LP is busy/LP plus idle over N x the LP), the gradient
 sync not hidden by the backward (``breakdown.grad_sync_s``: shared modules' extra reduction
 past the end of the backward, and the step's closing all-reduce of the losses) and its share,
 ``after-bwd``: what the shared modules' extra reduction of the same plan would cost run after
@@ -382,12 +386,23 @@ def shared_sync_after_backward(graph, plan) -> float:
     )
 
 
+def busy_and_idle(plan) -> tuple[float, float]:
+    """Where the plan's compute goes (Table 4): the device-seconds its entries run over all
+    passes, over N (seconds: comparable with the LP bound), and the share of N x its compute
+    that devices sit idle inside its waves."""
+    n = plan.cluster.devices
+    k = plan.micro_batches
+    busy = k * sum(len(e.devices) * e.time_s for w in plan.waves for e in w.entries)
+    compute = dict(plan.breakdown)["compute_s"]
+    return busy / n, (1.0 - busy / (n * compute)) if compute > 0 else 0.0
+
+
 def table_gap(time_limit: float, solver: str | None) -> None:
     print("\nTable 4: gap to the LP bound (issue 15; memory enforced, as `spindle plan` plans)")
     print(
         f"{'workload':<26} {'N':>4} {'iter ms':>9} {'area/path':>10} {'LP ms':>9} {'it/LP':>6}"
-        f" {'floors':>8} {'it/bnd':>6} {'comp/LP':>7} {'sync ms':>8} {'sync %':>7}"
-        f" {'after-bwd':>10} {'LP solve':>9}"
+        f" {'floors':>8} {'it/bnd':>6} {'comp/LP':>7} {'busy/LP':>7} {'idle':>6}"
+        f" {'sync ms':>8} {'sync %':>7} {'after-bwd':>10} {'LP solve':>9}"
         f" {'plan s':>7}  check"
     )
     for label, n, plan, wall in _enforced_rows(GAP_ROWS, time_limit, solver):
@@ -396,6 +411,7 @@ def table_gap(time_limit: float, solver: str | None) -> None:
         compute = dict(plan.breakdown)["compute_s"] / b["lp_s"] if b["lp_s"] else float("nan")
         name, _, mix = label.partition("/")
         after = shared_sync_after_backward(_graph(name, mix or None, n), plan)
+        busy, idle = busy_and_idle(plan)
         r = lp_ratio(plan)
         rb = plan.iteration_s / plan.lower_bound_s if plan.lower_bound_s > 0 else None
         ok = b["lp_s"] is not None and rb is not None and rb <= GAP_TARGET
@@ -404,6 +420,7 @@ def table_gap(time_limit: float, solver: str | None) -> None:
             f"{label:<26} {n:>4} {plan.iteration_s * 1e3:>9.1f} {b['area_path_s'] * 1e3:>10.1f}"
             f" {(b['lp_s'] or float('nan')) * 1e3:>9.1f} {_ratio(r):>6}"
             f" {b.get('step_floor_s', 0.0) * 1e3:>8.1f} {_ratio(rb):>6} {compute:>7.2f}"
+            f" {busy / b['lp_s'] if b['lp_s'] else float('nan'):>7.2f} {idle:>6.1%}"
             f" {sync * 1e3:>8.1f}"
             f" {sync / plan.iteration_s:>7.1%} {after * 1e3:>8.1f}ms"
             f" {b['lp_wall_s'] * 1e3:>7.1f}ms {wall:>7.2f}"
