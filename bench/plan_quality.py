@@ -386,17 +386,6 @@ def shared_sync_after_backward(graph, plan) -> float:
     )
 
 
-def busy_and_idle(plan) -> tuple[float, float]:
-    """Where the plan's compute goes (Table 4): the device-seconds its entries run over all
-    passes, over N (seconds: comparable with the LP bound), and the share of N x its compute
-    that devices sit idle inside its waves."""
-    n = plan.cluster.devices
-    k = plan.micro_batches
-    busy = k * sum(len(e.devices) * e.time_s for w in plan.waves for e in w.entries)
-    compute = dict(plan.breakdown)["compute_s"]
-    return busy / n, (1.0 - busy / (n * compute)) if compute > 0 else 0.0
-
-
 def table_gap(time_limit: float, solver: str | None) -> None:
     print("\nTable 4: gap to the LP bound (issue 15; memory enforced, as `spindle plan` plans)")
     print(
@@ -411,7 +400,7 @@ def table_gap(time_limit: float, solver: str | None) -> None:
         compute = dict(plan.breakdown)["compute_s"] / b["lp_s"] if b["lp_s"] else float("nan")
         name, _, mix = label.partition("/")
         after = shared_sync_after_backward(_graph(name, mix or None, n), plan)
-        busy, idle = busy_and_idle(plan)
+        busy, idle = plan.busy_s(), plan.idle_share()
         r = lp_ratio(plan)
         rb = plan.iteration_s / plan.lower_bound_s if plan.lower_bound_s > 0 else None
         ok = b["lp_s"] is not None and rb is not None and rb <= GAP_TARGET

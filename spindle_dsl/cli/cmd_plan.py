@@ -161,6 +161,8 @@ def summary(plan: Plan) -> dict[str, Any]:
         "speedup": {k.removesuffix("_s"): v / plan.iteration_s for k, v in base.items()},
         "lower_bound_s": plan.lower_bound_s,
         "ratio_to_bound": plan.iteration_s / plan.lower_bound_s if plan.lower_bound_s else None,
+        "busy_s": plan.busy_s(),
+        "idle_share": plan.idle_share(),
         "bounds": plan.extra.get("bounds", {}),
         "level_reference_s": plan.extra.get("level_reference_s"),
         "micro_batches": plan.micro_batches,
@@ -194,6 +196,21 @@ def bound_text(s: dict[str, Any]) -> str:
     )
 
 
+def compute_split_text(s: dict[str, Any]) -> str | None:
+    """Where the compute over the LP bound goes: the entries' device-seconds (what only
+    allocations quicker per device-second lower) and the devices idle inside waves (what the
+    waves' barriers leave; the LP has none). None without an LP figure or compute."""
+    lp = (s.get("bounds") or {}).get("lp_s")
+    compute = s.get("compute_s")
+    if not lp or not compute:
+        return None
+    return (
+        f"compute {compute / lp:.2f}x the LP bound: the entries run {s['busy_s'] / lp:.2f}x the"
+        f" LP's device-seconds, and the devices sit idle inside waves {s['idle_share']:.1%} of"
+        " the time"
+    )
+
+
 STEP_TERMS = (
     ("wave_overhead_s", "wave overhead"),
     ("loss_s", "losses"),
@@ -221,6 +238,9 @@ def summary_text(s: dict[str, Any]) -> str:
         )
     if s["ratio_to_bound"] is not None:
         lines.append(f"lower bound: {bound_text(s)}")
+    split = compute_split_text(s)
+    if split:
+        lines.append(split)
     lines.append(
         f"memory levers: {s['micro_batches']} micro-batch{'es' if s['micro_batches'] > 1 else ''}"
         f" per iteration, ZeRO-{s['zero_stage']}, activation recompute on "

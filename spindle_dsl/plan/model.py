@@ -196,6 +196,23 @@ class Plan:
     def baseline(self, name: str) -> float:
         return dict(self.baselines)[name]
 
+    def compute_s(self) -> float:
+        """The waves' time over every micro-batch pass (the iteration's compute)."""
+        return self.micro_batches * sum(w.duration_s for w in self.waves)
+
+    def busy_s(self) -> float:
+        """Device-seconds the entries run over every pass, over the devices: the compute
+        the waves would take if no device sat idle inside one. Set against the LP bound,
+        which has no waves, it says how much of the compute over the bound the allocations
+        cost (their device-seconds) and how much the waves' barriers (``idle_share``)."""
+        work = sum(len(e.devices) * e.time_s for w in self.waves for e in w.entries)
+        return self.micro_batches * work / self.cluster.devices
+
+    def idle_share(self) -> float:
+        """The share of the devices' time in the waves that they sit idle inside a wave."""
+        compute = self.compute_s()
+        return 1.0 - self.busy_s() / compute if compute > 0 else 0.0
+
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
         """Jupyter shows the plan as its timeline (``spindle_dsl.render.jupyter``)."""
         from spindle_dsl.render.jupyter import plan_mimebundle

@@ -34,7 +34,7 @@ from spindle_dsl.render.fmt import device_ranges, fmt_bytes, fmt_seconds
 from spindle_dsl.render.graphviz_tools import INSTALL_HINT, dot_available, render_dot
 from spindle_dsl.render.memory import levers_text, memory_levers, memory_summary, memory_svg
 from spindle_dsl.render.phases import bundle_palette, phase_bars, phases_svg
-from spindle_dsl.render.schedule import plan_palette, utilisation
+from spindle_dsl.render.schedule import plan_palette
 from spindle_dsl.render.timeline import timeline_bytes
 
 CSS = """
@@ -94,7 +94,8 @@ def _dot_picture(graph, title: str, caption: str, warnings: list[str]) -> str:
 
 def _cards(plan: Plan) -> str:
     seq = dict(plan.baselines).get("sequential_s")
-    lp = (plan.extra.get("bounds") or {}).get("lp_s") is not None  # older plans: area bound
+    lp_s = (plan.extra.get("bounds") or {}).get("lp_s")
+    lp = lp_s is not None  # older plans: area bound
     cards = [
         (fmt_seconds(plan.iteration_s), "predicted iteration"),
         (fmt_seconds(plan.lower_bound_s), "LP lower bound" if lp else "lower bound"),
@@ -111,7 +112,12 @@ def _cards(plan: Plan) -> str:
             "peak memory of capacity",
         ),
         (str(len(plan.waves)), "waves (one pass)"),
-        (f"{utilisation(plan):.0%}", "devices busy"),
+        (f"{1 - plan.idle_share():.0%}", "devices busy inside waves"),
+        *(
+            [(f"{plan.busy_s() / lp_s:.2f}×", "entries' device-seconds / LP bound's")]
+            if lp_s
+            else []
+        ),
         (f"{plan.cluster.devices} × {plan.cluster.device}", "devices"),
         (f"{plan.solver.name} ({plan.solver.status})", f"planned in {plan.solver.wall_s:.2f} s"),
     ]

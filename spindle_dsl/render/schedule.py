@@ -115,13 +115,6 @@ def idle_spans(plan: Plan, placed: tuple[Placed, ...] | None = None) -> list[Idl
     return out
 
 
-def utilisation(plan: Plan) -> float:
-    """Busy device-seconds over device-seconds available in the waves (0 for an empty plan)."""
-    total = sum(w.duration_s for w in plan.waves) * plan.cluster.devices
-    busy = sum(e.time_s * len(e.devices) for w in plan.waves for e in w.entries)
-    return busy / total if total > 0 else 0.0
-
-
 @dataclass(frozen=True)
 class Overhead:
     """Predicted time the waves do not hold (activation transfers, gradient sync): the plan

@@ -147,3 +147,14 @@ def test_micro_batches(plan):
         baselines=(("sequential_s", 2 * plan.iteration_s),),
     )
     assert validate_plan(fixed) == []
+
+
+def test_busy_and_idle_split_the_waves_time(plan):
+    # device-seconds: wave 0 holds 2 x 1.0 + 1 x 1.0, wave 1 4 x 0.5, wave 2 4 x 0.75: 8.0
+    # on 4 devices, 2.0 s busy of the waves' 2.25 s
+    assert plan.compute_s() == pytest.approx(2.25)
+    assert plan.busy_s() == pytest.approx(2.0)
+    assert plan.idle_share() == pytest.approx(1 - 2.0 / 2.25)
+    twice = replace(plan, micro_batches=2)  # every pass runs the waves again
+    assert (twice.compute_s(), twice.busy_s()) == pytest.approx((4.5, 4.0))
+    assert twice.idle_share() == pytest.approx(plan.idle_share())

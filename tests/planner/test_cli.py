@@ -96,3 +96,15 @@ def test_bad_micro_batches_is_a_usage_error(shared_dir, value, capsys):
     spec = shared_dir / "spec" / "tiny_mm.spindle"
     assert main(["plan", str(spec), "--micro-batches", value]) == 2
     assert "--micro-batches" in capsys.readouterr().err
+
+
+def test_summary_says_where_the_compute_over_the_lp_goes(shared_dir, capsys):
+    spec = shared_dir / "spec" / "tiny_mm.spindle"
+    assert main(["plan", str(spec), "--json", "--scheduler", "paper"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    compute, lp = s["compute_s"], s["bounds"]["lp_s"]
+    assert 0.0 <= s["idle_share"] < 1.0 and 0.0 < s["busy_s"] <= compute * (1 + 1e-9)
+    assert main(["plan", str(spec), "--scheduler", "paper"]) == 0
+    out = capsys.readouterr().out
+    assert f"compute {compute / lp:.2f}x the LP bound" in out
+    assert f"{s['busy_s'] / lp:.2f}x the LP's device-seconds" in out

@@ -9,7 +9,7 @@ import pytest
 
 from spindle_dsl.errors import SpindleError
 from spindle_dsl.plan.model import Entry, Wave
-from spindle_dsl.render.schedule import activation_flows, idle_spans, utilisation
+from spindle_dsl.render.schedule import activation_flows, idle_spans
 from spindle_dsl.render.text import metagraph_text, timeline_text, waves_text
 from spindle_dsl.render.timeline import timeline_bytes
 
@@ -38,7 +38,7 @@ def test_idle_spans_and_utilisation(plan):
     w1 = sorted((s.device, round(s.duration_s, 6)) for s in idle if s.wave == 1)
     assert w1 == [(1, 0.01), (2, 0.002), (3, 0.01)]
     busy = sum(e.time_s * len(e.devices) for w in plan.waves for e in w.entries)
-    assert utilisation(plan) == pytest.approx(busy / (plan.iteration_s * 4))
+    assert 1 - plan.idle_share() == pytest.approx(busy / (plan.iteration_s * 4))
     assert len(activation_flows(plan)) == 5
 
 
