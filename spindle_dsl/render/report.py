@@ -112,7 +112,7 @@ def _cards(plan: Plan) -> str:
             "peak memory of capacity",
         ),
         (str(len(plan.waves)), "waves (one pass)"),
-        (f"{1 - plan.idle_share():.0%}", "devices busy inside waves"),
+        (f"{1 - plan.idle_share() if plan.waves else 0:.0%}", "devices busy inside waves"),
         *(
             [(f"{plan.busy_s() / lp_s:.2f}×", "entries' device-seconds / LP bound's")]
             if lp_s
