@@ -45,6 +45,11 @@ class Summary:
     recompute: tuple[str, ...] = ()
     metaops: int = 0
     least_memory_bytes: int | None = None  # the emptiest device
+    # where the compute over the LP bound goes (``Plan.busy_s``, ``Plan.idle_share``): the
+    # waves' time and the entries' device-seconds over N, each over the LP; None without one
+    compute_over_lp: float | None = None
+    busy_over_lp: float | None = None
+    idle_share: float = 0.0
 
     @property
     def fits(self) -> bool | None:
@@ -61,6 +66,7 @@ def summarize(plan: Plan) -> Summary:
     )
     gap = plan.iteration_s / plan.lower_bound_s - 1 if plan.lower_bound_s > 0 else float("nan")
     bounds = plan.extra.get("bounds") or {}
+    lp = bounds.get("lp_s")
     return Summary(
         iteration_s=plan.iteration_s,
         lower_bound_s=plan.lower_bound_s,
@@ -82,6 +88,9 @@ def summarize(plan: Plan) -> Summary:
         recompute=tuple(m.id for m in plan.metaops if m.recompute),
         metaops=len(plan.metaops),
         least_memory_bytes=min(plan.memory_bytes) if plan.memory_bytes else None,
+        compute_over_lp=plan.compute_s() / lp if lp and plan.waves else None,
+        busy_over_lp=plan.busy_s() / lp if lp and plan.waves else None,
+        idle_share=plan.idle_share(),
     )
 
 
@@ -113,6 +122,14 @@ def summary_html(s: Summary, *, stale: bool = False) -> str:
             f"{100 * s.gap_to_bound:.1f}% above{other})",
         ),
     ]
+    if s.compute_over_lp is not None and s.busy_over_lp is not None:
+        rows.append(
+            (
+                "compute / LP bound",
+                f"{s.compute_over_lp:.2f}× (entries {s.busy_over_lp:.2f}× the LP's "
+                f"device-seconds, {s.idle_share:.1%} idle inside waves)",
+            )
+        )
     for sp in s.speedups:
         rows.append(
             (f"vs {escape(sp.baseline)}", f"<b>{sp.speedup:.2f}×</b> ({fmt_s(sp.baseline_s)})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from spindle_dsl.plan.model import ClusterRef, Plan, SolverInfo, SpecRef
+from spindle_dsl.plan.model import ClusterRef, Entry, Plan, SolverInfo, SpecRef, Wave
 from spindle_dsl.widgets.summary import summarize, summary_html
 
 
@@ -36,3 +36,22 @@ def test_plans_without_an_lp_figure_say_lower_bound():
         assert not s.lp_bound
         html = summary_html(s)
         assert "LP lower bound" not in html and "lower bound" in html and "1.20×" in html
+
+
+def test_summary_says_where_the_compute_over_the_lp_goes():
+    # 8 devices: wave 0 lasts 0.5 s with 4 devices busy 0.5 s and 4 busy 0.25 s; wave 1 lasts
+    # 0.4 s on all 8: 3.0 + 3.2 device-seconds busy of 7.2, compute 0.9 s over an LP of 0.75 s
+    waves = (
+        Wave(0, 0.0, 0.5, (Entry("t/a", 0, 1, tuple(range(4)), 0.5),
+                           Entry("u/b", 0, 1, tuple(range(4, 8)), 0.25))),
+        Wave(1, 0.5, 0.4, (Entry("t/a", 1, 2, tuple(range(8)), 0.4),)),
+    )  # fmt: skip
+    s = summarize(replace(_plan(bounds={"lp_s": 0.75}), waves=waves))
+    assert s.compute_over_lp == 0.9 / 0.75
+    assert abs(s.busy_over_lp - 6.2 / 8 / 0.75) < 1e-12
+    assert abs(s.idle_share - (1 - 6.2 / 7.2)) < 1e-12
+    assert "1.20× (entries 1.03× the LP's device-seconds, 13.9% idle inside waves)" in (
+        summary_html(s)
+    )
+    assert summarize(_plan(bounds={"lp_s": 0.75})).compute_over_lp is None  # no waves
+    assert "compute / LP bound" not in summary_html(summarize(_plan()))
