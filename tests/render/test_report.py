@@ -90,6 +90,10 @@ def test_report_names_the_lp_bound_when_the_plan_has_one(plan, no_dot):
     html = build_report(lp).html
     assert "LP lower bound" in html and "iteration / LP bound" in html
     assert f"{plan.iteration_s / plan.lower_bound_s:.2f}×" in html
+    # where the compute over it goes: the entries' device-seconds over the LP's, and idle
+    assert f"{plan.busy_s() / plan.lower_bound_s:.2f}×" in html
+    assert "entries&#x27; device-seconds" in html
+    assert "entries&#x27; device-seconds" not in build_report(plan).html  # no LP figure
 
 
 def test_report_shows_the_memory_levers(plan, no_dot):
