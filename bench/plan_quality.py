@@ -397,10 +397,9 @@ def table_gap(time_limit: float, solver: str | None) -> None:
     for label, n, plan, wall in _enforced_rows(GAP_ROWS, time_limit, solver):
         b = plan.extra["bounds"]
         sync = dict(plan.breakdown).get("grad_sync_s", 0.0)
-        compute = dict(plan.breakdown)["compute_s"] / b["lp_s"] if b["lp_s"] else float("nan")
         name, _, mix = label.partition("/")
         after = shared_sync_after_backward(_graph(name, mix or None, n), plan)
-        busy, idle = plan.busy_s(), plan.idle_share()
+        compute, busy = plan.over_lp() or (float("nan"),) * 2
         r = lp_ratio(plan)
         rb = plan.iteration_s / plan.lower_bound_s if plan.lower_bound_s > 0 else None
         ok = b["lp_s"] is not None and rb is not None and rb <= GAP_TARGET
@@ -409,7 +408,7 @@ def table_gap(time_limit: float, solver: str | None) -> None:
             f"{label:<26} {n:>4} {plan.iteration_s * 1e3:>9.1f} {b['area_path_s'] * 1e3:>10.1f}"
             f" {(b['lp_s'] or float('nan')) * 1e3:>9.1f} {_ratio(r):>6}"
             f" {b.get('step_floor_s', 0.0) * 1e3:>8.1f} {_ratio(rb):>6} {compute:>7.2f}"
-            f" {busy / b['lp_s'] if b['lp_s'] else float('nan'):>7.2f} {idle:>6.1%}"
+            f" {busy:>7.2f} {plan.idle_share():>6.1%}"
             f" {sync * 1e3:>8.1f}"
             f" {sync / plan.iteration_s:>7.1%} {after * 1e3:>8.1f}ms"
             f" {b['lp_wall_s'] * 1e3:>7.1f}ms {wall:>7.2f}"

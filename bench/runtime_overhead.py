@@ -98,18 +98,17 @@ def table(sums: dict[int, dict[str, float]], steps: int) -> tuple[list[str], flo
     share of the step beyond the busiest rank's work (module docstring)."""
     cols = (*WORK, *OVERHEAD)
     lines = [f"{'rank':<6}{'step ms':>9}" + "".join(f"{c:>10}" for c in cols) + f"{'outside':>10}"]
-    worst = 0.0
-    beyond = 1.0
+    shares = []
     for rank, s in sums.items():
         step = s.get("step", 0.0)
         outside = step - sum(s.get(c, 0.0) for c in WORK)
         share = outside / step if step else 0.0
-        worst = max(worst, share)
-        beyond = min(beyond, share)  # the busiest rank has the least time outside its work
+        shares.append(share)
         row = f"{rank:<6}{1e3 * step / steps:>9.1f}"
         row += "".join(f"{1e3 * s.get(c, 0.0) / steps:>10.1f}" for c in cols)
         lines.append(row + f"{100 * share:>9.1f}%")
-    return lines, worst, (beyond if sums else 0.0)
+    # the busiest rank has the least time outside its own work
+    return lines, max(shares, default=0.0), min(shares, default=0.0)
 
 
 def main() -> int:

@@ -163,6 +163,7 @@ def summary(plan: Plan) -> dict[str, Any]:
         "ratio_to_bound": plan.iteration_s / plan.lower_bound_s if plan.lower_bound_s else None,
         "busy_s": plan.busy_s(),
         "idle_share": plan.idle_share(),
+        "over_lp": plan.over_lp(),  # (compute, busy) over the LP bound
         "bounds": plan.extra.get("bounds", {}),
         "level_reference_s": plan.extra.get("level_reference_s"),
         "micro_batches": plan.micro_batches,
@@ -200,13 +201,12 @@ def compute_split_text(s: dict[str, Any]) -> str | None:
     """Where the compute over the LP bound goes: the entries' device-seconds (what only
     allocations quicker per device-second lower) and the devices idle inside waves (what the
     waves' barriers leave; the LP has none). None without an LP figure or compute."""
-    lp = (s.get("bounds") or {}).get("lp_s")
-    compute = s.get("compute_s")
-    if not lp or not compute:
+    if not s.get("over_lp"):
         return None
+    compute, busy = s["over_lp"]
     return (
-        f"compute {compute / lp:.2f}x the LP bound: the entries run {s['busy_s'] / lp:.2f}x the"
-        f" LP's device-seconds, and the devices sit idle inside waves {s['idle_share']:.1%} of"
+        f"compute {compute:.2f}x the LP bound: the entries run {busy:.2f}x the LP's"
+        f" device-seconds, and the devices sit idle inside waves {s['idle_share']:.1%} of"
         " the time"
     )
 

@@ -213,6 +213,15 @@ class Plan:
         compute = self.compute_s()
         return 1.0 - self.busy_s() / compute if compute > 0 else 0.0
 
+    def over_lp(self) -> tuple[float, float] | None:
+        """``compute_s`` and ``busy_s`` each over the LP bound (``extra["bounds"]["lp_s"]``):
+        how far the waves are above it, and how much of that the entries' device-seconds
+        alone are; None for a plan without an LP figure or without waves."""
+        lp = (self.extra.get("bounds") or {}).get("lp_s")
+        if not lp or not self.waves:
+            return None
+        return self.compute_s() / lp, self.busy_s() / lp
+
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
         """Jupyter shows the plan as its timeline (``spindle_dsl.render.jupyter``)."""
         from spindle_dsl.render.jupyter import plan_mimebundle

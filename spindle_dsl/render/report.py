@@ -94,8 +94,8 @@ def _dot_picture(graph, title: str, caption: str, warnings: list[str]) -> str:
 
 def _cards(plan: Plan) -> str:
     seq = dict(plan.baselines).get("sequential_s")
-    lp_s = (plan.extra.get("bounds") or {}).get("lp_s")
-    lp = lp_s is not None  # older plans: area bound
+    lp = (plan.extra.get("bounds") or {}).get("lp_s") is not None  # older plans: area bound
+    over_lp = plan.over_lp()
     cards = [
         (fmt_seconds(plan.iteration_s), "predicted iteration"),
         (fmt_seconds(plan.lower_bound_s), "LP lower bound" if lp else "lower bound"),
@@ -113,11 +113,7 @@ def _cards(plan: Plan) -> str:
         ),
         (str(len(plan.waves)), "waves (one pass)"),
         (f"{1 - plan.idle_share() if plan.waves else 0:.0%}", "devices busy inside waves"),
-        *(
-            [(f"{plan.busy_s() / lp_s:.2f}×", "entries' device-seconds / LP bound's")]
-            if lp_s
-            else []
-        ),
+        *([(f"{over_lp[1]:.2f}×", "entries' device-seconds / LP bound's")] if over_lp else []),
         (f"{plan.cluster.devices} × {plan.cluster.device}", "devices"),
         (f"{plan.solver.name} ({plan.solver.status})", f"planned in {plan.solver.wall_s:.2f} s"),
     ]

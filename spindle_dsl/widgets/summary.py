@@ -66,7 +66,7 @@ def summarize(plan: Plan) -> Summary:
     )
     gap = plan.iteration_s / plan.lower_bound_s - 1 if plan.lower_bound_s > 0 else float("nan")
     bounds = plan.extra.get("bounds") or {}
-    lp = bounds.get("lp_s")
+    over_lp = plan.over_lp()
     return Summary(
         iteration_s=plan.iteration_s,
         lower_bound_s=plan.lower_bound_s,
@@ -88,8 +88,8 @@ def summarize(plan: Plan) -> Summary:
         recompute=tuple(m.id for m in plan.metaops if m.recompute),
         metaops=len(plan.metaops),
         least_memory_bytes=min(plan.memory_bytes) if plan.memory_bytes else None,
-        compute_over_lp=plan.compute_s() / lp if lp and plan.waves else None,
-        busy_over_lp=plan.busy_s() / lp if lp and plan.waves else None,
+        compute_over_lp=over_lp[0] if over_lp else None,
+        busy_over_lp=over_lp[1] if over_lp else None,
         idle_share=plan.idle_share(),
     )
 

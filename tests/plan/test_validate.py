@@ -158,3 +158,10 @@ def test_busy_and_idle_split_the_waves_time(plan):
     twice = replace(plan, micro_batches=2)  # every pass runs the waves again
     assert (twice.compute_s(), twice.busy_s()) == pytest.approx((4.5, 4.0))
     assert twice.idle_share() == pytest.approx(plan.idle_share())
+
+
+def test_over_lp_needs_an_lp_figure(plan):
+    assert plan.over_lp() is None  # a plan from before the LP bound
+    lp = replace(plan, extra={"bounds": {"lp_s": 1.5}})
+    assert lp.over_lp() == pytest.approx((2.25 / 1.5, 2.0 / 1.5))
+    assert replace(lp, waves=()).over_lp() is None
