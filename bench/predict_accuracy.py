@@ -24,7 +24,15 @@ included, and adds a table of each row's median ratio over the repeats with its 
 figure to judge a target by on such a machine. The two plans of a case take turns going first
 from one repeat to the next, so that a drift within a cycle does not always favour one.
 
-    .venv/bin/python bench/predict_accuracy.py [--steps 8] [--repeat 3] [--cases tiny_mm@2 ...]
+Whether the default plan beats the sequential one is a comparison of two runs, and a drift of
+20-30% between them decides it on its own (tiny_mm on 2 ranks read default/sequential 1.23 in
+two cycles of one run, and 0.81-1.01, median 0.86, over five pairs of the same two plans run
+A B A B right after). ``--turns T`` runs each cycle's two plans T times each, alternating
+(A B, then B A, ...), from one profile: every turn is a pair of runs a few seconds apart, and the
+default/sequential figure of a case is the median of its pairs' ratios.
+
+    .venv/bin/python bench/predict_accuracy.py [--steps 8] [--repeat 3] [--turns 2]
+        [--cases tiny_mm@2 ...]
 """
 
 from __future__ import annotations
@@ -100,7 +108,11 @@ def speed_probe() -> float:
         torch.set_num_threads(threads)
 
 
-def run_case(name: str, nproc: int, steps: int, work: Path, cycle: int = 0) -> list[dict]:
+def run_case(
+    name: str, nproc: int, steps: int, work: Path, cycle: int = 0, turns: int = 1
+) -> list[dict]:
+    """Profile the case once, plan it with both schedulers, then train each plan ``turns``
+    times, the plans alternating; a row per run."""
     spec = str(SPECS[name])
     common = ("--devices", str(nproc), "--nproc", str(nproc))
     profile = work / f"{name}-{nproc}-{cycle}-profile.json"
@@ -109,40 +121,49 @@ def run_case(name: str, nproc: int, steps: int, work: Path, cycle: int = 0) -> l
     t0 = time.perf_counter()
     spindle("profile", spec, *common, "--out", str(profile), "-q")
     profiled_s = time.perf_counter() - t0
-    out = []
-    # default first in even cycles, sequential first in odd ones: on a machine whose speed
-    # drifts, a fixed order would favour whichever plan runs earlier in every cycle
-    for scheduler in SCHEDULERS if cycle % 2 == 0 else tuple(reversed(SCHEDULERS)):
-        stem = work / f"{name}-{nproc}-{cycle}-{scheduler}"
-        plan, trace, summary = (Path(f"{stem}-{x}.json") for x in ("plan", "trace", "summary"))
+    plans = {}
+    for scheduler in SCHEDULERS:
+        plans[scheduler] = work / f"{name}-{nproc}-{cycle}-{scheduler}-plan.json"
         spindle("plan", spec, "--devices", str(nproc), "--profile", str(profile),
-                "--scheduler", scheduler, "--out", str(plan), "--quiet")  # fmt: skip
-        drift = speed_probe() / speed_profile
-        spindle("train", spec, *common, "--steps", str(steps), "--plan", str(plan),
-                "--trace", str(trace), "--summary-json", str(summary), "--no-progress")  # fmt: skip
-        s = json.loads(summary.read_text())
-        out.append(
-            {
-                "spec": name,
-                "ranks": nproc,
-                "plan": scheduler,
-                "cycle": cycle,
-                "drift": drift,
-                "predicted_s": s["predicted_step_s"],
-                "measured_s": s["measured_step_s"],
-                "profile_s": profiled_s,
-                "load": (load_profile, os.getloadavg()[0]),  # when profiling, after the run
-                "worst_term": worst_term(plan, trace),
-                "peak_ratios": [  # predicted / measured peak tensor bytes, per rank
-                    p / m
-                    for p, m in zip(
-                        s["predicted_peak_bytes"], s["measured_peak_bytes"], strict=True
-                    )
-                    if p and m
-                ],
-            }
-        )
+                "--scheduler", scheduler, "--out", str(plans[scheduler]), "--quiet")  # fmt: skip
+    out = []
+    for turn in range(max(1, turns)):
+        # default first in even cycles and turns, sequential first otherwise: on a machine
+        # whose speed drifts, a fixed order would favour whichever plan runs earlier
+        order = SCHEDULERS if (cycle + turn) % 2 == 0 else tuple(reversed(SCHEDULERS))
+        for scheduler in order:
+            row = train_once(name, nproc, steps, plans[scheduler], turn, speed_profile)
+            place = {"plan": scheduler, "cycle": cycle, "turn": turn}
+            out.append(row | place | {"profile_s": profiled_s, "load_profile": load_profile})
     return out
+
+
+def train_once(
+    name: str, nproc: int, steps: int, plan: Path, turn: int, speed_profile: float
+) -> dict:
+    """One ``spindle train`` of ``plan`` (its ``turn``-th), as a row of the table without the
+    plan's name and the case's profile."""
+    stem = f"{str(plan).removesuffix('-plan.json')}-{turn}"
+    trace, summary = Path(f"{stem}-trace.json"), Path(f"{stem}-summary.json")
+    drift = speed_probe() / speed_profile
+    spindle("train", str(SPECS[name]), "--devices", str(nproc), "--nproc", str(nproc),
+            "--steps", str(steps), "--plan", str(plan), "--trace", str(trace),
+            "--summary-json", str(summary), "--no-progress")  # fmt: skip
+    s = json.loads(summary.read_text())
+    return {
+        "spec": name,
+        "ranks": nproc,
+        "drift": drift,
+        "predicted_s": s["predicted_step_s"],
+        "measured_s": s["measured_step_s"],
+        "load_after": os.getloadavg()[0],
+        "worst_term": worst_term(plan, trace),
+        "peak_ratios": [  # predicted / measured peak tensor bytes, per rank
+            p / m
+            for p, m in zip(s["predicted_peak_bytes"], s["measured_peak_bytes"], strict=True)
+            if p and m
+        ],
+    }
 
 
 def _limit(ranks: int, cores: int) -> float:
@@ -153,16 +174,17 @@ def _verdict(ratio: float, ranks: int, cores: int) -> str:
     return "ok" if abs(ratio - 1) <= _limit(ranks, cores) else "MISS"
 
 
-def _by_case(rows: list[dict]) -> dict[tuple[str, int, int], dict[str, dict]]:
-    out: dict[tuple[str, int, int], dict[str, dict]] = {}
+def _by_pair(rows: list[dict]) -> dict[tuple[str, int, int, int], dict[str, dict]]:
+    """The rows of each pair of runs (a case's cycle and turn), by plan."""
+    out: dict[tuple[str, int, int, int], dict[str, dict]] = {}
     for r in rows:
-        out.setdefault((r["spec"], r["ranks"], r["cycle"]), {})[r["plan"]] = r
+        out.setdefault((r["spec"], r["ranks"], r["cycle"], r["turn"]), {})[r["plan"]] = r
     return out
 
 
 def print_rows(rows: list[dict], cores: int) -> None:
     print(
-        f"{'spec':<15}{'ranks':>6}  {'plan':<11}{'rep':>4}{'predicted s':>12}{'measured s':>12}"
+        f"{'spec':<15}{'ranks':>6}  {'plan':<11}{'run':>5}{'predicted s':>12}{'measured s':>12}"
         f"{'meas/pred':>10}  {'target':<7}{'drift':>6}{'peak p/m':>10}{'profile s':>10}"
         f"{'load':>10}  worst term (pred/meas)"
     )
@@ -171,11 +193,17 @@ def print_rows(rows: list[dict], cores: int) -> None:
         peaks = r["peak_ratios"]
         peak = f"{min(peaks):.2f}-{max(peaks):.2f}" if peaks else "-"
         print(
-            f"{r['spec']:<15}{r['ranks']:>6}  {r['plan']:<11}{r['cycle'] + 1:>4}"
+            f"{r['spec']:<15}{r['ranks']:>6}  {r['plan']:<11}{_run(r):>5}"
             f"{r['predicted_s']:>12.4f}{r['measured_s']:>12.4f}{ratio:>10.2f}"
             f"  {_verdict(ratio, r['ranks'], cores):<7}{r['drift']:>6.2f}{peak:>10}"
-            f"{r['profile_s']:>10.1f}{r['load'][0]:>5.1f}{r['load'][1]:>5.1f}  {r['worst_term']}"
+            f"{r['profile_s']:>10.1f}{r['load_profile']:>5.1f}{r['load_after']:>5.1f}"
+            f"  {r['worst_term']}"
         )
+
+
+def _run(row: dict) -> str:
+    """A run's place: its cycle (a fresh profile), and its turn within the cycle."""
+    return f"{row['cycle'] + 1}.{row['turn'] + 1}"
 
 
 def print_medians(rows: list[dict], cores: int) -> None:
@@ -185,7 +213,7 @@ def print_medians(rows: list[dict], cores: int) -> None:
         groups.setdefault((r["spec"], r["ranks"], r["plan"]), []).append(
             r["measured_s"] / r["predicted_s"]
         )
-    print("\nmedian over the repeats (each a fresh profile and run)")
+    print("\nmedian over the runs (each cycle a fresh profile, each turn a fresh run)")
     print(f"{'spec':<15}{'ranks':>6}  {'plan':<11}{'meas/pred':>10}  {'spread':<11}  target")
     for (spec, ranks, plan), ratios in groups.items():
         mid = statistics.median(ratios)
@@ -198,7 +226,7 @@ def print_medians(rows: list[dict], cores: int) -> None:
 def print_default_vs_sequential(rows: list[dict]) -> None:
     print("\nmeasured default / measured sequential (target: at most 1.10)")
     per_case: dict[tuple[str, int], list[float]] = {}
-    for (name, n, _cycle), case in _by_case(rows).items():
+    for (name, n, _cycle, _turn), case in _by_pair(rows).items():
         if {"default", "sequential"} <= case.keys():
             ratio = case["default"]["measured_s"] / case["sequential"]["measured_s"]
             per_case.setdefault((name, n), []).append(ratio)
@@ -214,6 +242,13 @@ def main() -> int:
     ap.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), metavar="SPEC@N")
     ap.add_argument(
         "--repeat", type=int, default=1, metavar="R", help="run every case R times (default 1)"
+    )
+    ap.add_argument(
+        "--turns",
+        type=int,
+        default=1,
+        metavar="T",
+        help="train each cycle's two plans T times, alternating (default 1)",
     )
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument(
@@ -239,7 +274,7 @@ def main() -> int:
         Path(tmp).mkdir(parents=True, exist_ok=True)
         for cycle in range(max(1, args.repeat)):  # repeats interleaved: drift spreads over all
             for name, n in cases:
-                rows += run_case(name, n, args.steps, Path(tmp), cycle)
+                rows += run_case(name, n, args.steps, Path(tmp), cycle, args.turns)
     load_after = os.getloadavg()[0]
     print(
         f"\npredicted vs measured step time: gloo workers on {cores} CPU cores, float32, "
@@ -247,7 +282,7 @@ def main() -> int:
         f"{load_after:.1f} after; drift: the machine's speed at the run over at the profile"
     )
     print_rows(rows, cores)
-    if args.repeat > 1:
+    if args.repeat * args.turns > 1:
         print_medians(rows, cores)
     print_default_vs_sequential(rows)
     if args.json:
