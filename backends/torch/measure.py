@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from spindle_dsl.cost import profiler as P
 from spindle_dsl.cost.profiler import (
     TimingBudget,
     layer_runner,
@@ -162,6 +163,17 @@ def layers_seconds(
         means.append(sum(each) / len(each) if each else None)
     jitter = rank_jitter([[turn for point in turns for turn in point] for turns in timed])
     return means, jitter
+
+
+def first_layer_ratio(probe: Probe, op: MetaOp, batch: int) -> float | None:
+    """``cost.profiler.first_layer_ratio`` of ``op``'s shape at ``batch``, on the active ranks
+    side by side (contending for memory and caches as in a run); rank 0 gets their mean."""
+    probe.beat(f"layer {op.id} batch {batch}: input without a gradient")
+    dist.barrier()
+    mine = None
+    if probe.rank < probe.active:
+        mine = P.first_layer_ratio(op, batch, probe.budget, device=str(probe.device))
+    return _gather_mean(mine, probe.rank, probe.world)
 
 
 # Seconds of work each rank does in one block of ``sharing_slowdown`` (on a core of its own),

@@ -35,6 +35,7 @@ from spindle_dsl.cost.overheads import (
 from spindle_dsl.cost.profile import Profile, ProfileEntry, mode_of
 from spindle_dsl.cost.profiler import (
     TimingBudget,
+    needs_first_layer_ratio,
     per_sample_flops,
     shape_batches,
     shape_entry,
@@ -145,6 +146,7 @@ class _Plan:
 
     groups: list  # MetaOp shape groups
     layer_points: list  # (shape group, per-device batch)
+    first_layers: list  # (shape group index, per-device batch): its ``first_layer_ratio``
     stages: dict  # input key -> (op, modality, tokens)
     sinks: dict  # loss key -> SinkLoss
     comm_sizes: tuple[int, ...]
@@ -168,6 +170,11 @@ class _Plan:
         return cls(
             groups=groups,
             layer_points=[(ops, b) for ops in groups for b in shape_batches(ops, devices, points)],
+            first_layers=[
+                (i, shape_batches(ops, devices, points)[-1])
+                for i, ops in enumerate(groups)
+                if needs_first_layer_ratio(graph, ops)
+            ],
             stages=stages,
             sinks={s.key: s for s in sink_losses(graph)},
             comm_sizes=M.log_sizes(4096, min(total, MAX_COMM_BYTES), points),
@@ -181,6 +188,7 @@ class _Plan:
         """Timing points in all, for the progress bar."""
         return (
             len(self.layer_points) * M.LAYER_ROUNDS
+            + len(self.first_layers)
             + points * (len(self.stages) + len(self.sinks))
             + len(COLLECTIVES) * len(self.group_sizes) * len(self.comm_sizes)
             + (len(self.p2p_sizes) if self.group_sizes else 0)
@@ -252,13 +260,20 @@ def _layers(probe: M.Probe, todo: _Plan, bar: Bar) -> tuple[tuple[ProfileEntry, 
     ranks' turns strayed from each other (on rank 0)."""
     points = [(ops[0], mode_of(ops[0]), b) for ops, b in todo.layer_points]
     seconds, jitter = M.layers_seconds(probe, points, bar.step)
+    ratios: dict[int, float | None] = {}
+    for group, b in todo.first_layers:
+        ratios[group] = M.first_layer_ratio(probe, todo.groups[group][0], b)
+        bar.step(f"{todo.groups[group][0].id}: first layer without an input gradient")
     if probe.rank != 0:
         return (), 0.0
     timings: list[list[tuple[int, float]]] = [[] for _ in todo.groups]
     for (ops, b), t in zip(todo.layer_points, seconds, strict=True):
         if t is not None:
             timings[todo.groups.index(ops)].append((b, t))
-    entries = tuple(shape_entry(ops, t) for ops, t in zip(todo.groups, timings, strict=True))
+    entries = tuple(
+        shape_entry(ops, t, ratios.get(i))
+        for i, (ops, t) in enumerate(zip(todo.groups, timings, strict=True))
+    )
     return entries, jitter
 
 

@@ -14,13 +14,23 @@
               "metaops": [str],                 # the MetaOps of the spec this shape serves
               "samples": [{"batch": int, "flops": float, "seconds": float}],
               "segments": [{"from_flops": float, "to_flops": float | null,
-                            "alpha_s": float, "beta_s_per_flop": float}]}]}
+                            "alpha_s": float, "beta_s_per_flop": float}],
+              "first_layer_ratio": float}]}     # optional, see below
 ```
 
 An entry is keyed by what determines a layer's time (kind, resolved args, input tokens, and
 whether it trains, only passes gradients through, or runs forward only), so one profile serves
 every MetaOp with that shape, in any mix and on any cluster size. ``flops`` is the per-device
 forward+backward work of one layer at that per-device batch.
+
+``first_layer_ratio`` (a "train" entry, where some MetaOp of the shape reads only from MetaOps
+without a backward pass, e.g. an adapter after frozen towers): the measured time of the layer
+when its input needs no gradient over its time when it does, at the shape's largest batch,
+the two timed in turns. Such a MetaOp's first layer skips only the input gradient of the
+layer's first matmul, not a third of the layer: an mlp layer of two matmuls skips one of its
+four backward matmuls (5/6 of the layer left), a transformer block far less. The curve of
+that MetaOp is its layers' mean, ``((L - 1) + ratio) / L`` times the profiled time; a
+profile without the measurement (an older one) prices no saving.
 
 A profile made on N worker processes (``spindle profile --nproc N``) times the layers on as
 many processes at once as the machine has cores for (so they contend for memory and caches as
@@ -87,6 +97,8 @@ class ProfileEntry:
     metaops: tuple[str, ...]
     samples: tuple[Sample, ...]
     fit: PiecewiseFit
+    # the layer with an input that needs no gradient over the layer as timed (module docstring)
+    first_layer_ratio: float | None = None
 
     @property
     def key(self) -> ShapeKey:
@@ -144,6 +156,11 @@ class Profile:
                         }
                         for g in e.fit.segments
                     ],
+                    **(
+                        {"first_layer_ratio": e.first_layer_ratio}
+                        if e.first_layer_ratio is not None
+                        else {}
+                    ),
                 }
                 for e in self.entries
             ],
@@ -181,6 +198,7 @@ class Profile:
                             for g in e["segments"]
                         )
                     ),
+                    first_layer_ratio=_ratio(e.get("first_layer_ratio")),
                 )
                 for e in d["entries"]
             )
@@ -220,20 +238,38 @@ class Profile:
         return cls.from_dict(data, where=str(path))
 
 
-def first_layer_saving(graph: MetaGraph, op: MetaOp) -> float:
-    """The share of a profiled layer time a trained MetaOp's layers take on average when its
-    first layer's input needs no gradient: its inputs all come from MetaOps without a backward
-    pass (frozen towers), so that layer's backward computes only its weights' gradient, two of
-    the three passes the profile timed (``(3L - 1) / 3L``); 1 otherwise, and 1 where
-    ``graph`` leaves an input's MetaOp out (a sub-graph of the MetaOps being priced: the
-    planner includes their inputs' MetaOps, ``planner.levers``)."""
+def _ratio(value: Any) -> float | None:
+    """A stored ``first_layer_ratio``: a float in (0, 1], or None where absent."""
+    if value is None:
+        return None
+    ratio = float(value)
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"first_layer_ratio {ratio} is outside (0, 1]")
+    return ratio
+
+
+def first_input_needs_no_gradient(graph: MetaGraph, op: MetaOp) -> bool:
+    """Whether a trained MetaOp's first layer gets an input that needs no gradient: its inputs
+    all come from MetaOps without a backward pass (frozen towers), none from a modality's
+    input stage. False where ``graph`` leaves an input's MetaOp out (a sub-graph of the
+    MetaOps being priced: the planner includes their inputs' MetaOps, ``planner.levers``)."""
     if op.frozen or not op.needs_backward or not op.inputs:
-        return 1.0
+        return False
     for i in op.inputs:
         source = None if i.from_modality else graph.find_op(i.source)
         if source is None or source.needs_backward:
-            return 1.0
-    return (3 * op.layers - 1) / (3 * op.layers)
+            return False
+    return True
+
+
+def first_layer_saving(graph: MetaGraph, op: MetaOp, ratio: float | None) -> float:
+    """The share of a profiled layer time ``op``'s layers take on average: where its first
+    layer's input needs no gradient (``first_input_needs_no_gradient``), that layer takes
+    ``ratio`` of the profiled time (measured, ``ProfileEntry.first_layer_ratio``; None: not
+    measured, no saving), so ``((L - 1) + ratio) / L``; 1 otherwise."""
+    if ratio is None or not first_input_needs_no_gradient(graph, op):
+        return 1.0
+    return (op.layers - 1 + min(ratio, 1.0)) / op.layers
 
 
 def _scaled(curve: Curve, factor: float) -> Curve:
@@ -327,7 +363,7 @@ class ProfiledCostModel(comm.LinkPricing):
             tuple(
                 _scaled(
                     curve_of(op.id, self._best(op, op.id in recompute), self.cluster),
-                    first_layer_saving(graph, op),
+                    first_layer_saving(graph, op, self._entry(op).first_layer_ratio),
                 )
                 for op in graph.metaops
             ),

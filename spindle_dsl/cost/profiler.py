@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from spindle_dsl.cost import comm
 from spindle_dsl.cost.analytic import backward_multiplier
 from spindle_dsl.cost.fit import fit_piecewise
-from spindle_dsl.cost.profile import Mode, Profile, ProfileEntry, Sample, mode_of, shape_key
+from spindle_dsl.cost.profile import (
+    Mode,
+    Profile,
+    ProfileEntry,
+    Sample,
+    first_input_needs_no_gradient,
+    mode_of,
+    shape_key,
+)
 from spindle_dsl.errors import SpindleError
 from spindle_dsl.kinds import get_kind
 from spindle_dsl.metagraph import MetaGraph, MetaOp
@@ -66,9 +74,13 @@ def layer_runner(
     batch: int,
     *,
     device: str = "cpu",
+    input_grad: bool | None = None,
 ) -> Callable[[], float]:
     """One layer of this shape built with its input, as a function that runs it once, forward
-    (+ backward unless ``mode == "forward"``), and returns the seconds it took."""
+    (+ backward unless ``mode == "forward"``), and returns the seconds it took. The input
+    needs a gradient unless ``mode == "forward"`` or ``input_grad`` is False (a layer whose
+    input comes from frozen towers: its backward then skips its first matmul's input
+    gradient)."""
     import torch
 
     kind = get_kind(kind_name)
@@ -78,7 +90,7 @@ def layer_runner(
     if mode != "train":
         layer.requires_grad_(False)
     x = torch.randn(batch, tokens, kind.in_width(args), device=dev, dtype=dtype)
-    x.requires_grad_(mode != "forward")
+    x.requires_grad_(mode != "forward" if input_grad is None else input_grad)
 
     def sync() -> None:
         if dev.type == "cuda":
@@ -194,7 +206,33 @@ def per_sample_flops(op: MetaOp) -> float:
     return backward_multiplier(op) * get_kind(op.kind).forward_flops(dict(op.args), op.tokens)
 
 
-def shape_entry(ops: Sequence[MetaOp], timings: Sequence[tuple[int, float]]) -> ProfileEntry:
+def needs_first_layer_ratio(graph: MetaGraph, ops: Sequence[MetaOp]) -> bool:
+    """Whether a shape group's entry needs ``first_layer_ratio``: some MetaOp of it trains
+    with a first layer whose input needs no gradient."""
+    return any(first_input_needs_no_gradient(graph, op) for op in ops)
+
+
+def first_layer_ratio(
+    op: MetaOp, batch: int, budget: TimingBudget, device: str = "cpu", rounds: int = 3
+) -> float:
+    """One layer of ``op``'s shape at ``batch`` with an input that needs no gradient, over the
+    same layer with one that does (``ProfileEntry.first_layer_ratio``): the two timed in
+    ``rounds`` turns, so that a drift slows both alike; at most 1 (skipping work cannot cost
+    more; above 1 is noise)."""
+    args = dict(op.args)
+    full = layer_runner(op.kind, args, op.tokens, "train", batch, device=device)
+    weights_only = layer_runner(
+        op.kind, args, op.tokens, "train", batch, device=device, input_grad=False
+    )
+    t_full, t_weights = time_interleaved([full, weights_only], budget, rounds)
+    return min(1.0, t_weights / t_full) if t_full > 0 else 1.0
+
+
+def shape_entry(
+    ops: Sequence[MetaOp],
+    timings: Sequence[tuple[int, float]],
+    first_layer_ratio: float | None = None,
+) -> ProfileEntry:
     """A profile entry from (per-device batch, median seconds) timings of the shape."""
     op = ops[0]
     per_sample = per_sample_flops(op)
@@ -207,6 +245,7 @@ def shape_entry(ops: Sequence[MetaOp], timings: Sequence[tuple[int, float]]) -> 
         metaops=tuple(o.id for o in ops),
         samples=samples,
         fit=fit_piecewise([(s.flops, s.seconds) for s in samples]),
+        first_layer_ratio=first_layer_ratio,
     )
 
 
@@ -250,7 +289,15 @@ def profile_graph(
                     f"[{i}/{len(groups)}] {op.id} ({op.kind}, {op.tokens} tokens, "
                     f"{mode_of(op)}): batch {b}: {seconds * 1e3:.3f} ms"
                 )
-        entries.append(shape_entry(ops, timings))
+        ratio = None
+        if needs_first_layer_ratio(graph, ops):
+            ratio = first_layer_ratio(op, timings[-1][0], budget, device)
+            if progress:
+                progress(
+                    f"[{i}/{len(groups)}] {op.id}: a first layer whose input needs no "
+                    f"gradient takes {ratio:.3f} of the layer"
+                )
+        entries.append(shape_entry(ops, timings, ratio))
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     return Profile(
         device=device,

@@ -144,24 +144,70 @@ def test_profiler_fits_every_shape_once(tmp_path, build_op, cluster) -> None:
     assert all(t > 0 for curve in curves for _, t in curve.items())
 
 
-def test_a_trained_op_after_frozen_towers_skips_its_first_input_gradient() -> None:
-    from spindle_dsl.cost.profile import first_layer_saving
+FROZEN_TOWER_SPEC = """
+cluster { devices = 2; device = "cpu" }
+modality image { tokens = 16 }
+modality text  { tokens = 8; vocab = 32 }
+encoder vision : vit(layers = 2, hidden = 16, heads = 2, patch = 4) <- image frozen
+module  adapt  : mlp(in = 16, out = 16, hidden = 32, layers = 2)
+module  lm     : transformer(layers = 2, hidden = 16, heads = 2, causal = true, vocab = 32)
+task caption { image -> vision -> adapt -> lm; text -> lm; loss = lm; batch = 4 }
+"""
+
+
+def test_a_trained_op_after_frozen_towers_saves_what_its_first_layer_was_measured_to() -> None:
+    from spindle_dsl.cost.profile import first_input_needs_no_gradient, first_layer_saving
     from spindle_dsl.language import compile_text
 
-    graph = compile_text(
-        """
-        cluster { devices = 2; device = "cpu" }
-        modality image { tokens = 16 }
-        modality text  { tokens = 8; vocab = 32 }
-        encoder vision : vit(layers = 2, hidden = 16, heads = 2, patch = 4) <- image frozen
-        module  adapt  : mlp(in = 16, out = 16, hidden = 32, layers = 2)
-        module  lm     : transformer(layers = 2, hidden = 16, heads = 2, causal = true, vocab = 32)
-        task caption { image -> vision -> adapt -> lm; text -> lm; loss = lm; batch = 4 }
-        """
-    ).graph
-    saving = {op.id: first_layer_saving(graph, op) for op in graph.metaops}
-    assert saving["caption/adapt"] == pytest.approx(5 / 6)  # 2 layers, the first skips one pass
-    assert saving["caption/vision"] == 1.0 and saving["caption/lm"] == 1.0
+    graph = compile_text(FROZEN_TOWER_SPEC).graph
+    needs = {op.id: first_input_needs_no_gradient(graph, op) for op in graph.metaops}
+    assert needs == {"caption/vision": False, "caption/adapt": True, "caption/lm": False}
+    adapt, lm = graph.op("caption/adapt"), graph.op("caption/lm")
+    # 2 layers, the first at the measured 0.8 of a layer: (1 + 0.8) / 2
+    assert first_layer_saving(graph, adapt, 0.8) == pytest.approx(0.9)
+    assert first_layer_saving(graph, adapt, None) == 1.0  # not measured: no saving claimed
+    assert first_layer_saving(graph, lm, 0.8) == 1.0  # its input (the adapter's) trains
+
+
+def test_the_profiler_measures_the_first_layer_of_an_op_after_frozen_towers(tmp_path) -> None:
+    from spindle_dsl.language import compile_text
+
+    graph = compile_text(FROZEN_TOWER_SPEC).graph
+    lines: list[str] = []
+    profile = profile_graph(graph, points=2, budget=QUICK, progress=lines.append)
+    ratios = {e.metaops: e.first_layer_ratio for e in profile.entries}
+    assert ratios[("caption/vision",)] is None and ratios[("caption/lm",)] is None
+    ratio = ratios[("caption/adapt",)]
+    assert ratio is not None and 0.0 < ratio <= 1.0
+    assert any("input needs no gradient" in line for line in lines)
+    path = tmp_path / "p.json"
+    profile.write(path)
+    assert Profile.read(path) == profile  # the ratio survives the file
+    # the adapter's curve is the timed layer's, scaled by (1 + ratio) / 2; an older profile
+    # without the measurement prices the timed layer as it is
+    plain = tmp_path / "plain.json"
+    data = json.loads(path.read_text())
+    for entry in data["entries"]:
+        entry.pop("first_layer_ratio", None)
+    plain.write_text(json.dumps(data))
+    c = graph.cluster
+    with_ratio = make_cost_model(c, path).curves(graph)["caption/adapt"]
+    without = make_cost_model(c, plain).curves(graph)["caption/adapt"]
+    for n, t in without.items():
+        assert with_ratio.at(n) == pytest.approx(t * (1 + ratio) / 2)
+
+
+def test_a_profile_with_a_first_layer_ratio_outside_0_1_is_refused(tmp_path) -> None:
+    from spindle_dsl.language import compile_text
+
+    graph = compile_text(FROZEN_TOWER_SPEC).graph
+    path = tmp_path / "p.json"
+    profile_graph(graph, points=2, budget=QUICK).write(path)
+    data = json.loads(path.read_text())
+    next(e for e in data["entries"] if "first_layer_ratio" in e)["first_layer_ratio"] = 1.5
+    path.write_text(json.dumps(data))
+    with pytest.raises(SpindleError, match=r"malformed profile.*first_layer_ratio"):
+        make_cost_model(graph.cluster, path)
 
 
 def test_interleaved_points_keep_their_ratio_on_a_drifting_machine() -> None:

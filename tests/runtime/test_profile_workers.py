@@ -71,3 +71,29 @@ def test_more_ranks_than_cores_measures_what_taking_turns_costs(tmp_path, capfd,
     graph = compile_file(str(spec)).graph
     step = make_cost_model(graph.cluster, out_file).step_model(graph)  # type: ignore[attr-defined]
     assert step.cores == 1 and step.overheads.sharing_slowdown == o.sharing_slowdown
+
+
+FROZEN = """
+cluster { devices = 2; device = "cpu" }
+modality text  { tokens = 8; vocab = 32 }
+modality audio { tokens = 6; features = 4 }
+encoder ear   : transformer(layers = 1, hidden = 16, heads = 2) <- audio frozen
+module  adapt : mlp(in = 16, out = 16, hidden = 32, layers = 2)
+module  lm    : transformer(layers = 2, hidden = 16, heads = 2, causal = true, vocab = 32)
+task listen { audio -> ear -> adapt -> lm; text -> lm; loss = lm; batch = 4 }
+"""
+
+
+def test_the_workers_measure_the_first_layer_of_an_adapter_after_a_frozen_tower(
+    tmp_path, capfd
+) -> None:
+    spec = tmp_path / "s.spindle"
+    spec.write_text(FROZEN)
+    out_file = tmp_path / "p.json"
+    code = main(["profile", str(spec), "--nproc", "2", "--points", "2", "--out", str(out_file)])
+    _, err = capfd.readouterr()
+    assert code == 0, err
+    ratios = {e.metaops: e.first_layer_ratio for e in Profile.read(out_file).entries}
+    assert ratios[("listen/ear",)] is None and ratios[("listen/lm",)] is None
+    ratio = ratios[("listen/adapt",)]
+    assert ratio is not None and 0.0 < ratio <= 1.0
