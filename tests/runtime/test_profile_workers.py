@@ -19,10 +19,11 @@ task listen { audio -> ear -> lm; text -> lm; loss = lm; batch = 4 }
 """
 
 
-def _profile(tmp_path, capfd):
-    """``spindle profile`` of SPEC on 2 workers: (spec path, profile path, stdout, stderr)."""
+def _profile(tmp_path, capfd, text: str = SPEC):
+    """``spindle profile`` of ``text`` on 2 workers: (spec path, profile path, stdout,
+    stderr)."""
     spec = tmp_path / "s.spindle"
-    spec.write_text(SPEC)
+    spec.write_text(text)
     out_file = tmp_path / "p.json"
     code = main(["profile", str(spec), "--nproc", "2", "--points", "2", "--out", str(out_file)])
     out, err = capfd.readouterr()
@@ -87,12 +88,7 @@ task listen { audio -> ear -> adapt -> lm; text -> lm; loss = lm; batch = 4 }
 def test_the_workers_measure_the_first_layer_of_an_adapter_after_a_frozen_tower(
     tmp_path, capfd
 ) -> None:
-    spec = tmp_path / "s.spindle"
-    spec.write_text(FROZEN)
-    out_file = tmp_path / "p.json"
-    code = main(["profile", str(spec), "--nproc", "2", "--points", "2", "--out", str(out_file)])
-    _, err = capfd.readouterr()
-    assert code == 0, err
+    _, out_file, _, _ = _profile(tmp_path, capfd, FROZEN)
     ratios = {e.metaops: e.first_layer_ratio for e in Profile.read(out_file).entries}
     assert ratios[("listen/ear",)] is None and ratios[("listen/lm",)] is None
     ratio = ratios[("listen/adapt",)]
