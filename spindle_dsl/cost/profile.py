@@ -269,7 +269,7 @@ def first_layer_saving(graph: MetaGraph, op: MetaOp, ratio: float | None) -> flo
     measured, no saving), so ``((L - 1) + ratio) / L``; 1 otherwise."""
     if ratio is None or not first_input_needs_no_gradient(graph, op):
         return 1.0
-    return (op.layers - 1 + min(ratio, 1.0)) / op.layers
+    return (op.layers - 1 + ratio) / op.layers
 
 
 def _scaled(curve: Curve, factor: float) -> Curve:
