@@ -72,6 +72,15 @@ def backward_multiplier(op: MetaOp, recompute: bool = False) -> int:
     return (2 if op.frozen else 3) + (1 if recompute else 0)
 
 
+def backward_share(op: MetaOp) -> float:
+    """The share of a layer's forward+backward time its backward takes (FLOPs as the
+    multiplier counts them): 2/3 training weights, 1/2 passing input gradients only, 0 with
+    no backward. A pass runs the forwards and the backwards apart, so the step model and the
+    schedulers time a wave's two phases with it."""
+    mult = backward_multiplier(op)
+    return (mult - 1) / mult
+
+
 # Kinds the model knows how to split by tensor parallelism: the argument whose divisors are the
 # allowed degrees, activation all-reduces per pass, and whether they carry the layer's input
 # ("in") or output ("out") tokens. Other kinds (user kinds) run data parallel only.

@@ -6,8 +6,17 @@ The curves T_m(n) price one layer's forward and backward. A step of the runtime
 alike, so that what a plan predicts and what a run is compared against are the same sums.
 Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``iteration_s``:
 
-- ``compute_s``: the waves, once per micro-batch pass. A wave lasts as long as its slowest
-  device; on a CPU node whose computing devices outnumber its cores, they share the cores
+- ``compute_s``: the waves, once per micro-batch pass. A pass runs every wave's forward, the
+  losses, then every wave's backward in reverse, so a wave has two phases apart, each lasting
+  as long as its slowest device in that phase: a wave's layers take the slowest forward plus
+  the slowest backward, not the slowest forward+backward. The two differ where pieces side by
+  side split their time differently: a frozen tower's layers run forward only (measured,
+  frozen_towers on 2 ranks: a tower's 23 ms forward beside an LM layer's 8 ms forward and
+  15 ms backward made the LM's rank wait 15 ms in the forward and the tower's in the backward,
+  about 35 ms of waiting per step that a wave priced as its slowest forward+backward missed).
+  A piece's layers split by its MetaOp's backward share (``OpStep.backward_share``: 2/3 when
+  training weights, 1/2 for input gradients only, 0 without a backward). On a CPU node whose
+  computing devices outnumber its cores, they share the cores
   (processor sharing: every running worker progresses at ``cores / running`` of a core, the
   way the OS time-slices single-threaded processes, slowed further by what taking turns
   costs, ``sharing_slowdown``, measured by the profile; a rank blocked in a gloo receive
@@ -143,13 +152,14 @@ class StepPrice:
     optimizer_s: float
     closing_s: float = 0.0  # the step's last collective: the losses summed over every rank
     wave_transfer: tuple[float, ...] = ()  # per wave: its moves not hidden by compute (one pass)
+    backward_s: tuple[float, ...] = ()  # per wave: its backward phase, extras included (one pass)
 
 
 @dataclass(frozen=True)
 class BackwardClock:
     """The last pass's backward as a clock for reductions overlapped with it: backward runs the
-    waves in reverse, each for its layers' backward share of the wave (with its extras);
-    ``ends[w]`` is when wave w's backward ends, counted from the start of the backward."""
+    waves in reverse, each for its backward phase (``StepPrice.backward_s``); ``ends[w]`` is
+    when wave w's backward ends, counted from the start of the backward."""
 
     ends: tuple[float, ...]
     total_s: float
@@ -162,6 +172,17 @@ class BackwardClock:
     def start_s(self, wave: int) -> float:
         """When the backward of ``wave`` starts (that of the wave after it ends)."""
         return self.ready_s(wave + 1)
+
+
+def backward_clock(phases: Sequence[float]) -> BackwardClock:
+    """The clock of a backward whose waves' phases last ``phases`` seconds (in wave order;
+    they run from the last wave to the first)."""
+    ends = [0.0] * len(phases)
+    t = 0.0
+    for w in range(len(phases) - 1, -1, -1):
+        t += phases[w]
+        ends[w] = t
+    return BackwardClock(tuple(ends), t)
 
 
 def reductions_per_step(micro_batches: int, zero_stage: int) -> float:
@@ -261,11 +282,9 @@ class StepModel:
         the lm sinks whose loss is spread over other devices than their last entry's, and
         ``loss_moves`` what moving their rows there and back costs each device (one pass)."""
         k = max(1, micro_batches)
-        durations, extras, entry_extra, exposed = [], [], [], []
+        durations, extras, entry_extra, exposed, backward = [], [], [], [], []
         for wi, wave in enumerate(waves):
             move = moves[wi] if wi < len(moves) else None
-            layers: dict[int, float] = {}
-            total: dict[int, float] = {}
             mine = []
             for p in wave:
                 op = self.ops[p.op]
@@ -273,31 +292,49 @@ class StepModel:
                 if p.first == 0 and op.inputs:
                     extra += self.input_seconds(p.op, _shard(op.batch, k, len(p.devices)))
                 mine.append(extra)
+            # the wave's forward and its backward run apart (all forwards, the losses, then
+            # the backwards in reverse): each phase lasts as long as its own slowest stage
+            # (module docstring), a piece's layers and extras split by its op's backward share
+            phases = [self._phases(p, extra) for p, extra in zip(wave, mine, strict=True)]
             if self.core_each and _disjoint(wave):  # a wave's groups are disjoint in a plan
-                busy = [
-                    (p, p.seconds + extra) for p, extra in zip(wave, mine, strict=True) if p.devices
-                ]
-                base = max((p.seconds for p, _ in busy), default=0.0)
-                longest = max((secs for _, secs in busy), default=0.0)
-                # every rank's stage strays, and ranks meet at the next exchange or
-                # collective: the latest of them (``cost.jitter``)
-                whole = expected_latest(
-                    [secs for _, secs in busy],
-                    self.overheads.rank_jitter,
-                    [len(p.devices) for p, _ in busy],
+                busy = [(p, f) for p, f in zip(wave, phases, strict=True) if p.devices]
+                ranks = [len(p.devices) for p, _ in busy]
+                # (never below the slowest piece whole, which rounding could put it under)
+                base = max(
+                    sum(max((f[i] for _, f in busy), default=0.0) for i in (0, 1)),
+                    max((p.seconds for p, _ in busy), default=0.0),
                 )
+                longest = max(
+                    sum(max((f[i] + f[i + 2] for _, f in busy), default=0.0) for i in (0, 1)),
+                    max((sum(f) for _, f in busy), default=0.0),
+                )
+                # every rank's stage strays, and ranks meet at the next exchange or
+                # collective, in each phase: the latest of them (``cost.jitter``)
+                forward_s, backward_s = (
+                    expected_latest(
+                        [f[i] + f[i + 2] for _, f in busy], self.overheads.rank_jitter, ranks
+                    )
+                    for i in (0, 1)
+                )
+                whole = forward_s + backward_s
                 exposed.append(_moves_exposed(wave, mine, move, longest))
             else:  # devices time-sliced over a node's cores, or a hand-made overlapping wave
-                for p, extra in zip(wave, mine, strict=True):
+                layers: tuple[dict[int, float], ...] = ({}, {})
+                total: tuple[dict[int, float], ...] = ({}, {})
+                for p, f in zip(wave, phases, strict=True):
                     for d in p.devices:
-                        layers[d] = layers.get(d, 0.0) + p.seconds
-                        total[d] = total.get(d, 0.0) + p.seconds + extra
-                base, whole = self._share(layers), self._share(total)
+                        for i in (0, 1):
+                            layers[i][d] = layers[i].get(d, 0.0) + f[i]
+                            total[i][d] = total[i].get(d, 0.0) + f[i] + f[i + 2]
+                base = self._share(layers[0]) + self._share(layers[1])
+                backward_s = self._share(total[1])
+                whole = self._share(total[0]) + backward_s
                 exposed.append(move.busiest_s if move is not None else 0.0)
             base = max(base, 0.0)
             durations.append(base)
             extras.append(max(whole - base, 0.0))
             entry_extra.append(tuple(mine))
+            backward.append(max(backward_s, 0.0))
         holders = self._holders(waves, loss_groups)
         tasks = len({s.task for s in self.sinks})
         return StepPrice(
@@ -305,11 +342,19 @@ class StepModel:
             tuple(extras),
             tuple(entry_extra),
             self._share(self.loss_load(waves, k, loss_groups, loss_moves)),
-            self._reduction(waves, holders, durations, extras, k, zero_stage),
+            self._reduction(holders, backward, k, zero_stage),
             self._optimizer(holders, zero_stage),
             self.overheads.all_reduce.seconds(8.0 * max(tasks, 1), self.devices),
             tuple(exposed),
+            tuple(backward),
         )
+
+    def _phases(self, p: PieceTime, extra: float) -> tuple[float, float, float, float]:
+        """(forward layers, backward layers, forward extras, backward extras) of piece ``p``
+        with ``extra`` seconds of input stages and stage costs, split by its op's backward
+        share (a frozen tower's stage is all forward)."""
+        share = self.ops[p.op].backward_share
+        return p.seconds * (1 - share), p.seconds * share, extra * (1 - share), extra * share
 
     def loss_load(
         self,
@@ -356,22 +401,7 @@ class StepModel:
         self, waves: Sequence[Sequence[PieceTime]], price: StepPrice
     ) -> BackwardClock:
         """The backward of ``waves`` as ``price`` timed them (``BackwardClock``)."""
-        return self._clock(waves, price.durations, price.wave_extra)
-
-    def _clock(
-        self,
-        waves: Sequence[Sequence[PieceTime]],
-        durations: Sequence[float],
-        extras: Sequence[float],
-    ) -> BackwardClock:
-        share = [max((self.ops[p.op].backward_share for p in wave), default=0.0) for wave in waves]
-        bwd = [(durations[w] + extras[w]) * share[w] for w in range(len(waves))]
-        ends = [0.0] * len(bwd)
-        t = 0.0
-        for w in range(len(bwd) - 1, -1, -1):
-            t += bwd[w]
-            ends[w] = t
-        return BackwardClock(tuple(ends), t)
+        return backward_clock(price.backward_s)
 
     def _holders(
         self,
@@ -470,18 +500,13 @@ class StepModel:
         return out
 
     def _reduction(
-        self,
-        waves: Sequence[Sequence[PieceTime]],
-        held: Mapping[str, Held],
-        durations: Sequence[float],
-        extras: Sequence[float],
-        k: int,
-        zero_stage: int,
+        self, held: Mapping[str, Held], phases: Sequence[float], k: int, zero_stage: int
     ) -> float:
+        """The exposed gradient reduction, ``phases`` being each wave's backward (one pass)."""
         if self.grad_in_curves:
             return 0.0  # the planner adds the shared modules' extra itself
         buckets = self._buckets(held)
-        backward = self._clock(waves, durations, extras)
+        backward = backward_clock(phases)
         worst = 0.0
         for d in sorted({d for ranks, *_ in buckets for d in ranks}):
             overlapped: list[tuple[float, float]] = []  # (ready time, seconds)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spindle_dsl.cost.analytic import backward_multiplier
+from spindle_dsl.cost.analytic import backward_share
 from spindle_dsl.cost.tied import tied_embedding_modality
 from spindle_dsl.kinds import get_kind
 from spindle_dsl.metagraph import MetaGraph, MetaOp
@@ -102,7 +102,6 @@ def op_steps(graph: MetaGraph) -> dict[str, OpStep]:
             per = 0.0 if frozen else op.params_per_layer * dt
             layers.extend((f"{module}/layer.{j}", per) for j in range(count))
         inputs = []
-        mult = backward_multiplier(op)
         for inp in op.inputs:
             if not inp.from_modality:
                 continue
@@ -122,7 +121,7 @@ def op_steps(graph: MetaGraph) -> dict[str, OpStep]:
                 )
             )
         out[op.id] = OpStep(
-            op.id, op.batch, op.layers, tuple(layers), tuple(inputs), (mult - 1) / mult
+            op.id, op.batch, op.layers, tuple(layers), tuple(inputs), backward_share(op)
         )
     return out
 

@@ -19,7 +19,7 @@ from spindle_dsl.cost.overheads import (
     analytic_overheads,
     part_class,
 )
-from spindle_dsl.cost.step import PieceTime, make_step_model, shared_makespan
+from spindle_dsl.cost.step import PieceTime, backward_clock, make_step_model, shared_makespan
 from spindle_dsl.cost.step_parts import op_steps
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
@@ -350,7 +350,7 @@ def test_a_bucket_is_ready_when_its_last_layer_is_done_inside_the_wave() -> None
     head = next(s for s in step.sinks if s.sink == "chat/lm")
     assert held[head.head_part].wave == 1 and buckets[0] == (1, 0.0)
     assert buckets[1] == (0, pytest.approx(each))
-    clock = step._clock([[PieceTime("chat/lm", 0, 2, (0, 1), 2.0)]], [2.0], [0.0])
+    clock = backward_clock([2.0 * step.ops["chat/lm"].backward_share])
     assert clock.start_s(0) == 0.0 and clock.ready_s(0) == pytest.approx(2 * each)
 
 
@@ -370,3 +370,42 @@ def test_zero0_steps_every_part_in_place_on_each_holder() -> None:
     step = make_step_model(g, bigger, grad_in_curves=False)
     assert step._optimizer(held, 0) == pytest.approx(1e-9 * total * 3 + parts * 1e-3)
     assert step._optimizer(held, 1) == pytest.approx(1e-9 * total * 4.5 + parts * 1e-3)
+
+
+FROZEN = """
+cluster { devices = 2; device = "cpu" }
+modality image { tokens = 16 }
+modality text  { tokens = 12; vocab = 64 }
+encoder vision : vit(layers = 2, hidden = 32, heads = 2, patch = 4) <- image frozen
+shared  lm     : transformer(layers = 2, hidden = 32, heads = 2, causal = true, vocab = 64)
+task caption { image -> vision -> lm; text -> lm; loss = lm }
+task chat    { text -> lm; loss = lm }
+mix default { global_batch = 16; caption = 1; chat = 1 }
+"""
+
+
+def test_a_wave_lasts_its_slowest_forward_plus_its_slowest_backward() -> None:
+    """A pass runs every wave's forward, then the backwards: a frozen tower (all forward)
+    beside an LM piece (a third forward, two thirds backward) makes each rank wait in one
+    phase, so the wave takes the tower's forward plus the LM's backward; pieces that split
+    their time alike take their slowest whole, as before; the backward clock runs on the
+    backward phases."""
+    g = compile_text(FROZEN).graph
+
+    def on_cores(cores: int):
+        return make_step_model(
+            replace(g, cluster=replace(g.cluster, cores=cores)), overheads(), grad_in_curves=False
+        )
+
+    step = on_cores(2)
+    assert step.ops["caption/vision"].backward_share == 0.0
+    assert step.ops["chat/lm"].backward_share == pytest.approx(2 / 3)
+    mixed = [[PieceTime("caption/vision", 0, 2, (0,), 3.0), PieceTime("chat/lm", 0, 2, (1,), 3.0)]]
+    price = step.price(mixed)
+    assert price.durations == pytest.approx([3.0 + 2.0])  # not max(3, 3)
+    assert price.backward_s == pytest.approx([2.0])
+    assert step.backward_clock(mixed, price).total_s == pytest.approx(2.0)
+    alike = [[PieceTime("caption/lm", 0, 2, (0,), 3.0), PieceTime("chat/lm", 0, 2, (1,), 2.0)]]
+    assert step.price(alike).durations == pytest.approx([3.0])
+    # two ranks on one core: each phase shared on its own (all the work, in turn)
+    assert on_cores(1).price(mixed).durations == pytest.approx([(3.0 + 1.0) + (0.0 + 2.0)])
