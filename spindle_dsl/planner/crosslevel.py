@@ -14,7 +14,15 @@ from __future__ import annotations
 from spindle_dsl.planner.isolate import crash_count
 from spindle_dsl.planner.minmax import min_max
 from spindle_dsl.planner.passes import ALL_PASSES, PassOptions
-from spindle_dsl.planner.problem import EPS, Piece, Problem, Schedule
+from spindle_dsl.planner.problem import (
+    EPS,
+    OpSpec,
+    Piece,
+    Problem,
+    Schedule,
+    piece_wave_seconds,
+    wave_seconds,
+)
 from spindle_dsl.planner.resplit import resplit
 from spindle_dsl.planner.solver import SolverChoice
 
@@ -31,7 +39,7 @@ class _State:
         self.reindex()
 
     def duration(self, wave: dict[str, Piece]) -> float:
-        return max((p.layers * self.problem.op(p.op).t(p.n) for p in wave.values()), default=0)
+        return piece_wave_seconds(self.problem, wave.values())
 
     def reindex(self) -> None:
         self.waves = [w for w in self.waves if w]
@@ -193,12 +201,12 @@ def rebalance(problem: Problem, sched: Schedule) -> Schedule:
             continue
         alloc = least
         # pieces the new allocation does not slow past the new duration keep their n
-        new = max(k[i] * ops[i].t(alloc[i]) for i in alloc)
+        new = _lasts(ops, k, alloc)
         for p in wave:
             room = problem.devices - sum(alloc.values()) + alloc[p.op]
-            if p.n != alloc[p.op] and k[p.op] * ops[p.op].t(p.n) <= new and p.n <= room:
+            if p.n != alloc[p.op] and p.n <= room and _lasts(ops, k, {**alloc, p.op: p.n}) <= new:
                 alloc[p.op] = p.n
-        old = max(p.layers * ops[p.op].t(p.n) for p in wave)
+        old = piece_wave_seconds(problem, wave)
         added = sum(switches(wi, p.op, alloc[p.op]) - switches(wi, p.op, p.n) for p in wave)
         shorter = new < old * (1 - 1e-9) and new + added < old * (1 - 1e-9)
         if sum(alloc.values()) <= problem.devices and shorter:
@@ -223,3 +231,8 @@ def improve(
     s = rebalance(problem, resplit(problem, sched, half, solver))
     second = half if crash_count() == crashes else 0.0
     return resplit(problem, backfill(problem, s) if passes.backfill else s, second, solver)
+
+
+def _lasts(ops: dict[str, OpSpec], layers: dict[str, int], alloc: dict[str, int]) -> float:
+    """How long a wave of these ops' pieces (``layers`` each, on ``alloc``) lasts."""
+    return wave_seconds((ops[i], layers[i] * ops[i].t(alloc[i])) for i in alloc)

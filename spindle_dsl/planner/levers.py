@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from spindle_dsl.cost.analytic import backward_multiplier
+from spindle_dsl.cost.analytic import backward_multiplier, backward_share
 from spindle_dsl.cost.base import CostModel, Curve, Curves, has_slice_memory
 from spindle_dsl.cost.comm import ceil_div
 from spindle_dsl.cost.step import StepModel, reductions_per_step
@@ -199,7 +199,15 @@ def _price(
 def spec_of(op: MetaOp, points: list[tuple[int, float]]) -> OpSpec:
     """The planner's view of ``op`` with the curve ``points`` (n, seconds per layer)."""
     ns = tuple(n for n, _ in points)
-    return OpSpec(op.id, op.layers, op.deps, ns, tuple(t for _, t in points), task=op.task)
+    return OpSpec(
+        op.id,
+        op.layers,
+        op.deps,
+        ns,
+        tuple(t for _, t in points),
+        task=op.task,
+        backward_share=backward_share(op),
+    )
 
 
 def pass_problem(

@@ -113,7 +113,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mip
 import numpy as np
@@ -292,7 +292,7 @@ def merged(specs: Sequence[OpSpec]) -> OpSpec:
             best[n] = min(s, best.get(n, s))
     ns = tuple(sorted(best))
     op = specs[0]
-    return OpSpec(op.id, op.layers, op.deps, ns, tuple(best[n] for n in ns), op.task)
+    return replace(op, ns=ns, seconds=tuple(best[n] for n in ns))
 
 
 def envelope(problems: Sequence[Problem]) -> Problem:

@@ -7,7 +7,10 @@ Model (``W`` waves, candidate allocations ``n in C_m`` per MetaOp):
   devices in wave w; ``d[w] >= 0`` continuous: wave w's duration.
 * ``cover[m]``: sum y = L_m.  ``link``: y <= L_m x and y >= x (no entry without layers).
 * ``one[m,w]``: at most one allocation of m per wave.  ``cap[w]``: sum n x <= N.
-* ``dur[m,w]``: d[w] >= sum_n T_m(n) y[m,w,n].
+* ``dur[m,w]``: d[w] >= sum_n T_m(n) y[m,w,n]. Where the MetaOps split their time between
+  forward and backward differently (a frozen tower runs forward only; ``wave_seconds``), a
+  wave lasts its slowest forward plus its slowest backward: ``fwd[w]`` and ``bwd[w]`` bound
+  each phase of every piece (its T_m(n) y times 1 - s_m, times s_m) and d[w] >= fwd + bwd.
 * ``prec[p,m,w]`` (cross-level): L_p * active(m,w) <= layers of p done in waves before w, so a
   MetaOp may start in the first wave after its own inputs are done, whatever its level.
 * objective: sum d[w] plus a price per entry: the op's estimated cost of moving its
@@ -29,7 +32,7 @@ from typing import Any
 import mip
 
 from spindle_dsl.planner import isolate
-from spindle_dsl.planner.problem import OpSpec, Piece
+from spindle_dsl.planner.problem import OpSpec, Piece, wave_seconds
 from spindle_dsl.planner.solver import SolverChoice, new_model
 
 ENTRY_PRICE = 1e-5  # objective units (fractions of the scale) charged per entry
@@ -87,6 +90,7 @@ class _Built:
     x: dict[tuple[int, int, int], Any]
     y: dict[tuple[int, int, int], Any]
     d: list[Any]
+    phases: tuple[list[Any], list[Any]] | None = None  # per wave: forward, backward
 
 
 def windows(spec: WaveModelSpec) -> list[tuple[int, int]]:
@@ -108,7 +112,9 @@ def _scale(spec: WaveModelSpec) -> float:
     """Seconds per objective unit, so that the solver's tolerances see numbers near 1."""
     if spec.start:
         ops = {o.id: o for o in spec.ops}
-        total = sum(max(p.layers * ops[p.op].t(p.n) for p in w) for w in spec.start if w)
+        total = sum(
+            wave_seconds((ops[p.op], p.layers * ops[p.op].t(p.n)) for p in w) for w in spec.start
+        )
         if total > 0:
             return total
     return sum(o.layers * o.min_area for o in spec.ops) / spec.devices or 1.0
@@ -123,6 +129,9 @@ def build(spec: WaveModelSpec, solver: str = "highs") -> _Built:
     x: dict[tuple[int, int, int], Any] = {}
     y: dict[tuple[int, int, int], Any] = {}
     d = [model.add_var(f"d_{w}", lb=0.0) for w in range(W)]
+    phases = None  # each wave's forward and backward, where the ops split their time unalike
+    if len({o.backward_share for o in spec.ops}) > 1:
+        phases = tuple([model.add_var(f"{ph}_{w}", lb=0.0) for w in range(W)] for ph in "fb")
     load: list[list[Any]] = [[] for _ in range(W)]  # n * x per wave, for the device cap
     for i, op in enumerate(spec.ops):
         lo, hi = wins[i]
@@ -138,14 +147,18 @@ def build(spec: WaveModelSpec, solver: str = "highs") -> _Built:
                 own.append(yv)
                 load[w].append(n * xv)
             model.add_constr(mip.xsum(x[i, w, n] for n in spec.candidates[i]) <= 1, f"one_{i}_{w}")
-            model.add_constr(
-                d[w] >= mip.xsum(op.t(n) / scale * y[i, w, n] for n in spec.candidates[i]),
-                f"dur_{i}_{w}",
-            )
+            busy = mip.xsum(op.t(n) / scale * y[i, w, n] for n in spec.candidates[i])
+            if phases is None:
+                model.add_constr(d[w] >= busy, f"dur_{i}_{w}")
+            else:
+                model.add_constr(phases[0][w] >= (1 - op.backward_share) * busy, f"fwd_{i}_{w}")
+                model.add_constr(phases[1][w] >= op.backward_share * busy, f"bwd_{i}_{w}")
         model.add_constr(mip.xsum(own) == op.layers, f"cover_{i}")
     for w in range(W):
         if load[w]:
             model.add_constr(mip.xsum(load[w]) <= spec.devices, f"cap_{w}")
+        if phases is not None:
+            model.add_constr(d[w] >= phases[0][w] + phases[1][w], f"phases_{w}")
     if spec.precedence:
         _add_precedence(model, spec, wins, x, y)
     if spec.descending:
@@ -154,7 +167,7 @@ def build(spec: WaveModelSpec, solver: str = "highs") -> _Built:
     model.objective = mip.xsum(d) + mip.xsum(
         (ENTRY_PRICE + spec.ops[i].switch_s / scale) * v for (i, _, _), v in x.items()
     )
-    built = _Built(model, spec, scale, x, y, d)
+    built = _Built(model, spec, scale, x, y, d, phases)
     if spec.start is not None:
         _warm_start(built)
     return built
@@ -189,17 +202,26 @@ def _warm_start(b: _Built) -> None:
     assert spec.start is not None and len(spec.start) <= spec.waves
     index = {o.id: i for i, o in enumerate(spec.ops)}
     vals: dict[tuple[int, int, int], int] = {}
-    dur = [0.0] * spec.waves
+    dur = [[0.0, 0.0, 0.0] for _ in range(spec.waves)]  # whole, forward, backward
     for w, wave in enumerate(spec.start):
         for p in wave:
             i = index[p.op]
             vals[i, w, p.n] = p.layers
-            dur[w] = max(dur[w], p.layers * spec.ops[i].t(p.n) / b.scale)
+            op = spec.ops[i]
+            busy = p.layers * op.t(p.n) / b.scale
+            for j, part in enumerate(
+                (busy, busy * (1 - op.backward_share), busy * op.backward_share)
+            ):
+                dur[w][j] = max(dur[w][j], part)
     if any(k not in b.x for k in vals):
         return  # the start uses a wave or allocation the model does not have
     start = [(b.x[k], 1.0 if k in vals else 0.0) for k in b.x]
     start += [(b.y[k], float(vals.get(k, 0))) for k in b.y]
-    start += [(b.d[w], dur[w]) for w in range(spec.waves)]
+    if b.phases is None:
+        start += [(b.d[w], dur[w][0]) for w in range(spec.waves)]
+    else:
+        start += [(b.d[w], max(dur[w][0], dur[w][1] + dur[w][2])) for w in range(spec.waves)]
+        start += [(b.phases[j][w], dur[w][j + 1]) for j in (0, 1) for w in range(spec.waves)]
     b.model.start = start
 
 
@@ -220,7 +242,9 @@ def solve(b: _Built, time_limit_s: float) -> MilpResult:
         return MilpResult(status, None, None, None, wall, (), nvar, ncon)
     waves = _read_solution(b)
     ops = {o.id: o for o in b.spec.ops}
-    objective = sum(max(p.layers * ops[p.op].t(p.n) for p in w) for w in waves)
+    objective = sum(
+        wave_seconds((ops[p.op], p.layers * ops[p.op].t(p.n)) for p in w) for w in waves
+    )
     value = b.model.objective_value
     bound = min(max(0.0, b.model.objective_bound or 0.0), value)
     gap = 0.0 if status is SolveStatus.OPTIMAL or value <= 0 else (value - bound) / value

@@ -43,7 +43,7 @@ from spindle_dsl.planner.milp import MilpResult, SolveStatus, WaveModelSpec, sol
 from spindle_dsl.planner.packing import packed_schedule
 from spindle_dsl.planner.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.polish import Objective, polish
-from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
+from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule, piece_wave_seconds
 from spindle_dsl.planner.resplit import resplit
 from spindle_dsl.planner.solver import SolverChoice, choose_solver
 from spindle_dsl.planner.taskpar import task_parallel_schedule
@@ -109,7 +109,7 @@ def level_milp(
     W = max(len(paper), 1)
     if len(ops) == 1 or _size(ops, cands, W) > MAX_BINARIES or time_limit_s <= 0:
         return paper, None
-    ordered = sorted(paper, key=lambda w: -max(p.layers * problem.op(p.op).t(p.n) for p in w))
+    ordered = sorted(paper, key=lambda w: -piece_wave_seconds(problem, w))
     # re-number layers so the reordered start still covers each op in order
     start = _renumber(ordered)
     spec = WaveModelSpec(tuple(ops), problem.devices, W, tuple(cands), False, start, True)

@@ -28,7 +28,13 @@ from collections.abc import Callable, Iterator
 from itertools import pairwise
 
 from spindle_dsl.planner.minmax import min_max
-from spindle_dsl.planner.problem import Piece, Problem, Schedule, schedule_errors
+from spindle_dsl.planner.problem import (
+    Piece,
+    Problem,
+    Schedule,
+    piece_wave_seconds,
+    schedule_errors,
+)
 
 Objective = Callable[[Schedule], tuple[float, ...]]
 
@@ -81,7 +87,7 @@ def _dissolves(
 
 
 def _dur(problem: Problem, wave: tuple[Piece, ...]) -> float:
-    return max((p.layers * problem.op(p.op).t(p.n) for p in wave), default=0.0)
+    return piece_wave_seconds(problem, wave)
 
 
 def _pieces(waves: list[tuple[Piece, ...]]) -> dict[str, list[tuple[int, int]]]:

@@ -29,6 +29,10 @@ class OpSpec:
     seconds: tuple[float, ...]  # T(n) per layer for each of ``ns``
     task: str = ""
     switch_s: float = 0.0  # estimated cost of moving its activations to other devices mid-op
+    # the share of T(n) its backward takes (``cost.step_parts.backward_share``): a pass runs
+    # every wave's forward, then the backwards, so a wave lasts its slowest forward plus its
+    # slowest backward (``wave_seconds``); 2/3 trains weights, 0 runs forward only
+    backward_share: float = 2 / 3
 
     def __post_init__(self) -> None:
         assert self.layers >= 1, f"{self.id}: a MetaOp has at least one layer"
@@ -110,6 +114,19 @@ class OpSpec:
         return None
 
 
+def wave_seconds(pieces: Iterable[tuple[OpSpec, float]]) -> float:
+    """How long a wave lasts whose pieces are (op, seconds of the piece's layers): a pass runs
+    every wave's forward, then every backward, so the slowest forward plus the slowest
+    backward, which is the slowest piece whole where all split their time alike (and never
+    less, whatever rounding says)."""
+    forward = backward = whole = 0.0
+    for op, seconds in pieces:
+        back = seconds * op.backward_share
+        forward, backward = max(forward, seconds - back), max(backward, back)
+        whole = max(whole, seconds)
+    return max(forward + backward, whole)
+
+
 @dataclass(frozen=True)
 class Problem:
     """MetaOps in a topological order plus the number of devices to share among them."""
@@ -183,9 +200,7 @@ class Schedule:
     notes: tuple[str, ...] = field(default=())
 
     def durations(self, problem: Problem) -> tuple[float, ...]:
-        return tuple(
-            max((p.layers * problem.op(p.op).t(p.n) for p in w), default=0.0) for w in self.waves
-        )
+        return tuple(piece_wave_seconds(problem, w) for w in self.waves)
 
     def compute_s(self, problem: Problem) -> float:
         return sum(self.durations(problem))
@@ -204,6 +219,15 @@ class Schedule:
     def score(self, problem: Problem) -> float:
         """What the schedulers minimise: compute plus estimated mid-op transfers."""
         return self.compute_s(problem) + self.switches_s(problem)
+
+
+def piece_wave_seconds(problem: Problem, wave: Iterable[Piece]) -> float:
+    """``wave_seconds`` of a wave of ``problem``'s pieces."""
+    pieces = []
+    for p in wave:
+        op = problem.op(p.op)
+        pieces.append((op, p.layers * op.t(p.n)))
+    return wave_seconds(pieces)
 
 
 def schedule_errors(problem: Problem, sched: Schedule) -> list[str]:

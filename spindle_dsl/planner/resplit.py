@@ -9,6 +9,10 @@ program that HiGHS or CBC solves quickly and whose LP relaxation is tight:
     min sum_w d_w   s.t.  d_w >= k_p * T_m(n_p)  for every piece p of wave w,
                           sum over the pieces p of m of k_p = L_m,  k_p integer >= 0.
 
+Where the pieces split their time between forward and backward unalike (a frozen tower runs
+forward only), a wave lasts its slowest forward plus its slowest backward
+(``problem.wave_seconds``): then d_w >= f_w + b_w, f_w and b_w bounding each piece's share.
+
 Any solution is a valid schedule again: a piece left with no layers is dropped, an op then
 finishes no later than before and starts no earlier, so dependencies still hold. The solves
 run in the isolated worker process (``isolate``) unless the solver choice says otherwise; if
@@ -22,11 +26,12 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import mip
 
 from spindle_dsl.planner import isolate
-from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
+from spindle_dsl.planner.problem import Piece, Problem, Schedule, wave_seconds
 from spindle_dsl.planner.solver import SolverChoice, new_model
 
 GAP = 1e-2  # stop within 1% of the optimum: the solution comes at once, proving it is slow
@@ -34,9 +39,17 @@ Split = dict[tuple[int, int], int]  # (wave, position in the wave) -> layers
 
 
 def _build(problem: Problem, sched: Schedule, scale: float, solver: str, integer: bool = True):
+    """The model, its wave durations ``d``, layer counts ``k`` and, where the ops split their
+    time between forward and backward unalike, each wave's phases (``milp`` module
+    docstring: d >= forward + backward, each bounding its share of every piece)."""
     model = new_model("resplit", solver)
     model.max_mip_gap = GAP
-    d = [model.add_var(f"d_{w}", lb=0.0) for w in range(len(sched.waves))]
+    W = len(sched.waves)
+    d = [model.add_var(f"d_{w}", lb=0.0) for w in range(W)]
+    shares = {problem.op(p.op).backward_share for wave in sched.waves for p in wave}
+    phases = None
+    if len(shares) > 1:
+        phases = tuple([model.add_var(f"{ph}_{w}", lb=0.0) for w in range(W)] for ph in "fb")
     k: dict[tuple[int, int], mip.Var] = {}
     own: dict[str, list[mip.Var]] = {}
     for w, wave in enumerate(sched.waves):
@@ -46,11 +59,18 @@ def _build(problem: Problem, sched: Schedule, scale: float, solver: str, integer
             v = model.add_var(f"k_{w}_{j}", var_type=kind, lb=0, ub=op.layers)
             k[w, j] = v
             own.setdefault(p.op, []).append(v)
-            model.add_constr(d[w] >= op.t(p.n) / scale * v, f"dur_{w}_{j}")
+            busy = op.t(p.n) / scale * v
+            if phases is None:
+                model.add_constr(d[w] >= busy, f"dur_{w}_{j}")
+            else:
+                model.add_constr(phases[0][w] >= (1 - op.backward_share) * busy, f"fwd_{w}_{j}")
+                model.add_constr(phases[1][w] >= op.backward_share * busy, f"bwd_{w}_{j}")
+        if phases is not None:
+            model.add_constr(d[w] >= phases[0][w] + phases[1][w], f"phases_{w}")
     for op_id, vs in own.items():
         model.add_constr(mip.xsum(vs) == problem.op(op_id).layers, f"cover_{op_id}")
     model.objective = mip.xsum(d)
-    return model, d, k
+    return model, d, k, phases
 
 
 def _with_layers(sched: Schedule, layers: dict[tuple[int, int], int]) -> Schedule:
@@ -69,11 +89,16 @@ def _with_layers(sched: Schedule, layers: dict[tuple[int, int], int]) -> Schedul
     return Schedule(sched.name, tuple(waves), sched.status, sched.gap, sched.notes)
 
 
-def _growth(op, sched: Schedule, out, dur, key: tuple[int, int]) -> tuple[float, float]:
-    """How much a piece's wave grows if the piece takes one more layer (then: its slack)."""
+def _growth(
+    problem: Problem, sched: Schedule, out, dur, key: tuple[int, int]
+) -> tuple[float, float]:
+    """How much a piece's wave grows if the piece takes one more layer (then: how much the
+    piece alone would outlast the wave, its slack when negative)."""
     w, j = key
-    t = (out[key] + 1) * op.t(sched.waves[w][j].n)
-    return (max(0.0, t - dur[w]), t - dur[w])
+    p = sched.waves[w][j]
+    t = (out[key] + 1) * problem.op(p.op).t(p.n)
+    grown = _wave_time(problem, sched, {**out, key: out[key] + 1}, w)
+    return (max(0.0, grown - dur[w]), t - dur[w])
 
 
 def _round(
@@ -98,10 +123,9 @@ def _round(
         op = problem.op(op_id)
         missing = op.layers - sum(out[key] for key in pieces[op_id])
         for _ in range(missing):
-            key = min(pieces[op_id], key=lambda key, op=op: _growth(op, sched, out, dur, key))
+            key = min(pieces[op_id], key=lambda key: _growth(problem, sched, out, dur, key))
             out[key] += 1
-            w, j = key
-            dur[w] = max(dur[w], out[key] * op.t(sched.waves[w][j].n))
+            dur[key[0]] = _wave_time(problem, sched, out, key[0])
     return out
 
 
@@ -123,11 +147,26 @@ def _quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-def _durations(problem: Problem, sched: Schedule, layers: dict[tuple[int, int], int]):
-    return [
-        max(layers[w, j] * problem.op(p.op).t(p.n) for j, p in enumerate(wave))
-        for w, wave in enumerate(sched.waves)
-    ]
+def _wave_time(problem: Problem, sched: Schedule, layers: Split, w: int) -> float:
+    """How long wave ``w`` of ``sched`` lasts with ``layers`` per piece (``wave_seconds``)."""
+    return wave_seconds(
+        (problem.op(p.op), layers[w, j] * problem.op(p.op).t(p.n))
+        for j, p in enumerate(sched.waves[w])
+    )
+
+
+def _phase(problem: Problem, sched: Schedule, layers: Split, w: int, i: int) -> float:
+    """Wave ``w``'s slowest forward (``i`` 0) or backward (1) with ``layers`` per piece."""
+    most = 0.0
+    for j, p in enumerate(sched.waves[w]):
+        op = problem.op(p.op)
+        share = op.backward_share if i else 1 - op.backward_share
+        most = max(most, share * layers[w, j] * op.t(p.n))
+    return most
+
+
+def _durations(problem: Problem, sched: Schedule, layers: Split) -> list[float]:
+    return [_wave_time(problem, sched, layers, w) for w in range(len(sched.waves))]
 
 
 def best_split(problem: Problem, sched: Schedule, time_limit_s: float, solver: str) -> Split:
@@ -141,7 +180,7 @@ def best_split(problem: Problem, sched: Schedule, time_limit_s: float, solver: s
     best = {(w, j): p.layers for w, wave in enumerate(sched.waves) for j, p in enumerate(wave)}
     best_s = sum(_durations(problem, sched, best))
     try:
-        model, d, k = _build(problem, sched, scale, solver, integer=False)
+        model, d, k, _ = _build(problem, sched, scale, solver, integer=False)
         with _quiet_stdout():
             lp = model.optimize(max_seconds=time_limit_s)
         if lp == mip.OptimizationStatus.OPTIMAL:
@@ -151,11 +190,17 @@ def best_split(problem: Problem, sched: Schedule, time_limit_s: float, solver: s
                 best, best_s = rounded, rounded_s
         left = time_limit_s - (time.perf_counter() - t0)
         if left > 0.02:
-            model, d, k = _build(problem, sched, scale, solver)
+            model, d, k, phases = _build(problem, sched, scale, solver)
             durs = _durations(problem, sched, best)
-            model.start = [(v, float(best[key])) for key, v in k.items()] + [
-                (d[w], dur / scale) for w, dur in enumerate(durs)
-            ]
+            start = [(v, float(best[key])) for key, v in k.items()]
+            start += [(d[w], dur / scale) for w, dur in enumerate(durs)]
+            if phases is not None:
+                start += [
+                    (phases[i][w], _phase(problem, sched, best, w, i) / scale)
+                    for i in (0, 1)
+                    for w in range(len(sched.waves))
+                ]
+            model.start = start
             status = model.optimize(max_seconds=left)
             if status in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE):
                 found = {key: round(v.x or 0.0) for key, v in k.items()}
@@ -192,7 +237,7 @@ def _reduced(problem: Problem, sched: Schedule) -> Problem:
     for op in problem.ops:
         if op.id in used:
             ns = tuple(sorted(used[op.id]))
-            ops.append(OpSpec(op.id, op.layers, (), ns, tuple(op.t(n) for n in ns), op.task))
+            ops.append(replace(op, deps=(), ns=ns, seconds=tuple(op.t(n) for n in ns)))
     return Problem(tuple(ops), problem.devices)
 
 

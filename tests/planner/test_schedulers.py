@@ -128,6 +128,48 @@ def test_resplit_moves_layers_to_even_out_waves():
     assert r.compute_s(p) == pytest.approx(8.0)  # 4 + 4 layers a wave each
 
 
+def _towers_and_trainers() -> Problem:
+    """Two frozen towers (forward only) and two trained ops, each 1 s on one device."""
+    ns = (1, 2)
+    frozen = [OpSpec(f"{t}/tower", 2, (), ns, (0.5, 0.3), backward_share=0.0) for t in "ab"]
+    trained = [OpSpec(f"{t}/lm", 2, (), ns, (0.5, 0.3)) for t in "cd"]
+    return Problem((*frozen, *trained), 2)
+
+
+def test_a_wave_lasts_its_slowest_forward_plus_its_slowest_backward():
+    """A pass runs the forwards, then the backwards: a tower beside a trained op keeps one
+    rank waiting in each phase (1 s forward, then 2/3 s backward), two towers or two trained
+    ops side by side do not."""
+    p = _towers_and_trainers()
+    mixed = Schedule(
+        "x",
+        (
+            (Piece("a/tower", 0, 2, 1), Piece("c/lm", 0, 2, 1)),
+            (Piece("b/tower", 0, 2, 1), Piece("d/lm", 0, 2, 1)),
+        ),
+    )
+    assert mixed.durations(p) == pytest.approx((1 + 2 / 3, 1 + 2 / 3))
+    alike = Schedule(
+        "x",
+        (
+            (Piece("a/tower", 0, 2, 1), Piece("b/tower", 0, 2, 1)),
+            (Piece("c/lm", 0, 2, 1), Piece("d/lm", 0, 2, 1)),
+        ),
+    )
+    assert alike.compute_s(p) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("solver", ["highs", "cbc"])
+def test_the_schedulers_pair_pieces_that_split_their_time_alike(solver):
+    """The ``milp`` scheduler prices both phases (its wave MILP, re-splits and rebalances):
+    it puts the towers side by side, 2 s, where pairing each with a trained op costs 3.33 s
+    (the two cost the same to a wave priced as its slowest piece whole)."""
+    p = _towers_and_trainers()
+    s = milp_schedule(p, 1.0, solver=solver)
+    assert schedule_errors(p, s) == []
+    assert s.compute_s(p) == pytest.approx(2.0)
+
+
 def test_polish_merges_a_wave_that_only_costs_time():
     ns = (1, 2)
     a = OpSpec("a/m", 2, (), ns, (1.0, 0.5))
