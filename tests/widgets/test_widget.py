@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,11 @@ def test_opens_on_what_the_spec_says(widget):
     }
     assert validate_plan(widget.plan) == []
     assert "4 × cpu" in widget.summary.value and "vs sequential" in widget.summary.value
-    assert widget.waves.value.startswith("<img") and "<svg" in widget.memory.value
+    if shutil.which("dot"):
+        assert widget.waves.value.startswith("<img")
+    else:  # the waves as text, saying why (Graphviz missing), not an error
+        assert "not installed" in widget.waves.value and "<pre>" in widget.waves.value
+    assert "<svg" in widget.memory.value
     assert widget.errors.value == ""
 
 
