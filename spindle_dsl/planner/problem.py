@@ -29,7 +29,7 @@ class OpSpec:
     seconds: tuple[float, ...]  # T(n) per layer for each of ``ns``
     task: str = ""
     switch_s: float = 0.0  # estimated cost of moving its activations to other devices mid-op
-    # the share of T(n) its backward takes (``cost.step_parts.backward_share``): a pass runs
+    # the share of T(n) its backward takes (``cost.analytic.backward_share``): a pass runs
     # every wave's forward, then the backwards, so a wave lasts its slowest forward plus its
     # slowest backward (``wave_seconds``); 2/3 trains weights, 0 runs forward only
     backward_share: float = 2 / 3
