@@ -55,6 +55,23 @@ certify it, each op's weight at n growing by ``w_m n / (k N)`` per pass, since e
 feasible solution pays that term exactly. The 2-D frontier no longer suffices (n counts
 apart from n T(n)); the LP takes the points quicker than every smaller n (``quicker``).
 
+Two phases. A pass runs every wave's forward, then every backward, and a wave lasts its
+slowest forward plus its slowest backward (``problem.wave_seconds``). Where the MetaOps split
+their time unalike (``OpSpec.backward_share`` s_m: 0 for a frozen tower, 2/3 training), the LP
+bounds each phase on its own: ``C_f`` and ``C_b`` with start times, end, precedence and area
+constraints each, m's phase durations ``(1 - s_m) d_m`` and ``s_m d_m``, its device-seconds the
+same shares of ``a_m``, one x for both (a piece runs both phases on its n), and the objective
+``C_f + C_b``. The argument above holds per phase: lay the waves' forward phases back to back
+(each F_w long, the slowest forward in it), and a MetaOp's forward shares lie inside its waves
+there, deps strictly before, and N F_w covers the wave's forward device-seconds; the same for
+the backward phases (B_w; a chain is as long backward as forward); the plan's compute is at
+least the sum of F_w + B_w. Weak duality then holds phase by phase, each phase's duals repaired
+on their own (``certify``), an op's weight at n the sum over the phases of its share times
+that phase's weight. With one share for every op the two phases are the one-phase LP scaled
+by 1 - s and s, so then it is solved as one LP (the same bound, half the constraints). A
+frozen tower beside a
+trained MetaOp of the same length, neither quicker on more devices: 1 s one phase, 5/3 s two.
+
 Solving: python-mip with the planner's solver (HiGHS by default), in the isolated worker
 process when the choice says so (``isolate``), since a native crash must not take planning
 down; if the solve fails, ``lp_bound`` returns the area / critical-path bound with a note.
@@ -204,6 +221,10 @@ class LpInput:
     # per op and point: the bytes the op keeps on that point's curve, over the room; empty:
     # no memory constraint (``MemoryRoom``)
     mem: tuple[tuple[float, ...], ...] = ()
+    # per op: its backward's share of its time (``OpSpec.backward_share``), where the ops split
+    # their time unalike: then the forward and the backward phase are bounded apart (module
+    # docstring, "Two phases"); empty: one phase
+    shares: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -217,6 +238,9 @@ class LpSolution:
     edges: tuple[tuple[float, ...], ...]  # s_m >= s_p + d_p, per op, in the order of its deps
     wall_s: float
     nu: float = 0.0  # the memory room (``LpInput.mem``)
+    # the backward phase's duals where ``LpInput.shares`` splits the phases (``mu``, ``ends``
+    # and ``edges`` are then the forward phase's); None with one phase
+    backward: tuple[float, tuple[float, ...], tuple[tuple[float, ...], ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -305,20 +329,24 @@ def envelope(problems: Sequence[Problem]) -> Problem:
 
 def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
     """Build and solve the LP (in whichever process calls it); duals read back as plain
-    floats."""
+    floats. With ``inp.shares``, one C, start times, end, precedence and area constraints per
+    phase, the phases' durations and device-seconds the op's share of its own (module
+    docstring, "Two phases")."""
     t0 = time.perf_counter()
     model = new_model("lp_bound", solver)
-    C = model.add_var("C", lb=0.0)
     N = inp.devices
     k = len(inp.layers)
+    # per phase, each op's share of its time: one phase of it all, or forward and backward
+    cuts = [tuple(1.0 for _ in range(k))]
+    if inp.shares:
+        cuts = [tuple(1.0 - x for x in inp.shares), tuple(inp.shares)]
+    Cs = [model.add_var(f"C_{ph}", lb=0.0) for ph in range(len(cuts))]
     # expressions built from coefficient lists: python-mip's operators make one object per
     # term, which at 1,024 devices would cost more than the solve
     d = [model.add_var(f"d_{m}", lb=0.0) for m in range(k)]  # d_m, defined below
-    starts = [model.add_var(f"s_{m}", lb=0.0) for m in range(k)]
-    area_vars: list[mip.Var] = [C]
-    area_coeffs: list[float] = [1.0]
-    objective_vars: list[mip.Var] = [C]
-    objective_coeffs: list[float] = [1.0]
+    areas: list[tuple[list[mip.Var], list[float]]] = [([C], [1.0]) for C in Cs]
+    objective_vars: list[mip.Var] = list(Cs)
+    objective_coeffs: list[float] = [1.0] * len(Cs)
     room_vars: list[mip.Var] = []  # sum of the ops' kept bytes (over the room) <= 1
     room_coeffs: list[float] = []
     for m, (layers, pts) in enumerate(zip(inp.layers, inp.points, strict=True)):
@@ -327,29 +355,39 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
         model.add_constr(
             mip.LinExpr([d[m], *xs], [-1.0, *(layers * t for _, t in pts)]) == 0, f"dur_{m}"
         )
-        area_vars.extend(xs)
-        area_coeffs.extend(-layers * n * t / N for n, t in pts)
+        for (vars_, coeffs), cut in zip(areas, cuts, strict=True):
+            vars_.extend(xs)
+            coeffs.extend(-cut[m] * layers * n * t / N for n, t in pts)
         if inp.holder and inp.holder[m] > 0:
             objective_vars.extend(xs)
             objective_coeffs.extend(layers * n * inp.holder[m] / N for n, _ in pts)
         if inp.mem:
             room_vars.extend(xs)
             room_coeffs.extend(-b for b in inp.mem[m])
-    ends = [
-        model.add_constr(mip.LinExpr([C, starts[m], d[m]], [1.0, -1.0, -1.0]) >= 0, f"end_{m}")
-        for m in range(k)
-    ]
-    edges = [
-        [
-            model.add_constr(
-                mip.LinExpr([starts[m], starts[p], d[p]], [1.0, -1.0, -1.0]) >= 0,
-                f"prec_{p}_{m}",
-            )
-            for p in deps
-        ]
-        for m, deps in enumerate(inp.deps)
-    ]
-    area_c = model.add_constr(mip.LinExpr(area_vars, area_coeffs) >= 0, "area")
+    ends_by_phase, edges_by_phase, area_cs = [], [], []
+    for ph, (C, cut) in enumerate(zip(Cs, cuts, strict=True)):
+        starts = [model.add_var(f"s_{ph}_{m}", lb=0.0) for m in range(k)]
+        ends_by_phase.append(
+            [
+                model.add_constr(
+                    mip.LinExpr([C, starts[m], d[m]], [1.0, -1.0, -cut[m]]) >= 0, f"end_{ph}_{m}"
+                )
+                for m in range(k)
+            ]
+        )
+        edges_by_phase.append(
+            [
+                [
+                    model.add_constr(
+                        mip.LinExpr([starts[m], starts[q], d[q]], [1.0, -1.0, -cut[q]]) >= 0,
+                        f"prec_{ph}_{q}_{m}",
+                    )
+                    for q in deps
+                ]
+                for m, deps in enumerate(inp.deps)
+            ]
+        )
+        area_cs.append(model.add_constr(mip.LinExpr(*areas[ph]) >= 0, f"area_{ph}"))
     room_c = (
         model.add_constr(mip.LinExpr(room_vars, room_coeffs) >= -1.0, "room") if room_vars else None
     )
@@ -363,15 +401,44 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
     def dual(c: mip.Constr) -> float:
         return max(0.0, c.pi or 0.0)
 
+    phases = [
+        (
+            dual(area_c),
+            tuple(dual(c) for c in ends),
+            tuple(tuple(dual(c) for c in row) for row in edges),
+        )
+        for area_c, ends, edges in zip(area_cs, ends_by_phase, edges_by_phase, strict=True)
+    ]
     return LpSolution(
         "optimal",
         float(model.objective_value),
-        dual(area_c),
-        tuple(dual(c) for c in ends),
-        tuple(tuple(dual(c) for c in row) for row in edges),
+        *phases[0],
         wall,
         dual(room_c) if room_c is not None else 0.0,
+        phases[1] if len(phases) > 1 else None,
     )
+
+
+def _repaired(
+    inp: LpInput, mu: float, ends: Sequence[float], edges: Sequence[Sequence[float]]
+) -> tuple[float, list[float], float]:
+    """One phase's duals repaired into valid weights (module docstring): ``(mu, phi, norm)``,
+    phi per op its outflow, all over ``norm`` so that mu plus the ends' weights stay within 1."""
+    k = len(inp.layers)
+    flows = [list(row) for row in edges]  # flows[m][j]: dep inp.deps[m][j] -> m
+    out = [0.0] * k
+    out_edges = [0.0] * k  # sum of f_mc over consumers c of m
+    for m in reversed(range(k)):  # consumers come later: their in-edges are final first
+        out[m] = ends[m] + out_edges[m]
+        inflow = sum(flows[m])
+        if inflow > out[m]:
+            shrink = out[m] / inflow * (1 - SAFETY) if inflow > 0 else 0.0
+            flows[m] = [f * shrink for f in flows[m]]
+        for p, f in zip(inp.deps[m], flows[m], strict=True):
+            out_edges[p] += f
+    total = mu + sum(ends)
+    norm = (1 + SAFETY) * total if total > 1 else 1.0
+    return mu / norm, [o / norm for o in out], norm
 
 
 def certify(
@@ -380,30 +447,26 @@ def certify(
     """The weak-duality bound (seconds, one pass) from ``sol``'s duals repaired into valid
     weights (module docstring), evaluated over every valid allocation of every curve an op
     may run on (``curves``: per op, one per setting of its recompute lever; ``scale``: what
-    ``inp``'s times were divided by, to price its holder work and memory dual in seconds)."""
+    ``inp``'s times were divided by, to price its holder work and memory dual in seconds).
+    With two phases, each phase's duals are repaired on their own and an op's weight at n is
+    the sum over the phases of its share times that phase's weight."""
     k = len(inp.layers)
-    flows = [list(row) for row in sol.edges]  # flows[m][j]: dep inp.deps[m][j] -> m
-    out = [0.0] * k
-    out_edges = [0.0] * k  # sum of f_mc over consumers c of m
-    for m in reversed(range(k)):  # consumers come later: their in-edges are final first
-        out[m] = sol.ends[m] + out_edges[m]
-        inflow = sum(flows[m])
-        if inflow > out[m]:
-            shrink = out[m] / inflow * (1 - SAFETY) if inflow > 0 else 0.0
-            flows[m] = [f * shrink for f in flows[m]]
-        for p, f in zip(inp.deps[m], flows[m], strict=True):
-            out_edges[p] += f
-    total = sol.mu + sum(sol.ends)
-    norm = (1 + SAFETY) * total if total > 1 else 1.0
-    mu = sol.mu / norm
+    phases = [(_repaired(inp, sol.mu, sol.ends, sol.edges), [1.0] * k)]
+    if inp.shares and sol.backward is not None:
+        phases = [
+            (phases[0][0], [1.0 - x for x in inp.shares]),
+            (_repaired(inp, *sol.backward), list(inp.shares)),
+        ]
+    norm = max(n for (_, _, n), _ in phases)
     nu = sol.nu / norm * scale if inp.mem else 0.0  # seconds per room
     room = 1.0 if inp.mem else 0.0
     value = -nu * room
     for m, options in enumerate(curves):
-        phi = out[m] / norm
         least = np.inf
         for curve in options:
-            weights = curve.seconds * (phi + mu * curve.ns / inp.devices)
+            weights = np.zeros(len(curve.ns))
+            for (mu, phi, _), cut in phases:
+                weights = weights + cut[m] * curve.seconds * (phi[m] + mu * curve.ns / inp.devices)
             if inp.holder:
                 weights = weights + inp.holder[m] * scale * curve.ns / inp.devices
             least = min(least, inp.layers[m] * float(weights.min()) + nu * curve.kept)
@@ -444,6 +507,7 @@ def lp_input(
         if memory is not None
         else ()
     )
+    shares = tuple(o.backward_share for o in problem.ops)
     inp = LpInput(
         tuple(o.layers for o in problem.ops),
         tuple(tuple(index[d] for d in o.deps) for o in problem.ops),
@@ -451,6 +515,7 @@ def lp_input(
         problem.devices,
         holder,
         mem,
+        shares if len(set(shares)) > 1 else (),
     )
     return inp, curves
 

@@ -176,6 +176,43 @@ def test_any_dual_weights_give_a_valid_bound(seed, k):
     assert certify(inp, curves, sol) <= lp_bound(p, solver=IN_PROCESS).primal_s * (1 + 1e-9)
 
 
+def test_two_phases_bound_the_forward_and_the_backward_apart():
+    """A frozen tower (forward only) beside a trained op, neither quicker on two devices: one
+    phase sees a path of 1 s and an area of 1 s; the forward (1 s of the tower) and the
+    backward (2/3 s of the trained op) cannot overlap, so the bound is 5/3 s, which the best
+    plan (the two side by side) reaches, certified from the duals."""
+    tower = OpSpec("a/tower", 1, (), (1, 2), (1.0, 1.0), backward_share=0.0)
+    lm = OpSpec("b/lm", 1, (), (1, 2), (1.0, 1.0))
+    p = Problem((tower, lm), 2)
+    got = lp_bound(p, solver=IN_PROCESS)
+    assert got.primal_s == pytest.approx(5 / 3)
+    assert got.seconds == pytest.approx(5 / 3, rel=1e-6)
+    assert milp_schedule(p, 0.5, solver=IN_PROCESS).compute_s(p) == pytest.approx(5 / 3)
+    alike = Problem((replace(tower, backward_share=2 / 3), lm), 2)  # one phase, as before
+    assert lp_bound(alike, solver=IN_PROCESS).seconds == pytest.approx(1.0, rel=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 100_000), st.integers(2, 7))
+def test_any_dual_weights_give_a_valid_bound_with_two_phases(seed, k):
+    """Weak duality with each phase's weights repaired on their own: random duals for both
+    phases never exceed the two-phase LP's optimum, which no plan beats."""
+    rng = random.Random(seed)
+    base = jagged_problem(rng, 8, k)
+    shares = [rng.choice((0.0, 0.5, 2 / 3)) for _ in base.ops]
+    shares[0], shares[-1] = 0.0, 2 / 3  # two phases for sure
+    ops = tuple(replace(o, backward_share=s) for o, s in zip(base.ops, shares, strict=True))
+    p = Problem(ops, 8)
+    inp, curves = lp_input(p, lower_bound_s(p))
+    assert inp.shares
+    one, other = random_duals(rng, inp), random_duals(rng, inp)
+    sol = replace(one, backward=(other.mu, other.ends, other.edges))
+    best = lp_bound(p, solver=IN_PROCESS)
+    assert certify(inp, curves, sol, lower_bound_s(p)) <= best.primal_s * (1 + 1e-9)
+    assert best.seconds <= best.primal_s * (1 + 1e-9)
+    assert milp_schedule(p, 0.2, solver=IN_PROCESS).compute_s(p) >= best.seconds * (1 - 1e-9)
+
+
 @pytest.mark.parametrize("scheduler", ["default", "paper"])
 def test_every_plan_reports_the_lp_bound(scheduler):
     graph = random_graph(random.Random(7), 16, 3)
