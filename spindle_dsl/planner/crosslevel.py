@@ -202,9 +202,16 @@ def rebalance(problem: Problem, sched: Schedule) -> Schedule:
         alloc = least
         # pieces the new allocation does not slow past the new duration keep their n
         new = _lasts(ops, k, alloc)
+        alike = len({o.backward_share for o in ops.values()}) <= 1
         for p in wave:
             room = problem.devices - sum(alloc.values()) + alloc[p.op]
-            if p.n != alloc[p.op] and p.n <= room and _lasts(ops, k, {**alloc, p.op: p.n}) <= new:
+            if p.n == alloc[p.op] or p.n > room:
+                continue
+            if alike:  # the wave is its slowest piece: a piece within it keeps it
+                keeps = k[p.op] * ops[p.op].t(p.n) <= new
+            else:
+                keeps = _lasts(ops, k, {**alloc, p.op: p.n}) <= new
+            if keeps:
                 alloc[p.op] = p.n
         old = piece_wave_seconds(problem, wave)
         added = sum(switches(wi, p.op, alloc[p.op]) - switches(wi, p.op, p.n) for p in wave)

@@ -69,8 +69,8 @@ least the sum of F_w + B_w. Weak duality then holds phase by phase, each phase's
 on their own (``certify``), an op's weight at n the sum over the phases of its share times
 that phase's weight. With one share for every op the two phases are the one-phase LP scaled
 by 1 - s and s, so then it is solved as one LP (the same bound, half the constraints). A
-frozen tower beside a
-trained MetaOp of the same length, neither quicker on more devices: 1 s one phase, 5/3 s two.
+frozen tower beside a trained MetaOp of the same length, neither quicker on more devices: 1 s
+with one phase, 5/3 s with two.
 
 Solving: python-mip with the planner's solver (HiGHS by default), in the isolated worker
 process when the choice says so (``isolate``), since a native crash must not take planning

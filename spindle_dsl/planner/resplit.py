@@ -90,14 +90,15 @@ def _with_layers(sched: Schedule, layers: dict[tuple[int, int], int]) -> Schedul
 
 
 def _growth(
-    problem: Problem, sched: Schedule, out, dur, key: tuple[int, int]
+    problem: Problem, sched: Schedule, out, dur, key: tuple[int, int], alike: bool
 ) -> tuple[float, float]:
     """How much a piece's wave grows if the piece takes one more layer (then: how much the
-    piece alone would outlast the wave, its slack when negative)."""
+    piece alone would outlast the wave, its slack when negative). ``alike``: every op splits
+    its time alike, so a wave is its slowest piece (quick to update)."""
     w, j = key
     p = sched.waves[w][j]
     t = (out[key] + 1) * problem.op(p.op).t(p.n)
-    grown = _wave_time(problem, sched, {**out, key: out[key] + 1}, w)
+    grown = max(dur[w], t) if alike else _wave_time(problem, sched, out, w, more=j)
     return (max(0.0, grown - dur[w]), t - dur[w])
 
 
@@ -112,6 +113,7 @@ def _round(
     """
     out = {key: int(v + 1e-9) for key, v in frac.items()}
     dur = _durations(problem, sched, out)
+    alike = len({problem.op(p.op).backward_share for wave in sched.waves for p in wave}) <= 1
     pieces: dict[str, list[tuple[int, int]]] = {}
     for w, wave in enumerate(sched.waves):
         for j, p in enumerate(wave):
@@ -123,9 +125,13 @@ def _round(
         op = problem.op(op_id)
         missing = op.layers - sum(out[key] for key in pieces[op_id])
         for _ in range(missing):
-            key = min(pieces[op_id], key=lambda key: _growth(problem, sched, out, dur, key))
+            key = min(pieces[op_id], key=lambda key: _growth(problem, sched, out, dur, key, alike))
             out[key] += 1
-            dur[key[0]] = _wave_time(problem, sched, out, key[0])
+            w, j = key
+            if alike:
+                dur[w] = max(dur[w], out[key] * op.t(sched.waves[w][j].n))
+            else:
+                dur[w] = _wave_time(problem, sched, out, w)
     return out
 
 
@@ -147,10 +153,13 @@ def _quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-def _wave_time(problem: Problem, sched: Schedule, layers: Split, w: int) -> float:
-    """How long wave ``w`` of ``sched`` lasts with ``layers`` per piece (``wave_seconds``)."""
+def _wave_time(
+    problem: Problem, sched: Schedule, layers: Split, w: int, more: int | None = None
+) -> float:
+    """How long wave ``w`` of ``sched`` lasts with ``layers`` per piece (``wave_seconds``),
+    piece ``more`` taking one layer more."""
     return wave_seconds(
-        (problem.op(p.op), layers[w, j] * problem.op(p.op).t(p.n))
+        (problem.op(p.op), (layers[w, j] + (j == more)) * problem.op(p.op).t(p.n))
         for j, p in enumerate(sched.waves[w])
     )
 
