@@ -32,7 +32,7 @@ from typing import Any
 import mip
 
 from spindle_dsl.planner import isolate
-from spindle_dsl.planner.problem import OpSpec, Piece, wave_seconds
+from spindle_dsl.planner.problem import OpSpec, Piece, wave_phases, wave_seconds
 from spindle_dsl.planner.solver import SolverChoice, new_model
 
 ENTRY_PRICE = 1e-5  # objective units (fractions of the scale) charged per entry
@@ -202,26 +202,21 @@ def _warm_start(b: _Built) -> None:
     assert spec.start is not None and len(spec.start) <= spec.waves
     index = {o.id: i for i, o in enumerate(spec.ops)}
     vals: dict[tuple[int, int, int], int] = {}
-    dur = [[0.0, 0.0, 0.0] for _ in range(spec.waves)]  # whole, forward, backward
+    phases = [(0.0, 0.0, 0.0)] * spec.waves  # per wave: forward, backward, whole
     for w, wave in enumerate(spec.start):
         for p in wave:
-            i = index[p.op]
-            vals[i, w, p.n] = p.layers
-            op = spec.ops[i]
-            busy = p.layers * op.t(p.n) / b.scale
-            for j, part in enumerate(
-                (busy, busy * (1 - op.backward_share), busy * op.backward_share)
-            ):
-                dur[w][j] = max(dur[w][j], part)
+            vals[index[p.op], w, p.n] = p.layers
+        busy = ((spec.ops[index[p.op]], p) for p in wave)
+        phases[w] = wave_phases((op, p.layers * op.t(p.n) / b.scale) for op, p in busy)
     if any(k not in b.x for k in vals):
         return  # the start uses a wave or allocation the model does not have
     start = [(b.x[k], 1.0 if k in vals else 0.0) for k in b.x]
     start += [(b.y[k], float(vals.get(k, 0))) for k in b.y]
     if b.phases is None:
-        start += [(b.d[w], dur[w][0]) for w in range(spec.waves)]
+        start += [(b.d[w], whole) for w, (_, _, whole) in enumerate(phases)]
     else:
-        start += [(b.d[w], max(dur[w][0], dur[w][1] + dur[w][2])) for w in range(spec.waves)]
-        start += [(b.phases[j][w], dur[w][j + 1]) for j in (0, 1) for w in range(spec.waves)]
+        start += [(b.d[w], max(f + bw, whole)) for w, (f, bw, whole) in enumerate(phases)]
+        start += [(b.phases[j][w], ph[j]) for j in (0, 1) for w, ph in enumerate(phases)]
     b.model.start = start
 
 

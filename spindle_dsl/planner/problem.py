@@ -114,16 +114,24 @@ class OpSpec:
         return None
 
 
-def wave_seconds(pieces: Iterable[tuple[OpSpec, float]]) -> float:
-    """How long a wave lasts whose pieces are (op, seconds of the piece's layers): a pass runs
-    every wave's forward, then every backward, so the slowest forward plus the slowest
-    backward, which is the slowest piece whole where all split their time alike (and never
-    less, whatever rounding says)."""
+def wave_phases(pieces: Iterable[tuple[OpSpec, float]]) -> tuple[float, float, float]:
+    """The slowest forward, the slowest backward and the slowest piece whole of a wave whose
+    pieces are (op, seconds of the piece's layers), each piece split by its op's backward
+    share."""
     forward = backward = whole = 0.0
     for op, seconds in pieces:
         back = seconds * op.backward_share
         forward, backward = max(forward, seconds - back), max(backward, back)
         whole = max(whole, seconds)
+    return forward, backward, whole
+
+
+def wave_seconds(pieces: Iterable[tuple[OpSpec, float]]) -> float:
+    """How long a wave lasts whose pieces are (op, seconds of the piece's layers): a pass runs
+    every wave's forward, then every backward, so the slowest forward plus the slowest
+    backward, which is the slowest piece whole where all split their time alike (and never
+    less, whatever rounding says)."""
+    forward, backward, whole = wave_phases(pieces)
     return max(forward + backward, whole)
 
 

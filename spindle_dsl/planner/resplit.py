@@ -31,7 +31,7 @@ from dataclasses import replace
 import mip
 
 from spindle_dsl.planner import isolate
-from spindle_dsl.planner.problem import Piece, Problem, Schedule, wave_seconds
+from spindle_dsl.planner.problem import Piece, Problem, Schedule, wave_phases, wave_seconds
 from spindle_dsl.planner.solver import SolverChoice, new_model
 
 GAP = 1e-2  # stop within 1% of the optimum: the solution comes at once, proving it is slow
@@ -164,14 +164,16 @@ def _wave_time(
     )
 
 
-def _phase(problem: Problem, sched: Schedule, layers: Split, w: int, i: int) -> float:
-    """Wave ``w``'s slowest forward (``i`` 0) or backward (1) with ``layers`` per piece."""
-    most = 0.0
-    for j, p in enumerate(sched.waves[w]):
-        op = problem.op(p.op)
-        share = op.backward_share if i else 1 - op.backward_share
-        most = max(most, share * layers[w, j] * op.t(p.n))
-    return most
+def _wave_phases(
+    problem: Problem, sched: Schedule, layers: Split
+) -> list[tuple[float, float, float]]:
+    """Each wave's slowest forward, backward and piece with ``layers`` per piece."""
+    return [
+        wave_phases(
+            (problem.op(p.op), layers[w, j] * problem.op(p.op).t(p.n)) for j, p in enumerate(wave)
+        )
+        for w, wave in enumerate(sched.waves)
+    ]
 
 
 def _durations(problem: Problem, sched: Schedule, layers: Split) -> list[float]:
@@ -205,9 +207,9 @@ def best_split(problem: Problem, sched: Schedule, time_limit_s: float, solver: s
             start += [(d[w], dur / scale) for w, dur in enumerate(durs)]
             if phases is not None:
                 start += [
-                    (phases[i][w], _phase(problem, sched, best, w, i) / scale)
+                    (phases[i][w], ph[i] / scale)
+                    for w, ph in enumerate(_wave_phases(problem, sched, best))
                     for i in (0, 1)
-                    for w in range(len(sched.waves))
                 ]
             model.start = start
             status = model.optimize(max_seconds=left)
