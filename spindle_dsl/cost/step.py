@@ -154,6 +154,10 @@ class StepPrice:
     wave_transfer: tuple[float, ...] = ()  # per wave: its moves not hidden by compute (one pass)
     backward_s: tuple[float, ...] = ()  # per wave: its backward phase, extras included (one pass)
 
+    def backward_clock(self) -> BackwardClock:
+        """The last pass's backward as this price timed it (``BackwardClock``)."""
+        return backward_clock(self.backward_s)
+
 
 @dataclass(frozen=True)
 class BackwardClock:
@@ -396,12 +400,6 @@ class StepModel:
             for d in p.devices:
                 load[d] = load.get(d, 0.0) + each
         return load
-
-    def backward_clock(
-        self, waves: Sequence[Sequence[PieceTime]], price: StepPrice
-    ) -> BackwardClock:
-        """The backward of ``waves`` as ``price`` timed them (``BackwardClock``)."""
-        return backward_clock(price.backward_s)
 
     def _holders(
         self,

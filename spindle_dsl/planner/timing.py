@@ -192,7 +192,7 @@ def _time_step(
     if step.grad_in_curves:
         # each layer's own all-reduce is in the pass curves at its per-pass share
         # (``planner.levers``); what shared modules add is reduced as often as the stage says
-        clock = step.backward_clock(waves, price) if step.overlaps_reduction else None
+        clock = price.backward_clock() if step.overlaps_reduction else None
         reduction = grad_sync_seconds(
             placement,
             flows,

@@ -404,7 +404,7 @@ def test_a_wave_lasts_its_slowest_forward_plus_its_slowest_backward() -> None:
     price = step.price(mixed)
     assert price.durations == pytest.approx([3.0 + 2.0])  # not max(3, 3)
     assert price.backward_s == pytest.approx([2.0])
-    assert step.backward_clock(mixed, price).total_s == pytest.approx(2.0)
+    assert price.backward_clock().total_s == pytest.approx(2.0)
     alike = [[PieceTime("caption/lm", 0, 2, (0,), 3.0), PieceTime("chat/lm", 0, 2, (1,), 2.0)]]
     assert step.price(alike).durations == pytest.approx([3.0])
     # two ranks on one core: each phase shared on its own (all the work, in turn)

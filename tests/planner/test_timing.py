@@ -163,7 +163,7 @@ def test_the_backward_clock_runs_the_waves_in_reverse_for_their_backward_share()
     step = make_step_model(g, analytic_overheads(g.cluster), grad_in_curves=True)
     waves = [[PieceTime(op.id, 0, op.layers, (0, 1), 0.01)] for op in g.metaops]
     price = step.price(waves)
-    clock = step.backward_clock(waves, price)
+    clock = price.backward_clock()
     shares = [step.ops[w[0].op].backward_share for w in waves]
     bwd = [(d + e) * s for d, e, s in zip(price.durations, price.wave_extra, shares, strict=True)]
     assert 0 < shares[0] < 1
@@ -209,7 +209,7 @@ def test_a_step_priced_plan_overlaps_the_shared_sync_when_the_switch_says_so():
     # backward is done, before wave 0's input stages' backward, which hides that much of it
     step = make_step_model(g, base, grad_in_curves=True)
     waves = [[PieceTime(q.op, q.first, q.end, q.devices, 1.0) for q in w] for w in p.waves]
-    clock = step.backward_clock(waves, step.price(waves))
+    clock = step.price(waves).backward_clock()
     layer0 = clock.start_s(0) + 1.0 * step.ops["a/lm"].backward_share
     assert clock.start_s(0) < layer0 < clock.total_s
     exposed = extra / 2 - (clock.total_s - layer0)
