@@ -99,10 +99,10 @@ def _at_least_one(text: str) -> int:
 
 
 def devices_text(ds: tuple[int, ...]) -> str:
-    """Device ids as compact ranges: (0, 1, 2, 5) -> '0-2,5'."""
+    """Device ids as compact ranges: (0, 1, 2, 5) -> '0-2,5' (whatever the shard order)."""
     out: list[str] = []
     start = prev = None
-    for d in ds:
+    for d in sorted(ds):
         if prev is not None and d == prev + 1:
             prev = d
             continue

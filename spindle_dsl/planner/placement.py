@@ -26,6 +26,7 @@ import numpy as np
 
 from spindle_dsl.planner.ledger import DeviceBreakdown, Ledger
 from spindle_dsl.planner.problem import Piece, Problem, Schedule
+from spindle_dsl.planner.shard_order import order_like
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,16 @@ class _Placer:
                 seen[new] = True
                 out.append(new)
         return np.concatenate(out) if out else np.zeros(0, dtype=int)
+
+    def source(self, p: Piece) -> np.ndarray | None:
+        """The devices, in shard order, that hold the input ``p`` moves the most bytes of: its
+        MetaOp's last piece if it continues, else its heaviest producer's last piece."""
+        if p.op in self.last_ids:
+            return self.last_ids[p.op]
+        deps = [d for d in self.problem.op(p.op).deps if d in self.last_ids]
+        if not deps:
+            return None
+        return self.last_ids[max(deps, key=lambda d: self.topo.weight.get(d, 0.0))]
 
     def fits(self, need: np.ndarray) -> np.ndarray:
         """Which devices ``need`` more bytes still fit on."""
@@ -263,6 +274,9 @@ class _Placer:
                 idx = np.arange(self.topo.devices)
             else:
                 idx = self.complete(p.n, anchored[p.op], need)  # sorted device ids
+            source = self.source(p)
+            if source is not None:  # the shard order that moves the fewest rows
+                idx = order_like(idx, source, self.topo.per_node)
             self.ledger.add(p, idx, need)
             self.used[idx] += need[idx]
             self.node_used += np.bincount(self.node_of[idx], need[idx], self.nodes)

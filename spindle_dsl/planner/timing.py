@@ -133,7 +133,7 @@ def _ids(devices: Sequence[int]) -> np.ndarray:
 
 
 def _same(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    return len(a) == len(b) and (a == b or set(a) == set(b))
+    return a == b
 
 
 def time_placement(
@@ -160,7 +160,7 @@ def time_placement(
     )
     return Timing(
         k * sum(durations),
-        k * _transfer_seconds(placement, flows, transfer),
+        k * boundary_moves_s(placement, flows, transfer),
         reductions_per_step(k, zero_stage) * grad_sync_seconds(placement, flows, allreduce),
         durations,
     )
@@ -245,7 +245,9 @@ def loss_moves(
     return out
 
 
-def _transfer_seconds(placement: Placement, flows: Flows, transfer: TransferFn) -> float:
+def boundary_moves_s(placement: Placement, flows: Flows, transfer: TransferFn) -> float:
+    """One pass's activation moves, every wave boundary at its busiest device (forward and
+    backward), none of them hidden behind a stage."""
     return sum(m.busiest_s for m in _wave_moves(placement, flows, transfer))
 
 

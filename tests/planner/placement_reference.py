@@ -1,6 +1,7 @@
 """The placement before it was vectorised (kept verbatim as a test oracle): per-device Python
 sets and loops. ``test_placement_equivalence`` checks that ``planner.placement`` makes exactly
-the same choices, so plans stay what they were while large clusters place in milliseconds."""
+the same choices, so plans stay what they were while large clusters place in milliseconds.
+The shard order of each group (``planner.shard_order``), added since, is applied alike."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 from spindle_dsl.planner.ledger import Ledger
 from spindle_dsl.planner.placement import PlacedPiece, Placement, Topology
 from spindle_dsl.planner.problem import Piece, Problem, Schedule
+from spindle_dsl.planner.shard_order import order_like
 
 
 class _Placer:
@@ -106,6 +108,14 @@ class _Placer:
                 return ds[i : i + want]
         return ds[:want]
 
+    def source(self, p: Piece) -> tuple[int, ...] | None:
+        if p.op in self.last:
+            return self.last[p.op]
+        deps = [d for d in self.problem.op(p.op).deps if d in self.last]
+        if not deps:
+            return None
+        return self.last[max(deps, key=lambda d: self.topo.weight.get(d, 0.0))]
+
     def place_wave(self, wave: tuple[Piece, ...]) -> tuple[PlacedPiece, ...]:
         """Two passes: every piece first claims what it can of its preferred devices (the
         pieces that would move the most bytes first), then each completes its group."""
@@ -119,6 +129,9 @@ class _Placer:
         for p in sorted(wave, key=lambda p: -p.n):
             need = needs[p.op]
             ds = self.complete(p.n, anchored[p.op], free, need)
+            source = self.source(p)
+            if source is not None:  # the shard order (added after the vectorisation)
+                ds = order_like(np.array(ds), np.array(source), self.topo.per_node).tolist()
             self.ledger.add(p, ds, need)
             for d in ds:
                 self.used[d] += need[d]
