@@ -192,10 +192,55 @@ def _wave_aligns(
                     n = p.n
                 row.append(Piece(p.op, p.first, p.end, n))
             new = tuple(row)
-            if new in seen or sum(p.n for p in new) > problem.devices:
+            if sum(p.n for p in new) > problem.devices:
+                new = _partial_align(problem, wave, want)
+            if new is None or new in seen:
                 continue
             seen.add(new)
             yield [*waves[:wi], new, *waves[wi + 1 :]]
+
+
+def _partial_align(
+    problem: Problem, wave: tuple[Piece, ...], want: dict[str, tuple[int, bool]]
+) -> tuple[Piece, ...] | None:
+    """``wave`` with as many pieces on their predecessors' allocations as the cluster holds,
+    those whose moves cost most first (``OpSpec.switch_s``: a continuing MetaOp's own
+    activations, a starting one's producers'), and the rest side by side min-max on the
+    devices left (None where nothing aligns or the rest do not fit). Where a wave of small
+    pieces (a task's heads after wide encoders) cannot keep every input in place, keeping
+    the largest inputs in place removes most of the moves."""
+
+    def weight(p: Piece) -> float:
+        _, continues = want[p.op]
+        if continues:
+            return problem.op(p.op).switch_s
+        return sum(problem.op(d).switch_s for d in problem.op(p.op).deps)
+
+    movers = [p for p in wave if p.op in want and want[p.op][0] != p.n]
+    movers = [p for p in movers if problem.op(p.op).valid(want[p.op][0])]
+    rest = [p for p in wave if p not in movers]
+    least = {p.op: problem.op(p.op).pareto[0] for p in wave}
+    kept: dict[str, int] = {}
+    free = problem.devices
+    pending = sum(least[p.op] for p in wave)
+    for p in sorted(movers, key=weight, reverse=True):
+        n = want[p.op][0]
+        if free - n >= pending - least[p.op]:
+            kept[p.op] = n
+            free -= n
+            pending -= least[p.op]
+    if not kept:
+        return None
+    others = [p for p in (*rest, *movers) if p.op not in kept]
+    alloc: dict[str, int] = {}
+    if others:
+        got = min_max([problem.op(p.op) for p in others], free, {p.op: p.layers for p in others})
+        if got is None:
+            return None
+        alloc = got
+    return tuple(
+        Piece(p.op, p.first, p.end, kept[p.op] if p.op in kept else alloc[p.op]) for p in wave
+    )
 
 
 def _better(a: tuple[float, ...], b: tuple[float, ...]) -> bool:

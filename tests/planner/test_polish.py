@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from synth import random_problem
@@ -75,20 +76,42 @@ def test_wave_align_moves_a_whole_wave_onto_its_producers_allocations():
     assert _moves(p, polished) == 0
 
 
-def test_wave_align_skips_a_wave_that_would_not_fit():
-    p, s = _heads_problem()
-    # the heads' producers now need 9 devices together: aligning the whole wave cannot fit
-    s = Schedule(
+def _over_full(heads: tuple[int, int]) -> Schedule:
+    """The heads' producers needing 9 devices together (a's encoder ends on 5, b's on 4),
+    the heads on ``heads`` devices: aligning the whole third wave cannot fit."""
+    return Schedule(
         "x",
         (
             (Piece("a/enc", 0, 1, 4), Piece("b/enc", 0, 2, 4)),
             (Piece("a/enc", 1, 2, 5),),
-            (Piece("a/head", 0, 1, 4), Piece("b/head", 0, 1, 4)),
+            (Piece("a/head", 0, 1, heads[0]), Piece("b/head", 0, 1, heads[1])),
         ),
     )
-    waves = [w[2] for w in _wave_aligns(p, list(s.waves)) if len(w) == 3]
+
+
+def _third_waves(p: Problem, s: Schedule) -> list[tuple[Piece, ...]]:
+    return [w[2] for w in _wave_aligns(p, list(s.waves)) if len(w) == 3]
+
+
+def test_wave_align_skips_a_wave_that_would_not_fit():
+    p, _ = _heads_problem()
+    waves = _third_waves(p, _over_full((4, 4)))
     assert all(sum(q.n for q in w) <= 8 for w in waves)
     assert (Piece("a/head", 0, 1, 5), Piece("b/head", 0, 1, 4)) not in waves
+
+
+def test_wave_align_keeps_the_costliest_inputs_in_place_where_not_all_fit():
+    p, _ = _heads_problem()
+    # b's encoder moves the most bytes (its ``switch_s``): where both producers' allocations
+    # (5 + 4) do not fit, b's head keeps its 4 and a's head takes the 4 devices left
+    ops = {o.id: o for o in p.ops}
+    ops["a/enc"] = replace(ops["a/enc"], switch_s=0.1)
+    ops["b/enc"] = replace(ops["b/enc"], switch_s=1.0)
+    p = Problem(tuple(ops.values()), 8)
+    s = _over_full((2, 6))
+    waves = _third_waves(p, s)
+    assert (Piece("a/head", 0, 1, 4), Piece("b/head", 0, 1, 4)) in waves
+    assert all(schedule_errors(p, Schedule("a", (*s.waves[:2], w))) == [] for w in waves)
 
 
 def test_dissolve_then_refine_rebalances_the_layers():
