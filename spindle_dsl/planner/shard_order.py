@@ -31,13 +31,36 @@ def _stretches(source: Sequence[int], dest: Sequence[int]) -> list[tuple[int, in
     return [(b - a, source[a // n], dest[a // m]) for a, b in pairwise(cuts)]
 
 
+def _moved(
+    source: Sequence[int], dest: Sequence[int], per_node: int | None
+) -> tuple[int, int, int]:
+    """(the most one device sends or receives across nodes, the most in all, what stays put)
+    re-sharding from ``source`` to ``dest``, in ``len(source) * len(dest)`` units; across
+    nodes counts nothing without ``per_node``."""
+    sent: dict[int, int] = {}
+    got: dict[int, int] = {}
+    far_sent: dict[int, int] = {}
+    far_got: dict[int, int] = {}
+    kept = 0
+    for length, s, d in _stretches(source, dest):
+        if s == d:
+            kept += length
+            continue
+        sent[s] = sent.get(s, 0) + length
+        got[d] = got.get(d, 0) + length
+        if per_node is not None and s // per_node != d // per_node:
+            far_sent[s] = far_sent.get(s, 0) + length
+            far_got[d] = far_got.get(d, 0) + length
+    far = max((*far_sent.values(), *far_got.values()), default=0)
+    return far, max((*sent.values(), *got.values()), default=0), kept
+
+
 def kept_share(source: Sequence[int], dest: Sequence[int]) -> float:
     """The share of the batch that sits on the same device split over ``source`` and over
     ``dest`` (each in shard order)."""
     if not len(source) or not len(dest):
         return 0.0
-    kept = sum(length for length, s, d in _stretches(source, dest) if s == d)
-    return kept / (len(source) * len(dest))
+    return _moved(source, dest, None)[2] / (len(source) * len(dest))
 
 
 def busiest_share(source: Sequence[int], dest: Sequence[int], per_node: int | None = None) -> float:
@@ -46,14 +69,8 @@ def busiest_share(source: Sequence[int], dest: Sequence[int], per_node: int | No
     ``per_node``, only what crosses between nodes counts (the slow links)."""
     if not len(source) or not len(dest):
         return 0.0
-    sent: dict[int, int] = {}
-    got: dict[int, int] = {}
-    for length, s, d in _stretches(source, dest):
-        if s != d and (per_node is None or s // per_node != d // per_node):
-            sent[s] = sent.get(s, 0) + length
-            got[d] = got.get(d, 0) + length
-    most = max((*sent.values(), *got.values()), default=0)
-    return most / (len(source) * len(dest))
+    far, most, _ = _moved(source, dest, per_node)
+    return (far if per_node is not None else most) / (len(source) * len(dest))
 
 
 def order_like(chosen: np.ndarray, source: np.ndarray, per_node: int | None = None) -> np.ndarray:
@@ -85,12 +102,12 @@ def order_like(chosen: np.ndarray, source: np.ndarray, per_node: int | None = No
     # keeping rows can leave one device more to receive than an order that moves them all:
     # the matched order only where its busiest device moves no more, as the time follows it
     got = _matched(mine, src, at)
-
-    def key(order: list[int]) -> tuple[float, float, float]:
-        across = busiest_share(src, order, per_node) if per_node else 0.0
-        return across, busiest_share(src, order), -kept_share(src, order)
-
-    return np.asarray(got, dtype=chosen.dtype) if key(got) <= key(mine) else chosen
+    if got == mine:
+        return chosen
+    far, most, kept = _moved(src, got, per_node)
+    far_0, most_0, kept_0 = _moved(src, mine, per_node)
+    better = (far, most, -kept) <= (far_0, most_0, -kept_0)
+    return np.asarray(got, dtype=chosen.dtype) if better else chosen
 
 
 def _matched(chosen: list[int], source: list[int], at: list[int]) -> list[int]:
