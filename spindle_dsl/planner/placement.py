@@ -119,8 +119,9 @@ class _Placer:
         return np.concatenate(out) if out else np.zeros(0, dtype=int)
 
     def source(self, p: Piece) -> np.ndarray | None:
-        """The devices, in shard order, that hold the input ``p`` moves the most bytes of: its
-        MetaOp's last piece if it continues, else its heaviest producer's last piece."""
+        """The devices, in shard order, whose rows ``p`` reads: its MetaOp's last piece if it
+        continues, else the last piece of its producer whose moves cost the most bytes
+        (``Topology.weight``)."""
         if p.op in self.last_ids:
             return self.last_ids[p.op]
         deps = [d for d in self.problem.op(p.op).deps if d in self.last_ids]
