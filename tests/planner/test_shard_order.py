@@ -1,4 +1,5 @@
-"""A piece's device order keeps its input's rows where they are (``planner.shard_order``)."""
+"""A piece's device order keeps its input's rows where they are (``planner.shard_order``),
+and placement lists its groups so."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import random
 import numpy as np
 import pytest
 
+from spindle_dsl.cost.base import GradientLife, SliceMemory
 from spindle_dsl.cost.comm import _shard_moves
 from spindle_dsl.planner import shard_order
+from spindle_dsl.planner.ledger import PartLedger
+from spindle_dsl.planner.placement import Topology, place
+from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
 from spindle_dsl.planner.shard_order import kept_share, order_like
 
 
@@ -52,3 +57,29 @@ def test_never_moves_more_than_sorted_order(large, monkeypatch):
             assert _moved(source, got) <= _moved(source, chosen) + 1e-12
         gained += _moved(source, chosen) - _moved(source, got)
     assert gained > 50  # of 500 re-shardings: the order keeps many rows sorted ids move
+
+
+def test_placement_keeps_a_growing_pieces_rows_in_place():
+    # a/m grows from 2 devices to 3 between its waves: placement keeps its two devices and
+    # adds one, and lists them so that both keep the rows they hold (sorted, the second
+    # device would hand a third of the batch on and take another third back)
+    ns = (1, 2, 3, 4)
+    ops = tuple(OpSpec(f"{t}/m", 2, (), ns, tuple(1.0 / n for n in ns)) for t in "ab")
+    problem = Problem(ops, 4)
+    sched = Schedule(
+        "x",
+        (
+            (Piece("a/m", 0, 1, 2), Piece("b/m", 0, 1, 2)),
+            (Piece("a/m", 1, 2, 3), Piece("b/m", 1, 2, 1)),
+        ),
+    )
+
+    def slice_memory(op: str, n: int, first: int, end: int) -> SliceMemory:
+        return SliceMemory((), 0, 0, 0, GradientLife(carried=False, bucket=0))
+
+    topo = Topology(4, 4, 10**9, {}, {"a/m": 1.0, "b/m": 1.0})
+    placed = place(problem, sched, topo, PartLedger(4, slice_memory))
+    before, after = placed.waves[0][0].devices, placed.waves[1][0].devices
+    assert set(before) < set(after)
+    assert kept_share(before, after) == pytest.approx(2 / 3)
+    assert kept_share(before, sorted(after)) == pytest.approx(1 / 2)
