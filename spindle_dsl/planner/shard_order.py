@@ -63,16 +63,6 @@ def kept_share(source: Sequence[int], dest: Sequence[int]) -> float:
     return _moved(source, dest, None)[2] / (len(source) * len(dest))
 
 
-def busiest_share(source: Sequence[int], dest: Sequence[int], per_node: int | None = None) -> float:
-    """The most of the batch one device sends or receives re-sharding from ``source`` to
-    ``dest``: what the transfer's time follows (``cost.comm.transfer_seconds``). With
-    ``per_node``, only what crosses between nodes counts (the slow links)."""
-    if not len(source) or not len(dest):
-        return 0.0
-    far, most, _ = _moved(source, dest, per_node)
-    return (far if per_node is not None else most) / (len(source) * len(dest))
-
-
 def order_like(chosen: np.ndarray, source: np.ndarray, per_node: int | None = None) -> np.ndarray:
     """``chosen`` (device ids) in the order that keeps the most of ``source``'s rows in place
     (see the module docstring); ``chosen`` itself where nothing can stay. A group of the
