@@ -114,6 +114,38 @@ def test_wave_align_keeps_the_costliest_inputs_in_place_where_not_all_fit():
     assert all(schedule_errors(p, Schedule("a", (*s.waves[:2], w))) == [] for w in waves)
 
 
+def test_wave_align_splits_an_over_full_wave_into_aligned_waves():
+    p, _ = _heads_problem()
+    s = _over_full((2, 6))  # producers on 5 + 4 of 8 devices: not both in one wave
+    split = [w for w in _wave_aligns(p, list(s.waves)) if len(w) == 4]
+    assert [tuple(w[2:]) for w in split] == [
+        ((Piece("a/head", 0, 1, 5),), (Piece("b/head", 0, 1, 4),))
+    ]
+    assert schedule_errors(p, Schedule("s", tuple(split[0]))) == []
+    # every piece on its producer's allocation, for one more short wave: the only align of
+    # the heads that moves nothing (keeping the costliest input in place moves the other)
+    assert _moves(p, Schedule("s", tuple(split[0]))) == 0
+    assert all(_moves(p, Schedule("a", (*s.waves[:2], w))) for w in _third_waves(p, s))
+
+
+def test_split_align_keeps_two_consumers_of_one_producer_apart():
+    enc = _op("a/enc", 2)
+    heads = [OpSpec(f"a/head{i}", 1, ("a/enc",), NS, tuple(0.01 / n for n in NS)) for i in (0, 1)]
+    p = Problem((enc, *heads), 8)
+    s = Schedule(
+        "x",
+        (
+            (Piece("a/enc", 0, 2, 6),),
+            (Piece("a/head0", 0, 1, 4), Piece("a/head1", 0, 1, 4)),
+        ),
+    )
+    # both heads want the encoder's 6 devices: one wave each, both on them
+    split = [w for w in _wave_aligns(p, list(s.waves)) if len(w) == 3]
+    assert [tuple(w[1:]) for w in split] == [
+        ((Piece("a/head0", 0, 1, 6),), (Piece("a/head1", 0, 1, 6),))
+    ]
+
+
 def test_dissolve_then_refine_rebalances_the_layers():
     a, b = _op("a/m", 6), _op("b/m", 2)
     p = Problem((a, b), 8)
