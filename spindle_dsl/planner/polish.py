@@ -201,6 +201,8 @@ def _wave_aligns(
                 tried = [(_partial_align(problem, wave, want, hold),) for hold in (True, False)]
                 if not starting_only:
                     tried.append(_split_align(problem, wave, want, sources[wi]))
+            elif not starting_only:  # all fit in number, their predecessors maybe not at once
+                tried.append(_split_align(problem, wave, want, sources[wi], merge=False))
             for new in tried:
                 if None in new or new in seen:
                     continue
@@ -236,17 +238,21 @@ def _split_align(
     wave: tuple[Piece, ...],
     want: dict[str, tuple[int, bool]],
     source: dict[str, tuple[int, str]],
+    merge: bool = True,
 ) -> tuple[tuple[Piece, ...], ...] | tuple[None]:
     """``wave`` cut into consecutive waves, each holding its pieces on their predecessors'
-    allocations, where all of them at once need more devices than the cluster has ((None,)
-    where it cannot be cut so). Its pieces are independent of each other, so any order of
-    the new waves keeps every dependency. Pieces whose predecessors ran in one wave had
-    disjoint devices there and stay together, so placement can keep every input in place;
-    such groups share a wave while they fit (largest first), and a piece with no
-    predecessor keeps its allocation in the wave with the most room. Where the wave is a
-    set of one-layer pieces (each task's heads after its encoders) an extra short wave
-    costs less than the moves: on clip10 at 64 devices the heads, 71 devices' worth
-    aligned, moved 4.0 ms of activations a step; as two waves they move none."""
+    allocations ((None,) where it cannot be cut so, or would stay whole). Its pieces are
+    independent of each other, so any order of the new waves keeps every dependency.
+    Pieces whose predecessors ran in one wave had disjoint devices there and stay
+    together, so placement can keep every input in place; with ``merge`` such groups share
+    a wave while they fit (largest first: for a wave whose pieces aligned need more devices
+    than the cluster has), without it each is a wave (for one whose aligned pieces fit in
+    number, but whose predecessors ran in different waves on devices they may share). A
+    piece with no predecessor keeps its allocation in the wave with the most room. Where
+    the wave is a set of one-layer pieces (each task's heads after its encoders) an extra
+    short wave costs less than the moves: on clip10 at 64 devices the heads, 71 devices'
+    worth aligned, moved 4.0 ms of activations a step; as two waves they move none, and
+    multitask_clip at 64 devices went from 336.8 to 329.8 ms without merging."""
     groups: dict[tuple[int, int], list[Piece]] = {}
     fed: dict[tuple[int, int], set[str]] = {}
     loose: list[Piece] = []
@@ -266,7 +272,9 @@ def _split_align(
         size = sum(p.n for p in g)
         if size > problem.devices:
             return (None,)
-        home = next((b for b in bins if sum(p.n for p in b) + size <= problem.devices), None)
+        home = next(
+            (b for b in bins if merge and sum(p.n for p in b) + size <= problem.devices), None
+        )
         if home is None:
             bins.append(home := [])
         home.extend(g)

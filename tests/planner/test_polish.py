@@ -146,6 +146,26 @@ def test_split_align_keeps_two_consumers_of_one_producer_apart():
     ]
 
 
+def test_wave_align_splits_a_wave_whose_producers_ran_in_different_waves():
+    p, _ = _heads_problem()
+    # a's encoder ends on 4 devices in the second wave, b's on 4 in the first: the heads on
+    # 4 + 4 fit, but their producers' devices may overlap, so the wave may also become one
+    # wave per producers' wave
+    s = Schedule(
+        "x",
+        (
+            (Piece("a/enc", 0, 1, 4), Piece("b/enc", 0, 2, 4)),
+            (Piece("a/enc", 1, 2, 4),),
+            (Piece("a/head", 0, 1, 2), Piece("b/head", 0, 1, 6)),
+        ),
+    )
+    cands = list(_wave_aligns(p, list(s.waves)))
+    assert (Piece("a/head", 0, 1, 4), Piece("b/head", 0, 1, 4)) in [w[2] for w in cands]
+    assert [tuple(w[2:]) for w in cands if len(w) == 4] == [
+        ((Piece("a/head", 0, 1, 4),), (Piece("b/head", 0, 1, 4),))
+    ]
+
+
 def test_dissolve_then_refine_rebalances_the_layers():
     a, b = _op("a/m", 6), _op("b/m", 2)
     p = Problem((a, b), 8)
