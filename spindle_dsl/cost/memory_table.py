@@ -11,6 +11,7 @@ exactly (the tests compare them).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost.base import PartBytes
@@ -41,19 +42,19 @@ def alone_bytes(
     edges: list[PartBytes] = [staged(p, zero_stage) for p in (info.inputs if first == 0 else ())]
     if end == op.layers:
         edges.extend(staged(p, zero_stage) for p in info.last_layer_parts(first))
-    by_tp: dict[int, list[PartBytes]] = {}
+    by_tp: dict[int, _Sums] = {}
     life = gradient_life(cluster, micro_batches, zero_stage)
     layers = end - first
     dt = dtype_bytes(cluster)
     text = info.text_tokens if end == op.layers and op.batch > 0 else 0
     out = []
     for n, dp, tp in configs:
-        parts = by_tp.get(tp)
-        if parts is None:
-            parts = by_tp[tp] = layer_parts(op, first, end, tp, cluster, zero_stage) + edges
-        state = sum(p.on(n) for p in parts)
-        grads = sum(p.grads for p in parts)
-        shards = sum(p.grad_share(n) for p in parts)
+        sums = by_tp.get(tp)
+        if sums is None:
+            sums = by_tp[tp] = _sums(layer_parts(op, first, end, tp, cluster, zero_stage) + edges)
+        state = sums.replicated + _shares(sums.sharded, n)
+        grads = sums.grads
+        shards = _shares(sums.grads_sharded, n)
         kept = working = loss = 0
         rows = -(-op.batch // dp)
         if layers > 0 and op.batch > 0:
@@ -73,3 +74,31 @@ def alone_bytes(
             working = max(working, head_rows * info.vocab)
         out.append(state + int(life.peak(kept + loss, grads, shards)) + working)
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class _Sums:
+    """What ``PartBytes.on``, ``grads`` and ``grad_share`` add up to over a slice's parts,
+    read once per tensor-parallel degree: the sums that do not depend on n, and for those
+    that do, each part's (layer bytes, layers) to split per layer over n as ``_share``
+    does."""
+
+    replicated: int
+    grads: int
+    sharded: tuple[tuple[int, int], ...]
+    grads_sharded: tuple[tuple[int, int], ...]
+
+
+def _sums(parts: Sequence[PartBytes]) -> _Sums:
+    return _Sums(
+        sum(p.replicated for p in parts),
+        sum(p.grads for p in parts),
+        tuple((p.sharded // p.count, p.count) for p in parts),
+        tuple((p.grads_sharded // p.count, p.count) for p in parts),
+    )
+
+
+def _shares(per_layer: tuple[tuple[int, int], ...], n: int) -> int:
+    """Sum over parts of ``count * ceil(layer bytes / n)`` (``cost.base._share``)."""
+    m = max(n, 1)
+    return sum(count * -(-each // m) for each, count in per_layer)

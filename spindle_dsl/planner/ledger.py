@@ -156,6 +156,11 @@ class PartLedger:
         self.cache: dict[tuple[str, int, int, int], _Slice] = {}
         self.kept_log: list[tuple[str, np.ndarray, int]] = []  # (op, devices, kept bytes)
         self.tiles: dict[str, list[tuple[int, int, int]]] = {}  # family -> (first, end, row)
+        # a family's tiling changes only when a slice boundary falls inside one of its rows
+        # (or on layers no slice held yet): each change bumps its epoch, and a slice's rows
+        # are kept until one of its families' epochs moves (``_rows``)
+        self.epoch: dict[str, int] = {}
+        self.rows_of: dict[int, tuple[tuple[int, ...], _Rows]] = {}  # id(slice) -> rows
         self.length: list[int] = []  # layers per row
         self.sharded: list[float] = []  # optimizer bytes per layer, per row
         self.grads_sharded: list[float] = []  # whole gradient bytes per layer, per row
@@ -223,6 +228,7 @@ class PartLedger:
         tiles = self.tiles.setdefault(run.family, [])
         out: list[tuple[int, int, int]] = []
         pos = run.first
+        rows = len(self.length)
         for first, end, row in tiles:
             if end <= pos or first >= run.end:
                 out.append((first, end, row))
@@ -246,17 +252,27 @@ class PartLedger:
             out.append((pos, run.end, self._new_row(run.end - pos, run.sharded, run.grads_sharded)))
         out.sort()
         self.tiles[run.family] = out
+        if len(self.length) != rows:  # every split or gap adds a row
+            self.epoch[run.family] = self.epoch.get(run.family, 0) + 1
         return [row for first, end, row in out if first < run.end and end > run.first]
 
+    def _stamp(self, s: _Slice) -> tuple[int, ...]:
+        return tuple(self.epoch.get(run.family, 0) for run in s.runs)
+
     def _rows(self, s: _Slice) -> _Rows:
-        """The rows a slice covers and what it holds of each, per layer."""
+        """The rows a slice covers and what it holds of each, per layer (kept while its
+        families' tilings stay as they were: placing a plan asks this about three times a
+        piece, and most pieces repeat a slice already tiled)."""
+        kept = self.rows_of.get(id(s))
+        if kept is not None and kept[0] == self._stamp(s):
+            return kept[1]
         rows: list[int] = []
         runs: list[_Run] = []
         for run in s.runs:
             got = self._tile(run)
             rows.extend(got)
             runs.extend([run] * len(got))
-        return _Rows(
+        got = _Rows(
             np.array(rows, dtype=int),
             np.array([self.length[r] for r in rows], dtype=float),
             np.array([r.replicated for r in runs], dtype=float),
@@ -264,6 +280,8 @@ class PartLedger:
             np.array([r.grads for r in runs], dtype=float),
             np.array([self.grads_sharded[r] for r in rows], dtype=float),
         )
+        self.rows_of[id(s)] = (self._stamp(s), got)
+        return got
 
     def _gains(
         self, s: _Slice, n: int, classes: np.ndarray
@@ -276,7 +294,7 @@ class PartLedger:
             return zero, zero, zero
         r = self._rows(s)
         w = r.lengths[:, None]
-        grid = np.ix_(r.idx, classes)
+        grid = (r.idx[:, None], classes)  # rows x classes (np.ix_ without its checks)
         held = self.held[grid]
         rep = np.maximum(0.0, r.rep[:, None] - self.rep[grid])
         state = (w * (rep + np.where(held, 0.0, (r.sharded / n)[:, None]))).sum(axis=0)
@@ -298,8 +316,16 @@ class PartLedger:
     def _whole_classes(self, ds: np.ndarray) -> np.ndarray:
         """Split classes so that ``ds`` is a union of whole classes; those classes."""
         of = self.cls[ds]
+        if not len(of):
+            return of
         order = np.argsort(of, kind="stable")
-        uniq, start, count = np.unique(of[order], return_index=True, return_counts=True)
+        ranked = of[order]  # sorted already: runs of equal classes (np.unique would sort again)
+        edge = np.empty(len(ranked), dtype=bool)
+        edge[0] = True
+        np.not_equal(ranked[1:], ranked[:-1], out=edge[1:])
+        start = np.flatnonzero(edge)
+        uniq = ranked[start]
+        count = np.diff(np.append(start, len(ranked)))
         out = uniq.copy()
         for i in np.nonzero(count < self.size[uniq])[0]:
             c = int(uniq[i])
@@ -326,7 +352,7 @@ class PartLedger:
             self.grads[cl] += grads
             self.shards[cl] += shards
             r = self._rows(s)
-            grid = np.ix_(r.idx, cl)
+            grid = (r.idx[:, None], cl)
             self.rep[grid] = np.maximum(self.rep[grid], r.rep[:, None])
             self.grad[grid] = np.maximum(self.grad[grid], r.grads[:, None])
             self.held[grid] = True
