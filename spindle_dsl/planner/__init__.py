@@ -462,6 +462,22 @@ def _lever_notes(
                 f"activation recompute on {len(lv.recompute)} of {total} MetaOps ({names})"
             )
         why = "; ".join(dict.fromkeys(fit.reasons[:2]))
+        plain = fit.per_k.get(1)
+        for_speed = (
+            lv.micro_batches > 1
+            and not (lv.recompute or sharded)
+            and not any(a.startswith("--micro-batches") for a in asked)
+            and plain is not None
+            and plain.fitting is not None
+            and not plain.levers.recompute
+            and plain.levers.zero_stage != 2
+        )
+        if not why and for_speed:
+            # more passes kept for speed alone (smaller micro-batches scale to more devices)
+            why = (
+                f"not memory: k=1 fits too ({plain.time_s:.4g} s as the quick plans judge it), "
+                f"but the plans with more passes are quicker"
+            )
         if asked:
             why = "; ".join(x for x in (f"asked for ({', '.join(asked)})", why) if x)
         per_k = ", ".join(

@@ -19,7 +19,7 @@ from spindle_dsl.errors import PlanError, PlanFormatError
 from spindle_dsl.language import compile_file, compile_text
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.plan.validate import validate_plan
-from spindle_dsl.planner import make_plan
+from spindle_dsl.planner import _lever_notes, make_plan
 from spindle_dsl.planner.build import alone_bytes_of, context, evaluate
 from spindle_dsl.planner.levers import (
     Levers,
@@ -29,7 +29,7 @@ from spindle_dsl.planner.levers import (
     pass_problem,
     reduction_share,
 )
-from spindle_dsl.planner.leversearch import LeverSearch
+from spindle_dsl.planner.leversearch import Fit, Judge, LeverSearch
 from spindle_dsl.planner.lp_bound import lp_bound
 from spindle_dsl.planner.memfit import memory_floor, memory_room
 from spindle_dsl.planner.step_floor import step_floor
@@ -71,6 +71,19 @@ def test_a_lever_asked_for_is_said_to_be_asked_for(graph) -> None:
     assert plan.zero_stage == 0
     (note,) = [n for n in plan.notes if n.startswith("memory levers")]
     assert "Why: asked for (--zero-stage 0)." in note and "no plan fits" not in note
+
+
+def test_more_passes_chosen_for_speed_are_not_said_to_be_needed_for_memory(graph) -> None:
+    """Where k=1 fits and more passes were kept because they are quicker (qwen_val at 128
+    devices plans k=2), the note says so instead of claiming nothing fits without them."""
+    search = LeverSearch(graph, make_cost_model(graph.cluster))
+    judge = Judge(("paper",), lambda _name, problem: paper_schedule(problem))
+    fit = Fit()
+    for k in (1, 2):
+        fit.record(k, search.trial(Levers(k), judge))
+    assert fit.per_k[1].fitting is not None
+    (note,) = [n for n in _lever_notes(fit.per_k[2].ctx, fit, {}) if n.startswith("memory")]
+    assert "Why: not memory: k=1 fits too" in note and "no plan fits" not in note
 
 
 @pytest.mark.parametrize("mib", [300, 60, 40])
