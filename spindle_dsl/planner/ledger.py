@@ -228,7 +228,7 @@ class PartLedger:
         tiles = self.tiles.setdefault(run.family, [])
         out: list[tuple[int, int, int]] = []
         pos = run.first
-        rows = len(self.length)
+        rows_before = len(self.length)
         for first, end, row in tiles:
             if end <= pos or first >= run.end:
                 out.append((first, end, row))
@@ -252,7 +252,7 @@ class PartLedger:
             out.append((pos, run.end, self._new_row(run.end - pos, run.sharded, run.grads_sharded)))
         out.sort()
         self.tiles[run.family] = out
-        if len(self.length) != rows:  # every split or gap adds a row
+        if len(self.length) != rows_before:  # every split or gap adds a row
             self.epoch[run.family] = self.epoch.get(run.family, 0) + 1
         return [row for first, end, row in out if first < run.end and end > run.first]
 
