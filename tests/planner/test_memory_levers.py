@@ -32,6 +32,7 @@ from spindle_dsl.planner.levers import (
 from spindle_dsl.planner.leversearch import Fit, Judge, LeverSearch
 from spindle_dsl.planner.lp_bound import lp_bound
 from spindle_dsl.planner.memfit import memory_floor, memory_room
+from spindle_dsl.planner.problem import Piece, Schedule
 from spindle_dsl.planner.step_floor import step_floor
 from spindle_dsl.planner.wavefront import paper_schedule
 
@@ -84,6 +85,27 @@ def test_more_passes_chosen_for_speed_are_not_said_to_be_needed_for_memory(graph
     assert fit.per_k[1].fitting is not None
     (note,) = [n for n in _lever_notes(fit.per_k[2].ctx, fit, {}) if n.startswith("memory")]
     assert "Why: not memory: k=1 fits too" in note and "no plan fits" not in note
+
+
+def _one_by_one(problem) -> Schedule:
+    """Every MetaOp whole on its smallest allocation, one after another: slow, and valid."""
+    return Schedule("slow", tuple((Piece(o.id, 0, o.layers, o.ns[0]),) for o in problem.ops))
+
+
+def test_the_judge_places_no_schedule_that_cannot_beat_a_plan_that_fits(graph) -> None:
+    """Once a judged plan fits, a schedule whose compute alone is no quicker is not placed
+    (it could change neither the quickest plan nor the quickest or closest to fitting one);
+    before that, or where none fits, every schedule is."""
+    made = {"paper": paper_schedule, "slow": _one_by_one}
+    judge = Judge(("paper", "slow"), lambda name, problem: made[name](problem))
+    ctx = LeverSearch(graph, make_cost_model(graph.cluster)).context(Levers())
+    (paper,) = judge(ctx)
+    assert paper.fits and _one_by_one(ctx.problem).compute_s(ctx.problem) > paper.iteration_s
+    assert [e.schedule.name for e in judge(ctx, ("slow", "paper"))] == ["slow", "paper"]
+    tight = with_memory(graph, 300)  # the paper plan overflows, every layer fits somewhere
+    ctx = LeverSearch(tight, make_cost_model(tight.cluster)).context(Levers())
+    judged = judge(ctx)
+    assert not judged[0].fits and [e.schedule.name for e in judged] == ["paper", "slow"]
 
 
 @pytest.mark.parametrize("mib", [300, 60, 40])
