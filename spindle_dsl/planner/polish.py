@@ -153,26 +153,32 @@ def _aligns(problem: Problem, waves: list[tuple[Piece, ...]]) -> Iterator[list[t
             last_n[p.op] = p.n
 
 
-def _predecessor_n(
+def _predecessors(
     problem: Problem, waves: list[tuple[Piece, ...]]
-) -> list[dict[str, tuple[int, bool]]]:
-    """Per wave, the allocation each of its pieces would keep its activations in place with,
-    and whether its MetaOp continues: its previous piece's, else (a MetaOp starting) its
-    widest producer's last."""
-    last_n: dict[str, int] = {}
+) -> list[tuple[dict[str, tuple[int, bool]], dict[str, tuple[int, str]]]]:
+    """Per wave, each piece's predecessor: its MetaOp's previous piece, else (a MetaOp
+    starting) its widest producer's last. Two maps: the allocation the piece would keep its
+    activations in place with and whether its MetaOp continues; and where that predecessor
+    ran, (its wave's index, its MetaOp)."""
+    last: dict[str, tuple[int, int]] = {}  # op -> (wave index, n) of its latest piece
     out = []
-    for w in waves:
+    for wi, w in enumerate(waves):
         want: dict[str, tuple[int, bool]] = {}
+        source: dict[str, tuple[int, str]] = {}
         for p in w:
-            if p.op in last_n:
-                want[p.op] = (last_n[p.op], True)
+            if p.op in last:
+                src = p.op
             else:
-                feeds = [last_n[d] for d in problem.op(p.op).deps if d in last_n]
-                if feeds:
-                    want[p.op] = (max(feeds), False)
-        out.append(want)
+                feeds = [d for d in problem.op(p.op).deps if d in last]
+                if not feeds:
+                    continue
+                src = max(feeds, key=lambda d: last[d][1])  # the first of a tie
+            at, n = last[src]
+            want[p.op] = (n, src == p.op)
+            source[p.op] = (at, src)
+        out.append((want, source))
         for p in w:
-            last_n[p.op] = p.n
+            last[p.op] = (wi, p.n)
     return out
 
 
@@ -184,8 +190,7 @@ def _wave_aligns(
     into the wave. Single-piece aligns (``_aligns``) cannot do it where the wave is full,
     or where each move alone is hidden behind the others (a boundary costs its busiest
     device)."""
-    sources = _source_waves(problem, waves)
-    for wi, want in enumerate(_predecessor_n(problem, waves)):
+    for wi, (want, source) in enumerate(_predecessors(problem, waves)):
         wave = waves[wi]
         seen: set[tuple[tuple[Piece, ...], ...]] = {(wave,)}
         for starting_only in (False, True):
@@ -200,37 +205,14 @@ def _wave_aligns(
                 # or the wave splits into waves that each hold their share aligned
                 tried = [(_partial_align(problem, wave, want, hold),) for hold in (True, False)]
                 if not starting_only:
-                    tried.append(_split_align(problem, wave, want, sources[wi]))
+                    tried.append(_split_align(problem, wave, want, source))
             elif not starting_only:  # all fit in number, their predecessors maybe not at once
-                tried.append(_split_align(problem, wave, want, sources[wi], merge=False))
+                tried.append(_split_align(problem, wave, want, source, merge=False))
             for new in tried:
                 if None in new or new in seen:
                     continue
                 seen.add(new)
                 yield [*waves[:wi], *new, *waves[wi + 1 :]]
-
-
-def _source_waves(
-    problem: Problem, waves: list[tuple[Piece, ...]]
-) -> list[dict[str, tuple[int, str]]]:
-    """Per wave, where each piece's predecessor (as ``_predecessor_n`` picks it: its MetaOp's
-    previous piece, else its widest producer's last) ran: (that wave's index, its MetaOp)."""
-    last: dict[str, tuple[int, int]] = {}  # op -> (wave index, n) of its latest piece
-    out = []
-    for wi, w in enumerate(waves):
-        src: dict[str, tuple[int, str]] = {}
-        for p in w:
-            if p.op in last:
-                src[p.op] = (last[p.op][0], p.op)
-                continue
-            feeds = [d for d in problem.op(p.op).deps if d in last]
-            if feeds:
-                widest = max(feeds, key=lambda d: last[d][1])  # the first of a tie, as max
-                src[p.op] = (last[widest][0], widest)
-        out.append(src)
-        for p in w:
-            last[p.op] = (wi, p.n)
-    return out
 
 
 def _split_align(
