@@ -13,7 +13,7 @@
 Memory is a planning decision (``leversearch``): with a cost model that prices memory per
 parameter part (both built-in models), the planner chooses the number of micro-batches k, the
 ZeRO stage and the MetaOps that recompute their activations in one search judged by the placed
-plans' iteration time (where another k comes within ``RUNNER_UP_MARGIN``, the MILP plans both),
+plans' iteration time (where other k come within ``RUNNER_UP_MARGIN``, the MILP plans those too),
 and every scheduler plans with each MetaOp's minimum device count. The
 baselines are tuned with the same levers, so speed-ups compare like with like. The plan records
 the levers (``micro_batches``, ``zero_stage``, per-MetaOp ``recompute``) and its notes say why.
@@ -60,8 +60,13 @@ DEFAULT_TIME_LIMIT_S = 1.5
 # by the MILP's, and the two can rank close settings differently: on qwen_val at 32 devices the
 # quick plans put k=8 1.2% behind k=4, and the MILP's plan at k=8 was 4.7% quicker than at k=4.
 # So the quickest setting at another k that the quick plans judge within this margin of the
-# best is planned with the MILP too, and the quicker fitting plan wins (``_runner_up``).
+# best is planned with the MILP too, and the quickest fitting plan wins (``_runners_up``).
 RUNNER_UP_MARGIN = 0.05
+# ... and at most this many such settings, the MILP's time limit shared evenly between them and
+# the best: with k between the powers of two tried, several come that close (qwen_val at 32
+# devices: k=6, 4 and 8 within 5% of k=7 as the quick plans judge, and the MILP's plan at k=8
+# the quickest; its plans there were as quick at a third of the time limit as at all of it).
+RUNNERS_UP = 3
 
 
 def _key(ev: Evaluated, ctx: PlanContext, check_memory: bool) -> tuple[float, float]:
@@ -158,8 +163,8 @@ def make_plan(
 ) -> Plan:
     """Plan one training iteration of ``graph`` (see the module docstring for schedulers).
 
-    ``time_limit_s`` bounds the ``milp`` scheduler's solver and search time (split in halves
-    where the lever search leaves a runner-up setting, ``RUNNER_UP_MARGIN``; the whole call
+    ``time_limit_s`` bounds the ``milp`` scheduler's solver and search time (shared evenly
+    where the lever search leaves runner-up settings, ``RUNNER_UP_MARGIN``; the whole call
     also prices curves, searches the memory levers, runs the baselines and places every
     candidate). Raises ``PlanError`` for an unknown scheduler or when no setting of the memory
     levers makes a plan fit in device memory (the error names the MetaOp, the device, the
@@ -201,9 +206,9 @@ def make_plan(
     else:
         stage = 1 if zero_stage is None else zero_stage
         ctx = context(graph, cost, Levers(micro_batches or 1, stage), enforce=False)
-    # a runner-up setting shares the MILP's time with the search's best (``RUNNER_UP_MARGIN``)
-    rival = _runner_up(fit, ctx) if scheduler in ("default", "milp") else None
-    limit = time_limit_s / 2 if rival is not None else time_limit_s
+    # runner-up settings share the MILP's time with the search's best (``RUNNER_UP_MARGIN``)
+    rivals = _runners_up(fit, ctx) if scheduler in ("default", "milp") else ()
+    limit = time_limit_s / (1 + len(rivals))
     evaluated, chosen = _plan_round(ctx, scheduler, limit, check_memory, choice, passes)
     trial = fit.best
     while search is not None and trial is not None and not chosen.fits:
@@ -218,16 +223,21 @@ def make_plan(
         evaluated, chosen = _plan_round(ctx, scheduler, limit, check_memory, choice, passes)
     if not chosen.fits and check_memory:
         raise PlanError(overflow_message(ctx, chosen))
-    runner_up_note: tuple[str, ...] = ()
-    if rival is not None and rival.ctx is not None and fit.best is not None:
-        # (the overflow loop above only adds recompute: the plan's k is still not the rival's)
+    # (the overflow loop above only adds recompute: the plan's k is still none of the rivals')
+    own, rounds = (ctx, chosen), []
+    for rival in rivals:
+        assert rival.ctx is not None
         rival_evaluated, pick = _plan_round(
             rival.ctx, scheduler, limit, check_memory, choice, passes
         )
-        kept = pick.fits and pick.iteration_s < chosen.iteration_s * (1 - 1e-9)
-        runner_up_note = (_runner_up_note(ctx, chosen, rival, fit.best.time_s, pick, kept),)
-        if kept:
+        rounds.append((rival, pick))
+        if pick.fits and pick.iteration_s < chosen.iteration_s * (1 - 1e-9):
             evaluated, chosen, ctx = rival_evaluated, pick, rival.ctx
+    runner_up_note = tuple(
+        _runner_up_note(own[0], own[1], rival, fit.best.time_s, pick, pick is chosen)
+        for rival, pick in rounds
+        if fit.best is not None
+    )
     tuned = _tuned_baselines(search)
     # every candidate as the plan reports it: the baselines tuned with their own levers
     ranked = {**evaluated, **{k: ev for k, (ev, _) in tuned.items()}}
@@ -283,12 +293,13 @@ def make_plan(
     )
 
 
-def _runner_up(fit: Fit, ctx: PlanContext) -> Trial | None:
-    """The quickest fitting setting at a k other than ``ctx``'s that the quick plans judge
-    within ``RUNNER_UP_MARGIN`` of the search's best (None if there is none)."""
+def _runners_up(fit: Fit, ctx: PlanContext) -> tuple[Trial, ...]:
+    """The quickest fitting settings at k other than ``ctx``'s that the quick plans judge
+    within ``RUNNER_UP_MARGIN`` of the search's best, quickest first, at most
+    ``RUNNERS_UP`` of them (none if there is none)."""
     best = fit.best
     if best is None or best.fitting is None:
-        return None
+        return ()
     k = ctx.levers.micro_batches
     close = [
         t
@@ -298,7 +309,7 @@ def _runner_up(fit: Fit, ctx: PlanContext) -> Trial | None:
         and t.fitting is not None
         and t.time_s <= best.time_s * (1 + RUNNER_UP_MARGIN)
     ]
-    return min(close, key=lambda t: t.time_s, default=None)
+    return tuple(sorted(close, key=lambda t: t.time_s)[:RUNNERS_UP])
 
 
 def _runner_up_note(
