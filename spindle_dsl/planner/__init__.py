@@ -62,10 +62,12 @@ DEFAULT_TIME_LIMIT_S = 1.5
 # So the quickest setting at another k that the quick plans judge within this margin of the
 # best is planned with the MILP too, and the quickest fitting plan wins (``_runners_up``).
 RUNNER_UP_MARGIN = 0.05
-# ... and at most this many such settings, the MILP's time limit shared evenly between them and
-# the best: with k between the powers of two tried, several come that close (qwen_val at 32
-# devices: k=6, 4 and 8 within 5% of k=7 as the quick plans judge, and the MILP's plan at k=8
-# the quickest; its plans there were as quick at a third of the time limit as at all of it).
+# ... and at most this many such settings where memory binds, the MILP's time limit shared
+# evenly between them and the best: with the k between the powers of two tried, several come
+# that close (qwen_val at 32 devices: k=6, 4 and 8 within 5% of k=7 as the quick plans judge,
+# and the MILP's plan at k=8 the quickest; its plans there were as quick at a third of the time
+# limit as at all of it). Where k = 1 fits, one: each round also polishes and places its
+# candidates, 5-9 s at 1,024 devices x 50 tasks, where two more rounds gained nothing.
 RUNNERS_UP = 3
 
 
@@ -296,7 +298,7 @@ def make_plan(
 def _runners_up(fit: Fit, ctx: PlanContext) -> tuple[Trial, ...]:
     """The quickest fitting settings at k other than ``ctx``'s that the quick plans judge
     within ``RUNNER_UP_MARGIN`` of the search's best, quickest first, at most
-    ``RUNNERS_UP`` of them (none if there is none)."""
+    ``RUNNERS_UP`` of them where memory binds (``Fit.memory_binds``), else one."""
     best = fit.best
     if best is None or best.fitting is None:
         return ()
@@ -309,7 +311,7 @@ def _runners_up(fit: Fit, ctx: PlanContext) -> tuple[Trial, ...]:
         and t.fitting is not None
         and t.time_s <= best.time_s * (1 + RUNNER_UP_MARGIN)
     ]
-    return tuple(sorted(close, key=lambda t: t.time_s)[:RUNNERS_UP])
+    return tuple(sorted(close, key=lambda t: t.time_s)[: RUNNERS_UP if fit.memory_binds else 1])
 
 
 def _runner_up_note(

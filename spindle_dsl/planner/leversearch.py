@@ -21,11 +21,12 @@ for the default scheduler). The search runs in three steps:
    galloping and bisection with probes that place only the schedule they test, then
    trimmed; a second candidate adds recompute round by round only where the fastest plan
    overflows (``select_more``);
-2b. the k between the powers of two (``LeverSearch.between``): up to ``REFINE_ROUNDS`` times,
-   steps 1 and 2 at the whole midpoints between the best k and its nearest tried neighbours,
-   as the iteration time is far from smooth in k (how the micro-batches round, which lever
-   each k needs): on qwen_val at 16 devices the quick plans judge k=8 21.38 s (ZeRO-2, 4
-   MetaOps recomputing), k=16 21.96 s and k=13 18.74 s (neither lever);
+2b. where memory binds (no plan fits at k = 1 without recompute), the k between the powers
+   of two (``LeverSearch.between``): up to ``REFINE_ROUNDS`` times, steps 1 and 2 at the
+   whole midpoints between the best k and its nearest tried neighbours, as the iteration
+   time is then far from smooth in k (how the micro-batches round, which other levers each k
+   needs): on qwen_val at 16 devices the quick plans judge k=8 21.38 s (ZeRO-2, 4 MetaOps
+   recomputing), k=16 21.96 s and k=13 18.74 s (neither lever);
 3. at the best setting found, the optimizer state replicated instead (ZeRO-0): kept if it
    fits and is quicker (no all-gather of the weights after the update; every holder updates
    its whole parts), as for a small job on CPU ranks.
@@ -215,6 +216,9 @@ class Fit:
     last: Trial | None = None  # the closest to fitting when nothing fits
     reasons: list[str] = field(default_factory=list)
     per_k: dict[int, Trial] = field(default_factory=dict)  # the quickest trial at each k
+    # no plan fits at k = 1 without recompute: each k then needs its own share of the other
+    # levers, which makes the iteration time bumpy in k (where the search refines k)
+    memory_binds: bool = False
 
     def record(self, k: int, t: Trial) -> None:
         """Keep ``t`` as k's trial if it fits quicker (or nothing at k fits yet)."""
@@ -468,9 +472,13 @@ class LeverSearch:
             self._plain(judge, k, plain, out)
             if plain_floor(plain[k]) > _time(out):
                 break  # more passes would only be slower
+        one = out.per_k.get(1)
+        out.memory_binds = one is not None and one.fitting is None
         for k in sorted(plain):  # phase 2: recompute and ZeRO-2 where they could win
             self._fit_stages(judge, k, plain, out)
-        for _ in range(REFINE_ROUNDS if refine else 0):  # the k between the powers of two
+        # the k between the powers of two, where memory binds (where it does not, at 1,024
+        # devices x 50 tasks, the three k tried cost 4.7 s of planning and none was quicker)
+        for _ in range(REFINE_ROUNDS if refine and out.memory_binds else 0):
             new = self.between(plain, out)
             if not new:
                 break

@@ -24,8 +24,8 @@ def trial(k: int, seconds: float | None, fits: bool = True) -> Trial:
     return Trial(Levers(k), ctx, judged)  # type: ignore[arg-type]
 
 
-def fit_of(*trials: Trial) -> Fit:
-    fit = Fit()
+def fit_of(*trials: Trial, binds: bool = True) -> Fit:
+    fit = Fit(memory_binds=binds)
     for t in trials:
         fit.record(t.levers.micro_batches, t)
     fit.best = min(trials, key=lambda t: t.time_s)
@@ -46,6 +46,9 @@ def test_at_most_so_many_runners_up() -> None:
     close = [trial(k, 10.0 + 0.01 * k) for k in range(2, RUNNERS_UP + 4)]
     got = _runners_up(fit_of(best, *close), best.ctx)  # type: ignore[arg-type]
     assert got == tuple(close[:RUNNERS_UP])
+    # where k = 1 fits without recompute, one
+    got = _runners_up(fit_of(best, *close, binds=False), best.ctx)  # type: ignore[arg-type]
+    assert got == tuple(close[:1])
 
 
 def test_no_runner_up_beyond_the_margin_or_without_a_fitting_plan() -> None:
@@ -67,6 +70,9 @@ def test_a_k_past_the_first_that_fits_is_still_judged(qwen_128) -> None:
     more devices): the search must not stop at the first k that fits."""
     fit = LeverSearch(qwen_128, make_cost_model(qwen_128.cluster)).search(_quick("default"))
     assert fit.per_k[1].fitting is not None
+    # k = 1 fits: memory does not bind, so only the powers of two are tried
+    assert not fit.memory_binds
+    assert all(k & (k - 1) == 0 for k in fit.per_k)
     assert 2 in fit.per_k
     assert fit.best is not None
     assert fit.best.time_s == min(t.time_s for t in fit.per_k.values())
@@ -126,7 +132,7 @@ def test_the_search_finds_a_quicker_k_between_the_powers_of_two(qwen_16) -> None
     needs no recompute but is 2.7% behind k=8 (ZeRO-2, 4 MetaOps recomputing), and k=13,
     between them, is quicker than both (its micro-batches fit without either lever)."""
     fit = LeverSearch(qwen_16, make_cost_model(qwen_16.cluster)).search(_quick("default"))
-    assert fit.best is not None
+    assert fit.memory_binds and fit.best is not None
     k = fit.best.levers.micro_batches
     assert k & (k - 1), f"the best k is a power of two: {k}"
     powers = [t.time_s for kk, t in fit.per_k.items() if kk & (kk - 1) == 0]
