@@ -219,6 +219,7 @@ class Fit:
     # no plan fits at k = 1 without recompute: each k then needs its own share of the other
     # levers, which makes the iteration time bumpy in k (where the search refines k)
     memory_binds: bool = False
+    coarse: Trial | None = None  # the best over the powers of two alone, where k was refined
 
     def record(self, k: int, t: Trial) -> None:
         """Keep ``t`` as k's trial if it fits quicker (or nothing at k fits yet)."""
@@ -478,7 +479,9 @@ class LeverSearch:
             self._fit_stages(judge, k, plain, out)
         # the k between the powers of two, where memory binds (where it does not, at 1,024
         # devices x 50 tasks, the three k tried cost 4.7 s of planning and none was quicker)
-        for _ in range(REFINE_ROUNDS if refine and out.memory_binds else 0):
+        if refine and out.memory_binds:
+            out.coarse = out.best
+        for _ in range(REFINE_ROUNDS if out.coarse is not None else 0):
             new = self.between(plain, out)
             if not new:
                 break

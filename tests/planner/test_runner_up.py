@@ -51,6 +51,17 @@ def test_at_most_so_many_runners_up() -> None:
     assert got == tuple(close[:1])
 
 
+def test_where_k_was_refined_the_best_power_of_two_is_planned_first() -> None:
+    """The quick plans may misjudge the refined pick, so the setting the powers of two alone
+    would have planned goes to the MILP too, even beyond the margin."""
+    best, coarse, near = trial(3, 10.0), trial(4, 11.0), trial(6, 10.2)
+    fit = fit_of(best, coarse, near)
+    fit.coarse = coarse
+    assert _runners_up(fit, best.ctx) == (coarse, near)  # type: ignore[arg-type]
+    # planned at the coarse k itself (the search's best was the power of two): not twice
+    assert _runners_up(fit, coarse.ctx) == (best, near)  # type: ignore[arg-type]
+
+
 def test_no_runner_up_beyond_the_margin_or_without_a_fitting_plan() -> None:
     best = trial(1, 10.0)
     outside = trial(2, 10.0 * (1 + RUNNER_UP_MARGIN) * 1.01)
@@ -133,6 +144,7 @@ def test_the_search_finds_a_quicker_k_between_the_powers_of_two(qwen_16) -> None
     between them, is quicker than both (its micro-batches fit without either lever)."""
     fit = LeverSearch(qwen_16, make_cost_model(qwen_16.cluster)).search(_quick("default"))
     assert fit.memory_binds and fit.best is not None
+    assert fit.coarse is not None and fit.coarse.levers.micro_batches in (8, 16)
     k = fit.best.levers.micro_batches
     assert k & (k - 1), f"the best k is a power of two: {k}"
     powers = [t.time_s for kk, t in fit.per_k.items() if kk & (kk - 1) == 0]
