@@ -14,6 +14,7 @@ them, as the continuous MetaOp did.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -39,15 +40,16 @@ def inverse_time(op: OpSpec, per_layer_s: float) -> float:
     Below the smallest valid allocation the op time-shares a device at constant area, so the
     relaxation stays a relaxation. Faster than the op can ever go: infinite demand.
     """
-    pts = op.pareto
-    n0, t0 = pts[0], op.t(pts[0])
-    if per_layer_s >= t0:
-        return n0 * t0 / per_layer_s
-    for lo, hi in pairwise(pts):
-        t_lo, t_hi = op.t(lo), op.t(hi)
-        if per_layer_s >= t_hi:
-            return lo + (hi - lo) * (t_lo - per_layer_s) / (t_lo - t_hi)
-    if per_layer_s >= op.t(pts[-1]) * (1 - EPS):
+    pts, ts = op.pareto, op.pareto_seconds
+    if per_layer_s >= ts[0]:
+        return pts[0] * ts[0] / per_layer_s
+    # the first pareto point at least this quick (times strictly fall along them); the
+    # bisection's demand asks this ~10^5 times a plan, so no linear walk
+    i = bisect_left(op.pareto_negated, -per_layer_s)
+    if i < len(pts):
+        lo, hi, t_lo, t_hi = pts[i - 1], pts[i], ts[i - 1], ts[i]
+        return lo + (hi - lo) * (t_lo - per_layer_s) / (t_lo - t_hi)
+    if per_layer_s >= ts[-1] * (1 - EPS):
         return float(pts[-1])
     return float("inf")
 

@@ -66,6 +66,16 @@ class OpSpec:
         return tuple(out)
 
     @cached_property
+    def pareto_seconds(self) -> tuple[float, ...]:
+        """T(n) at each pareto point: strictly decreasing."""
+        return tuple(self.t(n) for n in self.pareto)
+
+    @cached_property
+    def pareto_negated(self) -> tuple[float, ...]:
+        """``-pareto_seconds``, increasing: what ``bisect`` searches for a time."""
+        return tuple(-t for t in self.pareto_seconds)
+
+    @cached_property
     def min_area(self) -> float:
         """Least device-seconds one layer can cost: min over n of n * T(n)."""
         return min(n * s for n, s in zip(self.ns, self.seconds, strict=True))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -25,6 +26,28 @@ def test_inverse_time_interpolates_between_valid_points():
     assert inverse_time(op, 3.5) == pytest.approx(3.0)  # halfway from 4 s to 3 s
     assert inverse_time(op, 16.0) == pytest.approx(0.5)  # time-sharing below one device
     assert inverse_time(op, 2.0) == float("inf")  # faster than the op can ever go
+
+
+def _inverse_by_walk(op: OpSpec, per_layer_s: float) -> float:
+    """T^-1 by walking the pareto points in turn: the definition the bisection must match."""
+    pts = op.pareto
+    if per_layer_s >= op.t(pts[0]):
+        return pts[0] * op.t(pts[0]) / per_layer_s
+    for lo, hi in itertools.pairwise(pts):
+        if per_layer_s >= op.t(hi):
+            return lo + (hi - lo) * (op.t(lo) - per_layer_s) / (op.t(lo) - op.t(hi))
+    return float(pts[-1]) if per_layer_s >= op.t(pts[-1]) * (1 - 1e-9) else float("inf")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(0.001, 1.0), min_size=1, max_size=12),
+    st.lists(st.floats(0.0005, 1.2), min_size=1, max_size=8),
+)
+def test_inverse_time_finds_the_same_segment_as_a_walk(seconds, asked):
+    op = OpSpec("a", 3, (), tuple(range(1, 2 * len(seconds), 2)), tuple(seconds))
+    for q in (*asked, *op.pareto_seconds):  # the pareto times themselves: the segments' ends
+        assert inverse_time(op, q) == _inverse_by_walk(op, q)
 
 
 def test_perfectly_scalable_ops_split_devices_by_work():
