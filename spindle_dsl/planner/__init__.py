@@ -226,7 +226,8 @@ def make_plan(
     if not chosen.fits and check_memory:
         raise PlanError(overflow_message(ctx, chosen))
     # (the overflow loop above only adds recompute: the plan's k is still none of the rivals')
-    own, rounds = (ctx, chosen), []
+    own_ctx, own_pick = ctx, chosen
+    rounds: list[tuple[Trial, Evaluated]] = []
     for rival in rivals:
         assert rival.ctx is not None
         rival_evaluated, pick = _plan_round(
@@ -235,10 +236,10 @@ def make_plan(
         rounds.append((rival, pick))
         if pick.fits and pick.iteration_s < chosen.iteration_s * (1 - 1e-9):
             evaluated, chosen, ctx = rival_evaluated, pick, rival.ctx
+    best_s = fit.best.time_s if fit.best is not None else 0.0  # (rivals exist only with it)
     runner_up_note = tuple(
-        _runner_up_note(own[0], own[1], rival, fit.best.time_s, pick, pick is chosen)
+        _runner_up_note(own_ctx, own_pick, rival, best_s, pick, pick is chosen)
         for rival, pick in rounds
-        if fit.best is not None
     )
     tuned = _tuned_baselines(search)
     # every candidate as the plan reports it: the baselines tuned with their own levers

@@ -469,13 +469,13 @@ class LeverSearch:
         refine = ks is None and len(self.ks) > 1  # (a baseline's tuning gets the k tried)
         ks = ks or self.ks
         plain: dict[int, Trial] = {}
-        for k in ks:  # phase 1: no recompute, ZeRO-1 (ZeRO-2 too at k=1, where it is free)
+        for k in ks:  # phase 1
             self._plain(judge, k, plain, out)
             if plain_floor(plain[k]) > _time(out):
                 break  # more passes would only be slower
         one = out.per_k.get(1)
         out.memory_binds = one is not None and one.fitting is None
-        for k in sorted(plain):  # phase 2: recompute and ZeRO-2 where they could win
+        for k in sorted(plain):  # phase 2
             self._fit_stages(judge, k, plain, out)
         # the k between the powers of two, where memory binds (where it does not, at 1,024
         # devices x 50 tasks, the three k tried cost 4.7 s of planning and none was quicker)
