@@ -8,7 +8,6 @@ the network across nodes) plus a fixed latency per ring step. The latencies are 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -97,18 +96,24 @@ def _shard_moves(src: Sequence[int], dst: Sequence[int]) -> dict[tuple[int, int]
     Samples are split evenly and contiguously over ``src`` (in order) and must end up split the
     same way over ``dst``. Walking the breakpoints of both splits gives, for each stretch of
     samples, which device holds it and which needs it; stretches that stay put cost nothing.
+    The walk counts in units of 1 / (|src| |dst|), where every breakpoint of both splits is a
+    whole number (source shard i ends at (i + 1) |dst|, destination shard j at (j + 1) |src|):
+    a merge of two sorted integer sequences, exact, with no sort and no rounding.
     """
-    cuts = sorted(
-        {i / len(src) for i in range(len(src) + 1)} | {j / len(dst) for j in range(len(dst) + 1)}
-    )
-    moves: dict[tuple[int, int], float] = {}
-    for lo, hi in itertools.pairwise(cuts):
-        mid = (lo + hi) / 2
-        s = src[min(int(mid * len(src)), len(src) - 1)]
-        d = dst[min(int(mid * len(dst)), len(dst) - 1)]
+    S, D = len(src), len(dst)
+    total = S * D
+    counts: dict[tuple[int, int], int] = {}
+    i = j = at = 0
+    while at < total:
+        src_end, dst_end = (i + 1) * D, (j + 1) * S
+        end = min(src_end, dst_end)
+        s, d = src[i], dst[j]
         if s != d:
-            moves[(s, d)] = moves.get((s, d), 0.0) + (hi - lo)
-    return moves
+            counts[s, d] = counts.get((s, d), 0) + end - at
+        at = end
+        i += end == src_end
+        j += end == dst_end
+    return {pair: units / total for pair, units in counts.items()}
 
 
 def busiest_bytes(nbytes: float, src: Sequence[int], dst: Sequence[int]) -> float:
@@ -135,18 +140,21 @@ def transfer_seconds(
         return 0.0
     if len(src) + len(dst) > LARGE_GROUPS:
         return _transfer_seconds_large(nbytes, src, dst, cluster)
-    moves = _shard_moves(list(src), list(dst))
+    moves = _shard_moves(src, dst)
     if not moves:
         return 0.0
-    busy: dict[tuple[str, int], float] = {}
+    links = (link(cluster, False), link(cluster, True))
+    per = cluster.devices_per_node
+    send: dict[int, float] = {}
+    recv: dict[int, float] = {}
     worst_latency = 0.0
     for (s, d), fraction in moves.items():
-        bandwidth, latency = link(cluster, cluster.node_of(s) != cluster.node_of(d))
+        bandwidth, latency = links[s // per != d // per]
         seconds = fraction * nbytes / bandwidth
-        busy[("send", s)] = busy.get(("send", s), 0.0) + seconds
-        busy[("recv", d)] = busy.get(("recv", d), 0.0) + seconds
+        send[s] = send.get(s, 0.0) + seconds
+        recv[d] = recv.get(d, 0.0) + seconds
         worst_latency = max(worst_latency, latency)
-    return worst_latency + max(busy.values())
+    return worst_latency + max(max(send.values()), max(recv.values()))
 
 
 LARGE_GROUPS = 512  # devices in both groups above which the transfer is priced with numpy

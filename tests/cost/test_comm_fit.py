@@ -79,6 +79,24 @@ def test_transfer_is_free_on_the_same_devices_and_priced_otherwise(cluster) -> N
 
 
 @pytest.mark.parametrize("seed", range(4))
+def test_shard_moves_agree_with_moving_sample_by_sample(seed) -> None:
+    """With |src| x |dst| samples, every shard boundary of both splits falls on a sample, so
+    moving each sample from the device that holds it to the one that needs it gives each
+    pair's fraction exactly."""
+    rng = random.Random(seed)
+    for _ in range(50):
+        src = rng.sample(range(40), rng.randint(1, 12))
+        dst = rng.sample(range(40), rng.randint(1, 12))
+        samples = len(src) * len(dst)
+        want: dict[tuple[int, int], int] = {}
+        for x in range(samples):
+            pair = (src[x * len(src) // samples], dst[x * len(dst) // samples])
+            if pair[0] != pair[1]:
+                want[pair] = want.get(pair, 0) + 1
+        assert comm._shard_moves(src, dst) == {k: v / samples for k, v in want.items()}
+
+
+@pytest.mark.parametrize("seed", range(4))
 def test_large_groups_are_priced_as_small_ones_are(cluster, seed, monkeypatch) -> None:
     """The numpy walk for large groups gives the per-pair loop's figure."""
     rng = random.Random(seed)
