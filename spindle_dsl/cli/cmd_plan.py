@@ -191,6 +191,8 @@ def bound_text(s: dict[str, Any]) -> str:
         if b.get("lp_s") is not None and b.get("area_path_s") is not None
         else ""
     )
+    if b.get("lanes"):
+        other += f"; the devices' work shared by {b['lanes']} cores"
     return (
         f"{s['lower_bound_s'] * 1e3:.2f} ms ({kind}{other}); "
         f"iteration / bound = {s['ratio_to_bound']:.2f}x"
@@ -204,9 +206,10 @@ def compute_split_text(s: dict[str, Any]) -> str | None:
     if not s.get("over_lp"):
         return None
     compute, busy = s["over_lp"]
+    who = "cores" if (s.get("bounds") or {}).get("lanes") else "devices"
     return (
         f"compute {compute:.2f}x the LP bound: the entries run {busy:.2f}x the LP's"
-        f" device-seconds, and the devices sit idle inside waves {s['idle_share']:.1%} of"
+        f" device-seconds, and the {who} sit idle inside waves {s['idle_share']:.1%} of"
         " the time"
     )
 

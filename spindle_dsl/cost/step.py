@@ -260,6 +260,20 @@ class StepModel:
         least as many cores as devices): then a makespan is the largest device's work."""
         return self.cores is None or self.cores >= self.devices_per_node
 
+    @property
+    def lanes(self) -> int:
+        """How many devices' work the cluster advances at once: every device where each has a
+        core of its own, else each node's cores (``shared_makespan`` runs a node's work at
+        most ``cores`` at a time). Every makespan this model prices (a wave's phases, the loss
+        phase, the optimizer) is at least the summed work over ``lanes``, which the lower
+        bounds use (``planner.lp_bound``, ``planner.step_floor``)."""
+        if self.core_each:
+            return self.devices
+        assert self.cores is not None
+        per = self.devices_per_node
+        full, last = divmod(self.devices, per)
+        return full * min(per, self.cores) + min(last, self.cores)
+
     def _share(self, devices: Mapping[int, float]) -> float:
         """Makespan of per-device work, each node's devices sharing its cores."""
         if self.core_each:

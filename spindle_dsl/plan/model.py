@@ -201,12 +201,19 @@ class Plan:
         return self.micro_batches * sum(w.duration_s for w in self.waves)
 
     def busy_s(self) -> float:
-        """Device-seconds the entries run over every pass, over the devices: the compute
-        the waves would take if no device sat idle inside one. Set against the LP bound,
+        """Device-seconds the entries run over every pass, over the devices (or the cores
+        they share, ``lanes``): the compute the waves would take if no device sat idle inside
+        one. Set against the LP bound,
         which has no waves, it says how much of the compute over the bound the allocations
         cost (their device-seconds) and how much the waves' barriers (``idle_share``)."""
         work = sum(len(e.devices) * e.time_s for w in self.waves for e in w.entries)
-        return self.micro_batches * work / self.cluster.devices
+        return self.micro_batches * work / self.lanes()
+
+    def lanes(self) -> int:
+        """How many devices' work the cluster advances at once: its devices, or, where CPU
+        workers share fewer cores, those cores (``extra["bounds"]["lanes"]``, from the step
+        model the plan was priced with: a device waiting for a core is not idle)."""
+        return (self.extra.get("bounds") or {}).get("lanes") or self.cluster.devices
 
     def idle_share(self) -> float:
         """The share of the devices' time in the waves that they sit idle inside a wave."""

@@ -283,6 +283,7 @@ def make_plan(
             "lp_wall_s": bound.lp_wall_s,
             "micro_batches": list(bound.ks),
             "step_floor_s": bound.step_floor_s,
+            **({"lanes": bound.lanes} if bound.lanes is not None else {}),
         },
     }
     return to_plan(
@@ -370,6 +371,7 @@ class Bound:
     ks: tuple[int, ...]  # the micro-batch counts bounded
     note: str | None = None
     step_floor_s: float = 0.0  # ``seconds`` less the LP alone, at the k that sets it
+    lanes: int | None = None  # the cores the bound divides work by, where fewer than devices
 
 
 def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverChoice) -> Bound:
@@ -405,7 +407,9 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
                 # and the allocations offered go unused rather than trusted
                 problems[k] = pass_problem(ctx.graph, ctx.cost, Levers(k), search.pricing)
             # (at any other k no plan fits: it bounds nothing)
-    cheap = {k: k * area_path_bound_s(p) for k, p in problems.items()}
+    # where CPU workers share fewer cores, the cores bound the work done at once
+    lanes = ctx.step.lanes if ctx.step is not None else None
+    cheap = {k: k * area_path_bound_s(p, lanes) for k, p in problems.items()}
     each_floor = {k: step_floor(ctx.step, k) for k in problems}
     floors = {k: f.total_s(k) for k, f in each_floor.items()}
     best: LpBound | None = None  # the least LP alone
@@ -420,7 +424,7 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
             and cheap[k] + floors[k] >= best_total
         ):
             break
-        got = lp_relaxation_bound(problems[k], k, choice, memory=rooms.get(k))
+        got = lp_relaxation_bound(problems[k], k, choice, memory=rooms.get(k), lanes=lanes)
         lp_at[k] = got.lower_bound_s
         wall += got.wall_s
         failed = failed or got.seconds is None
@@ -429,7 +433,9 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
         total = got.lower_bound_s + floors[k]
         f = each_floor[k]
         if f.holder_work and got.seconds is not None:  # the optimizer weighed in the LP too
-            joint = lp_relaxation_bound(problems[k], k, choice, f.holder_work, rooms.get(k))
+            joint = lp_relaxation_bound(
+                problems[k], k, choice, f.holder_work, rooms.get(k), lanes=lanes
+            )
             wall += joint.wall_s
             if joint.seconds is not None:
                 total = max(total, joint.seconds + f.beside_lp_s(k))
@@ -444,6 +450,7 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
         tuple(sorted(problems)),
         best.note,
         best_total - lp_at[total_k],
+        lanes if lanes is not None and lanes < ctx.graph.cluster.devices else None,
     )
 
 

@@ -5,7 +5,9 @@ format allows:
 
 * area: waves run back to back and entries of a wave use disjoint devices, so N times the sum
   of wave durations is at least the device-seconds of all entries, and an entry of k layers
-  of m on n devices costs k * n * T_m(n) >= k * min_n n T_m(n);
+  of m on n devices costs k * n * T_m(n) >= k * min_n n T_m(n). Where a node's devices share
+  fewer cores than they number (CPU workers), a wave's phase takes at least its work over the
+  cores (``cost.step.shared_makespan``), so N becomes the cluster's cores (``lanes``);
 * critical path: the MetaOps of a dependency chain occupy disjoint sets of waves (deps in
   strictly earlier waves), and each wave lasts at least as long as its entries, so the sum
   of durations is at least sum over the chain of L_m * min_n T_m(n).
@@ -21,8 +23,10 @@ from spindle_dsl.planner.allocator import level_optimum
 from spindle_dsl.planner.problem import Problem
 
 
-def area_bound_s(problem: Problem) -> float:
-    return sum(o.layers * o.min_area for o in problem.ops) / problem.devices
+def area_bound_s(problem: Problem, lanes: int | None = None) -> float:
+    """The area bound; ``lanes``: how many devices' work the cluster advances at once, where
+    devices share cores (``StepModel.lanes``; default: every device)."""
+    return sum(o.layers * o.min_area for o in problem.ops) / (lanes or problem.devices)
 
 
 def critical_path_s(problem: Problem) -> float:
@@ -32,8 +36,8 @@ def critical_path_s(problem: Problem) -> float:
     return max(longest.values(), default=0.0)
 
 
-def lower_bound_s(problem: Problem) -> float:
-    return max(area_bound_s(problem), critical_path_s(problem))
+def lower_bound_s(problem: Problem, lanes: int | None = None) -> float:
+    return max(area_bound_s(problem, lanes), critical_path_s(problem))
 
 
 def level_reference_s(problem: Problem) -> float:

@@ -112,6 +112,16 @@ changes neither side: the states are counted once under every stage, and its cur
 quicker than ZeRO-1's. The constraint is the cluster's total only: what one device must hold
 (a MetaOp's weights on every device it runs on) is not counted, so it stays a relaxation.
 
+Shared cores (``lp_bound(lanes=...)``). Where a node's devices outnumber the cores they share
+(CPU workers, ``cost.step.StepModel.lanes``), the step model times each phase of a wave as the
+node's cores work through its devices' work (``cost.step.shared_makespan``: at most ``cores``
+at a time, never quicker than the fair share), so a phase lasts at least its work over the
+cluster's cores, and ``lanes C >= sum_m a_m`` holds with ``lanes`` (the cores, node by node,
+each node at most its devices) in place of N: the area constraint and the holder work divide
+by it, and so does the certificate. The memory room stays N devices' bytes. On 4 gloo workers
+over 2 cores (``examples/tiny_mm.spindle``) the bound with N called the plan 2.2x off and its
+devices idle half the time, where they share the cores.
+
 One device (``MemoryRoom.plain``). The planner offers a MetaOp only the allocations on which
 one device can hold it under the plan's levers (``build.offered_spec``), which depend on the
 levers only through k, the ZeRO stage and whether that MetaOp recomputes
@@ -225,6 +235,14 @@ class LpInput:
     # their time unalike: then the forward and the backward phase are bounded apart (module
     # docstring, "Two phases"); empty: one phase
     shares: tuple[float, ...] = ()
+    # how many devices' work the cluster advances at once (module docstring, "Shared cores");
+    # None: every device
+    lanes: int | None = None
+
+    @property
+    def parallel(self) -> int:
+        """What the area constraint and the holder work divide by: ``lanes``, else N."""
+        return self.lanes or self.devices
 
 
 @dataclass(frozen=True)
@@ -334,7 +352,7 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
     docstring, "Two phases")."""
     t0 = time.perf_counter()
     model = new_model("lp_bound", solver)
-    N = inp.devices
+    N = inp.parallel
     k = len(inp.layers)
     # per phase, each op's share of its time: one phase of it all, or forward and backward
     cuts = [tuple(1.0 for _ in range(k))]
@@ -466,9 +484,9 @@ def certify(
         for curve in options:
             weights = np.zeros(len(curve.ns))
             for (mu, phi, _), cut in phases:
-                weights = weights + cut[m] * curve.seconds * (phi[m] + mu * curve.ns / inp.devices)
+                weights = weights + cut[m] * curve.seconds * (phi[m] + mu * curve.ns / inp.parallel)
             if inp.holder:
-                weights = weights + inp.holder[m] * scale * curve.ns / inp.devices
+                weights = weights + inp.holder[m] * scale * curve.ns / inp.parallel
             least = min(least, inp.layers[m] * float(weights.min()) + nu * curve.kept)
         value += least
     return max(0.0, value * (1 - SAFETY))
@@ -480,6 +498,7 @@ def lp_input(
     holder_work: Mapping[str, float] | None = None,
     micro_batches: int = 1,
     memory: MemoryRoom | None = None,
+    lanes: int | None = None,
 ) -> tuple[LpInput, list[tuple[Curve, ...]]]:
     """The LP's input and, per op, the curves of its lever settings (one without
     ``memory``; with it, the plain curve and, where recompute frees bytes, the recompute
@@ -516,6 +535,7 @@ def lp_input(
         holder,
         mem,
         shares if len(set(shares)) > 1 else (),
+        lanes if lanes and lanes < problem.devices else None,
     )
     return inp, curves
 
@@ -526,6 +546,7 @@ def lp_bound(
     solver: SolverChoice | None = None,
     holder_work: Mapping[str, float] | None = None,
     memory: MemoryRoom | None = None,
+    lanes: int | None = None,
 ) -> LpBound:
     """The LP bound for plans of ``problem`` run ``micro_batches`` passes per iteration (see
     the module docstring), certified by weak duality; the area / critical-path bound with a
@@ -541,11 +562,15 @@ def lp_bound(
     ``memory`` (``MemoryRoom``) lets each op run on its recompute curve too, and asks that
     the bytes the ops keep fit in the room (module docstring, "Memory"); where even
     recomputing every op that frees bytes leaves them above it, no plan at this k fits, and
-    the bound is infinite (``fits`` False)."""
+    the bound is infinite (``fits`` False).
+
+    ``lanes`` (``StepModel.lanes``): how many devices' work the cluster advances at once,
+    where CPU workers share fewer cores (module docstring, "Shared cores"); None: every
+    device, as on GPUs."""
     t0 = time.perf_counter()
     solver = solver or SolverChoice()
     k = micro_batches
-    old = area_path_bound_s(problem)
+    old = area_path_bound_s(problem, lanes)
 
     def without_lp(why: str, points: int = 0) -> LpBound:
         note = f"LP bound not solved ({why}); reporting the area / critical-path bound"
@@ -558,7 +583,7 @@ def lp_bound(
         return LpBound(math.inf, math.inf, old * k, k, 0, time.perf_counter() - t0, why, False)
     if memory is not None and (memory.room <= 0 or not memory.binds()):
         memory = None  # it cannot bind (or leaves no room to divide by): the plain LP
-    inp, curves = lp_input(problem, old, holder_work, k, memory)
+    inp, curves = lp_input(problem, old, holder_work, k, memory, lanes)
     if any(not options for options in curves):
         return without_lp("a MetaOp has no allocation within the devices")
     n_points = sum(len(p) for p in inp.points)

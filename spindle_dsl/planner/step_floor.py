@@ -43,6 +43,15 @@ device pays at least ``alpha`` plus the average over N of all that and the AdamW
 ``lp_bound(holder_work=w)`` plus the rest bounds k x compute plus the optimizer, and the LP
 may find that narrower allocations (fewer holders) pay.
 
+Shared cores. Where a node's devices outnumber its cores (CPU workers), the step model runs a
+node's per-device work at most ``cores`` at a time (``cost.step.shared_makespan``): a node's
+loss phase or optimizer lasts at least its devices' summed work over its cores, and at least
+its busiest device's own work, so each average above holds over the cluster's cores
+(``StepModel.lanes``) instead of its N devices (the busiest node pays at least the summed
+work over all the lanes; a node with fewer holders than cores pays at least its busiest
+holder's, which is at least its holders' average). What one device or one part brings alone
+is unchanged.
+
 Closing all-reduce: a fixed price per step (``StepPrice.closing_s``), read from the step
 model by pricing no waves.
 """
@@ -113,7 +122,7 @@ def loss_floor_s(step: StepModel, micro_batches: int) -> float:
     floors = [_sink_floor(step, s, max(1, micro_batches)) for s in step.sinks]
     if not floors:
         return 0.0
-    return max(max(own for own, _ in floors), sum(area for _, area in floors) / step.devices)
+    return max(max(own for own, _ in floors), sum(area for _, area in floors) / step.lanes)
 
 
 def _parts(step: StepModel) -> dict[str, float]:
@@ -145,7 +154,7 @@ def optimizer_floor_s(step: StepModel) -> float:
         return 0.0
     N = step.devices
     alpha, beta = o.optimizer.alpha_s, o.optimizer.beta_s
-    average = alpha + (beta * sum(parts.values()) + sum(work.values())) / N
+    average = alpha + (beta * sum(parts.values()) + sum(work.values())) / step.lanes
     single = max(alpha + beta * parts[key] / N + work[key] for key in parts)
     return max(average, single, 0.0)
 
@@ -172,7 +181,7 @@ def holder_split(step: StepModel) -> tuple[dict[str, float], float]:
         if op.layer_parts and all(key in work for key, _ in op.layer_parts):
             per_op[op_id] = min(work[key] / sharing[key] for key, _ in op.layer_parts)
     others = sum(w for key, w in work.items() if key not in sharing)
-    rest = o.optimizer.alpha_s + (o.optimizer.beta_s * sum(parts.values()) + others) / step.devices
+    rest = o.optimizer.alpha_s + (o.optimizer.beta_s * sum(parts.values()) + others) / step.lanes
     return per_op, max(rest, 0.0)
 
 
