@@ -203,9 +203,9 @@ class Plan:
     def busy_s(self) -> float:
         """Device-seconds the entries run over every pass, over the devices (or the cores
         they share, ``lanes``): the compute the waves would take if no device sat idle inside
-        one. Set against the LP bound,
-        which has no waves, it says how much of the compute over the bound the allocations
-        cost (their device-seconds) and how much the waves' barriers (``idle_share``)."""
+        one. Set against the LP bound, which has no waves, it says how much of the compute
+        over the bound the allocations cost (their device-seconds) and how much the waves'
+        barriers (``idle_share``)."""
         work = sum(len(e.devices) * e.time_s for w in self.waves for e in w.entries)
         return self.micro_batches * work / self.lanes()
 
@@ -216,7 +216,8 @@ class Plan:
         return (self.extra.get("bounds") or {}).get("lanes") or self.cluster.devices
 
     def idle_share(self) -> float:
-        """The share of the devices' time in the waves that they sit idle inside a wave."""
+        """The share of the devices' time in the waves (of the cores', where they share
+        fewer, ``lanes``) that they sit idle inside a wave."""
         compute = self.compute_s()
         return 1.0 - self.busy_s() / compute if compute > 0 else 0.0
 

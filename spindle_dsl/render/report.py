@@ -112,7 +112,10 @@ def _cards(plan: Plan) -> str:
             "peak memory of capacity",
         ),
         (str(len(plan.waves)), "waves (one pass)"),
-        (f"{1 - plan.idle_share() if plan.waves else 0:.0%}", "devices busy inside waves"),
+        (
+            f"{1 - plan.idle_share() if plan.waves else 0:.0%}",
+            f"{'cores' if plan.lanes() < plan.cluster.devices else 'devices'} busy inside waves",
+        ),
         *([(f"{over_lp[1]:.2f}×", "entries' device-seconds / LP bound's")] if over_lp else []),
         (f"{plan.cluster.devices} × {plan.cluster.device}", "devices"),
         (f"{plan.solver.name} ({plan.solver.status})", f"planned in {plan.solver.wall_s:.2f} s"),
