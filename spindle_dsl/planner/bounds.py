@@ -25,8 +25,10 @@ from spindle_dsl.planner.problem import Problem
 
 def area_bound_s(problem: Problem, lanes: int | None = None) -> float:
     """The area bound; ``lanes``: how many devices' work the cluster advances at once, where
-    devices share cores (``StepModel.lanes``; default: every device)."""
-    return sum(o.layers * o.min_area for o in problem.ops) / (lanes or problem.devices)
+    devices share cores (``StepModel.lanes``; default: ``problem.lanes``, else every device)."""
+    return sum(o.layers * o.min_area for o in problem.ops) / (
+        lanes or problem.lanes or problem.devices
+    )
 
 
 def critical_path_s(problem: Problem) -> float:
@@ -41,7 +43,9 @@ def lower_bound_s(problem: Problem, lanes: int | None = None) -> float:
 
 
 def level_reference_s(problem: Problem) -> float:
+    """The paper's reference: the sum over MetaLevels of each level's continuous optimum, on
+    the cores where the devices share fewer (``Problem.lanes``: no more run at once)."""
     return sum(
-        level_optimum([problem.op(i) for i in lv], problem.devices).completion_s
+        level_optimum([problem.op(i) for i in lv], problem.lanes or problem.devices).completion_s
         for lv in problem.levels
     )

@@ -289,6 +289,9 @@ def context(
     curves = pass_curves(graph, cost, levers, cache)
     flows = flows_of(micro)
     ops = [offered_spec(m, cost, curves, levers, enforce, cache) for m in micro.metaops]
+    step = step_of(cost, graph, cache)
+    # CPU workers on fewer cores: the schedulers weigh a wave's work over the cores
+    lanes = step.lanes if step is not None and step.lanes < graph.cluster.devices else None
     problem = Problem(tuple(ops), graph.cluster.devices)
     n_star: dict[str, float] = {}
     for level in problem.levels:
@@ -296,6 +299,7 @@ def context(
     problem = Problem(
         tuple(replace(o, switch_s=_switch_s(graph, cost, flows, o, n_star[o.id])) for o in ops),
         graph.cluster.devices,
+        lanes,
     )
     partners: dict[str, tuple[str, ...]] = {}
     for g in graph.sharing_groups:
@@ -318,7 +322,7 @@ def context(
         topo,
         levers,
         view,
-        step=step_of(cost, graph, cache),
+        step=step,
         moves=cache.moves,
     )
 

@@ -4,7 +4,10 @@ The paper's scheduler finishes a whole MetaLevel before the next starts, so the 
 a level leave devices idle that later MetaOps could already use. ``backfill`` fills those
 holes: walking the waves in order, it moves the next layers of a MetaOp whose deps are done
 into a wave with idle devices (or extends a MetaOp's entry that ends before its wave does),
-never lengthening the wave it fills, and keeps a move only if the sum of wave durations falls.
+and keeps a move only if the sum of wave durations falls: what the later waves lose beats
+what the filled wave gains (nothing where its pieces split their time alike and each device
+has a core; a frozen tower's forward-only piece can lengthen a wave's forward, and on shared
+cores, ``Problem.lanes``, every layer added to a wave adds to its work).
 The result is a valid wave schedule again, so it can seed the global MILP (``milp.py`` with
 ``precedence=True``) as a warm start.
 """
@@ -86,9 +89,16 @@ class _State:
             if op not in self.waves[wi]:
                 self.where[op].remove(wi)
 
-    def add(self, w: int, piece: Piece) -> None:
+    def grown(self, w: int, piece: Piece) -> float:
+        """How much wave ``w`` lengthens with ``piece`` in it (replacing its op's piece)."""
+        return max(0.0, self.duration({**self.waves[w], piece.op: piece}) - self.dur[w])
+
+    def put(self, w: int, piece: Piece) -> None:
+        """Put ``piece`` into wave ``w`` (replacing its op's piece there)."""
+        if piece.op not in self.waves[w]:
+            self.where[piece.op] = sorted([*self.where.get(piece.op, []), w])
         self.waves[w][piece.op] = piece
-        self.where[piece.op] = sorted([*self.where.get(piece.op, []), w])
+        self.dur[w] = self.duration(self.waves[w])
 
 
 def _try_wave(st: _State, w: int) -> bool:
@@ -104,9 +114,10 @@ def _try_wave(st: _State, w: int) -> bool:
         if k <= 0:
             continue
         takes = st.take_front(p.op, later, k)
-        if st.gain(p.op, takes) > EPS * dur:
+        longer = Piece(p.op, p.first, p.end + k, p.n)
+        if st.gain(p.op, takes) - st.grown(w, longer) > EPS * dur:
             st.apply(p.op, takes)
-            st.waves[w][p.op] = Piece(p.op, p.first, p.end + k, p.n)
+            st.put(w, longer)
             improved = True
     free = problem.devices - sum(p.n for p in st.waves[w].values())
     if free <= 0:
@@ -136,10 +147,11 @@ def _try_wave(st: _State, w: int) -> bool:
         takes = st.take_front(op.id, later, k)
         nxt = st.waves[later[0]][op.id].n
         price = op.switch_s if n != nxt else 0.0
-        if st.gain(op.id, takes) > price + EPS * dur:
-            first = st.waves[later[0]][op.id].first
+        first = st.waves[later[0]][op.id].first
+        new = Piece(op.id, first, first + k, n)
+        if st.gain(op.id, takes) - st.grown(w, new) > price + EPS * dur:
             st.apply(op.id, takes)
-            st.add(w, Piece(op.id, first, first + k, n))
+            st.put(w, new)
             free -= n
             improved = True
     return improved
@@ -201,8 +213,9 @@ def rebalance(problem: Problem, sched: Schedule) -> Schedule:
             continue
         alloc = least
         # pieces the new allocation does not slow past the new duration keep their n
-        new = _lasts(ops, k, alloc)
-        alike = len({o.backward_share for o in ops.values()}) <= 1
+        new = _lasts(ops, k, alloc, problem.lanes)
+        # pieces alike on cores of their own: the wave is its slowest piece
+        alike = len({o.backward_share for o in ops.values()}) <= 1 and problem.lanes is None
         for p in wave:
             room = problem.devices - sum(alloc.values()) + alloc[p.op]
             if p.n == alloc[p.op] or p.n > room:
@@ -210,7 +223,7 @@ def rebalance(problem: Problem, sched: Schedule) -> Schedule:
             if alike:  # the wave is its slowest piece: a piece within it keeps it
                 keeps = k[p.op] * ops[p.op].t(p.n) <= new
             else:
-                keeps = _lasts(ops, k, {**alloc, p.op: p.n}) <= new
+                keeps = _lasts(ops, k, {**alloc, p.op: p.n}, problem.lanes) <= new
             if keeps:
                 alloc[p.op] = p.n
         old = piece_wave_seconds(problem, wave)
@@ -240,6 +253,8 @@ def improve(
     return resplit(problem, backfill(problem, s) if passes.backfill else s, second, solver)
 
 
-def _lasts(ops: dict[str, OpSpec], layers: dict[str, int], alloc: dict[str, int]) -> float:
+def _lasts(
+    ops: dict[str, OpSpec], layers: dict[str, int], alloc: dict[str, int], lanes: int | None
+) -> float:
     """How long a wave of these ops' pieces (``layers`` each, on ``alloc``) lasts."""
-    return wave_seconds((ops[i], layers[i] * ops[i].t(alloc[i])) for i in alloc)
+    return wave_seconds(((ops[i], layers[i] * ops[i].t(alloc[i]), alloc[i]) for i in alloc), lanes)

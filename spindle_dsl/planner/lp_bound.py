@@ -566,9 +566,10 @@ def lp_bound(
 
     ``lanes`` (``StepModel.lanes``): how many devices' work the cluster advances at once,
     where CPU workers share fewer cores (module docstring, "Shared cores"); None: every
-    device, as on GPUs."""
+    device, as on GPUs (default: ``problem.lanes``)."""
     t0 = time.perf_counter()
     solver = solver or SolverChoice()
+    lanes = lanes or problem.lanes
     k = micro_batches
     old = area_path_bound_s(problem, lanes)
 

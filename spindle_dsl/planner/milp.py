@@ -11,6 +11,10 @@ Model (``W`` waves, candidate allocations ``n in C_m`` per MetaOp):
   forward and backward differently (a frozen tower runs forward only; ``wave_seconds``), a
   wave lasts its slowest forward plus its slowest backward: ``fwd[w]`` and ``bwd[w]`` bound
   each phase of every piece (its T_m(n) y times 1 - s_m, times s_m) and d[w] >= fwd + bwd.
+* ``area[w]`` where the devices share fewer cores (``lanes``, CPU workers): each phase (d[w]
+  where the ops split alike) at least the wave's device-seconds over the cores,
+  sum n T_m(n) y[m,w,n] / lanes (``problem.wave_phases``), so that the solver does not fill
+  devices that have no core to run on.
 * ``prec[p,m,w]`` (cross-level): L_p * active(m,w) <= layers of p done in waves before w, so a
   MetaOp may start in the first wave after its own inputs are done, whatever its level.
 * objective: sum d[w] plus a price per entry: the op's estimated cost of moving its
@@ -68,6 +72,7 @@ class WaveModelSpec:
     precedence: bool  # enforce deps among ``ops`` (False for one MetaLevel)
     start: tuple[tuple[Piece, ...], ...] | None = None
     descending: bool = False  # order waves by duration (symmetry breaking without deps)
+    lanes: int | None = None  # the cores the devices share, where fewer (``Problem.lanes``)
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,8 @@ def _scale(spec: WaveModelSpec) -> float:
     if spec.start:
         ops = {o.id: o for o in spec.ops}
         total = sum(
-            wave_seconds((ops[p.op], p.layers * ops[p.op].t(p.n)) for p in w) for w in spec.start
+            wave_seconds(((ops[p.op], p.layers * ops[p.op].t(p.n), p.n) for p in w), spec.lanes)
+            for w in spec.start
         )
         if total > 0:
             return total
@@ -133,6 +139,7 @@ def build(spec: WaveModelSpec, solver: str = "highs") -> _Built:
     if len({o.backward_share for o in spec.ops}) > 1:
         phases = tuple([model.add_var(f"{ph}_{w}", lb=0.0) for w in range(W)] for ph in "fb")
     load: list[list[Any]] = [[] for _ in range(W)]  # n * x per wave, for the device cap
+    work: list[list[tuple[OpSpec, Any]]] = [[] for _ in range(W)]  # n T(n) y, for ``area``
     for i, op in enumerate(spec.ops):
         lo, hi = wins[i]
         own: list[Any] = []
@@ -146,6 +153,8 @@ def build(spec: WaveModelSpec, solver: str = "highs") -> _Built:
                 model.add_constr(yv >= xv, f"nonempty_{i}_{w}_{n}")
                 own.append(yv)
                 load[w].append(n * xv)
+                if spec.lanes is not None:
+                    work[w].append((op, n * op.t(n) / scale / spec.lanes * yv))
             model.add_constr(mip.xsum(x[i, w, n] for n in spec.candidates[i]) <= 1, f"one_{i}_{w}")
             busy = mip.xsum(op.t(n) / scale * y[i, w, n] for n in spec.candidates[i])
             if phases is None:
@@ -159,6 +168,13 @@ def build(spec: WaveModelSpec, solver: str = "highs") -> _Built:
             model.add_constr(mip.xsum(load[w]) <= spec.devices, f"cap_{w}")
         if phases is not None:
             model.add_constr(d[w] >= phases[0][w] + phases[1][w], f"phases_{w}")
+        if work[w] and phases is None:
+            model.add_constr(d[w] >= mip.xsum(a for _, a in work[w]), f"area_{w}")
+        elif work[w]:
+            forward = mip.xsum((1 - op.backward_share) * a for op, a in work[w])
+            model.add_constr(phases[0][w] >= forward, f"area_f_{w}")
+            backward = mip.xsum(op.backward_share * a for op, a in work[w])
+            model.add_constr(phases[1][w] >= backward, f"area_b_{w}")
     if spec.precedence:
         _add_precedence(model, spec, wins, x, y)
     if spec.descending:
@@ -207,7 +223,9 @@ def _warm_start(b: _Built) -> None:
         for p in wave:
             vals[index[p.op], w, p.n] = p.layers
         busy = ((spec.ops[index[p.op]], p) for p in wave)
-        phases[w] = wave_phases((op, p.layers * op.t(p.n) / b.scale) for op, p in busy)
+        phases[w] = wave_phases(
+            ((op, p.layers * op.t(p.n) / b.scale, p.n) for op, p in busy), spec.lanes
+        )
     if any(k not in b.x for k in vals):
         return  # the start uses a wave or allocation the model does not have
     start = [(b.x[k], 1.0 if k in vals else 0.0) for k in b.x]
@@ -238,7 +256,8 @@ def solve(b: _Built, time_limit_s: float) -> MilpResult:
     waves = _read_solution(b)
     ops = {o.id: o for o in b.spec.ops}
     objective = sum(
-        wave_seconds((ops[p.op], p.layers * ops[p.op].t(p.n)) for p in w) for w in waves
+        wave_seconds(((ops[p.op], p.layers * ops[p.op].t(p.n), p.n) for p in w), b.spec.lanes)
+        for w in waves
     )
     value = b.model.objective_value
     bound = min(max(0.0, b.model.objective_bound or 0.0), value)

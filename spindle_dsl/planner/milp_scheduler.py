@@ -82,9 +82,11 @@ def _used(waves: tuple[tuple[Piece, ...], ...] | list[tuple[Piece, ...]]) -> dic
 
 
 def _n_star(problem: Problem) -> dict[str, float]:
+    """Each op's continuous optimum in its level, over the cores where devices share fewer
+    (``Problem.lanes``: no more run at once), around which ``candidates`` are taken."""
     out: dict[str, float] = {}
     for level in problem.levels:
-        opt = level_optimum([problem.op(i) for i in level], problem.devices)
+        opt = level_optimum([problem.op(i) for i in level], problem.lanes or problem.devices)
         out.update(opt.n_star)
     return out
 
@@ -112,7 +114,9 @@ def level_milp(
     ordered = sorted(paper, key=lambda w: -piece_wave_seconds(problem, w))
     # re-number layers so the reordered start still covers each op in order
     start = _renumber(ordered)
-    spec = WaveModelSpec(tuple(ops), problem.devices, W, tuple(cands), False, start, True)
+    spec = WaveModelSpec(
+        tuple(ops), problem.devices, W, tuple(cands), False, start, True, problem.lanes
+    )
     res = solve_waves(spec, time_limit_s, solver)
     if res.waves and Schedule("x", res.waves).score(problem) < paper_s * (1 - 1e-9):
         return list(res.waves), res
@@ -147,7 +151,9 @@ def global_milp(
     W = len(start.waves)
     if _size(list(problem.ops), cands, W) > MAX_BINARIES or time_limit_s <= 0:
         return None
-    spec = WaveModelSpec(problem.ops, problem.devices, W, tuple(cands), True, start.waves)
+    spec = WaveModelSpec(
+        problem.ops, problem.devices, W, tuple(cands), True, start.waves, lanes=problem.lanes
+    )
     return solve_waves(spec, time_limit_s, solver)
 
 

@@ -124,24 +124,37 @@ class OpSpec:
         return None
 
 
-def wave_phases(pieces: Iterable[tuple[OpSpec, float]]) -> tuple[float, float, float]:
-    """The slowest forward, the slowest backward and the slowest piece whole of a wave whose
-    pieces are (op, seconds of the piece's layers), each piece split by its op's backward
-    share."""
+def wave_phases(
+    pieces: Iterable[tuple[OpSpec, float, int]], lanes: int | None = None
+) -> tuple[float, float, float]:
+    """The forward, the backward and the slowest piece whole of a wave whose pieces are (op,
+    seconds of the piece's layers, devices), each piece split by its op's backward share.
+
+    A phase lasts its slowest piece's share; where the devices share fewer cores (``lanes``:
+    ``Problem.lanes``), at least the phase's device-seconds over the cores too, since the
+    step model runs a node's devices at most ``cores`` at a time (``cost.step.shared_makespan``,
+    which this never exceeds: the floor a scheduler can weigh linearly, the MILP's ``area``)."""
     forward = backward = whole = 0.0
-    for op, seconds in pieces:
+    work_forward = work_backward = 0.0
+    for op, seconds, n in pieces:
         back = seconds * op.backward_share
         forward, backward = max(forward, seconds - back), max(backward, back)
         whole = max(whole, seconds)
+        work_forward += n * (seconds - back)
+        work_backward += n * back
+    if lanes is not None:
+        forward = max(forward, work_forward / lanes)
+        backward = max(backward, work_backward / lanes)
     return forward, backward, whole
 
 
-def wave_seconds(pieces: Iterable[tuple[OpSpec, float]]) -> float:
-    """How long a wave lasts whose pieces are (op, seconds of the piece's layers): a pass runs
-    every wave's forward, then every backward, so the slowest forward plus the slowest
-    backward, which is the slowest piece whole where all split their time alike (and never
-    less, whatever rounding says)."""
-    forward, backward, whole = wave_phases(pieces)
+def wave_seconds(pieces: Iterable[tuple[OpSpec, float, int]], lanes: int | None = None) -> float:
+    """How long a wave lasts whose pieces are (op, seconds of the piece's layers, devices): a
+    pass runs every wave's forward, then every backward, so the slowest forward plus the
+    slowest backward, which is the slowest piece whole where all split their time alike (and
+    never less, whatever rounding says); on shared cores, each phase at least its work over
+    ``lanes`` (``wave_phases``)."""
+    forward, backward, whole = wave_phases(pieces, lanes)
     return max(forward + backward, whole)
 
 
@@ -151,8 +164,15 @@ class Problem:
 
     ops: tuple[OpSpec, ...]
     devices: int
+    # where the devices share fewer cores (CPU workers), the cores that advance their work at
+    # once (``cost.step.StepModel.lanes``): a wave lasts at least its device-seconds over them
+    # (``wave_phases``), so a scheduler that fills every device gains nothing; None: every
+    # device runs on a core of its own
+    lanes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.lanes is not None and not 1 <= self.lanes < self.devices:
+            raise PlanError(f"lanes must be 1 to {self.devices - 1} or None, got {self.lanes}")
         seen: set[str] = set()
         for op in self.ops:
             for d in op.deps:
@@ -244,8 +264,8 @@ def piece_wave_seconds(problem: Problem, wave: Iterable[Piece]) -> float:
     pieces = []
     for p in wave:
         op = problem.op(p.op)
-        pieces.append((op, p.layers * op.t(p.n)))
-    return wave_seconds(pieces)
+        pieces.append((op, p.layers * op.t(p.n), p.n))
+    return wave_seconds(pieces, problem.lanes)
 
 
 def schedule_errors(problem: Problem, sched: Schedule) -> list[str]:

@@ -12,6 +12,9 @@ program that HiGHS or CBC solves quickly and whose LP relaxation is tight:
 Where the pieces split their time between forward and backward unalike (a frozen tower runs
 forward only), a wave lasts its slowest forward plus its slowest backward
 (``problem.wave_seconds``): then d_w >= f_w + b_w, f_w and b_w bounding each piece's share.
+Where the devices share fewer cores (``Problem.lanes``), each phase (d_w where the pieces
+split alike) also bounds the wave's device-seconds over the cores, sum_p n_p k_p T_m(n_p) /
+lanes: the layers go where cores are free, not merely where devices are.
 
 Any solution is a valid schedule again: a piece left with no layers is dropped, an op then
 finishes no later than before and starts no earlier, so dependencies still hold. The solves
@@ -67,10 +70,38 @@ def _build(problem: Problem, sched: Schedule, scale: float, solver: str, integer
                 model.add_constr(phases[1][w] >= op.backward_share * busy, f"bwd_{w}_{j}")
         if phases is not None:
             model.add_constr(d[w] >= phases[0][w] + phases[1][w], f"phases_{w}")
+        if problem.lanes is not None:
+            _add_area(
+                model,
+                problem,
+                wave,
+                [k[w, j] for j in range(len(wave))],
+                scale,
+                d[w],
+                None if phases is None else (phases[0][w], phases[1][w]),
+                f"area_{w}",
+            )
     for op_id, vs in own.items():
         model.add_constr(mip.xsum(vs) == problem.op(op_id).layers, f"cover_{op_id}")
     model.objective = mip.xsum(d)
     return model, d, k, phases
+
+
+def _add_area(model, problem: Problem, wave, layers, scale: float, d, phases, name: str) -> None:
+    """Shared cores: each phase of a wave (its duration ``d`` where ``phases`` is None) at
+    least the device-seconds of ``layers`` per piece over ``problem.lanes``."""
+    assert problem.lanes is not None
+    work = [
+        (problem.op(p.op), p.n * problem.op(p.op).t(p.n) / scale / problem.lanes * v)
+        for p, v in zip(wave, layers, strict=True)
+    ]
+    if phases is None:
+        model.add_constr(d >= mip.xsum(a for _, a in work), name)
+        return
+    model.add_constr(
+        phases[0] >= mip.xsum((1 - op.backward_share) * a for op, a in work), f"f{name}"
+    )
+    model.add_constr(phases[1] >= mip.xsum(op.backward_share * a for op, a in work), f"b{name}")
 
 
 def _with_layers(sched: Schedule, layers: dict[tuple[int, int], int]) -> Schedule:
@@ -113,7 +144,8 @@ def _round(
     """
     out = {key: int(v + 1e-9) for key, v in frac.items()}
     dur = _durations(problem, sched, out)
-    alike = len({problem.op(p.op).backward_share for wave in sched.waves for p in wave}) <= 1
+    shares = {problem.op(p.op).backward_share for wave in sched.waves for p in wave}
+    alike = len(shares) <= 1 and problem.lanes is None  # on shared cores, the work counts too
     pieces: dict[str, list[tuple[int, int]]] = {}
     for w, wave in enumerate(sched.waves):
         for j, p in enumerate(wave):
@@ -159,8 +191,11 @@ def _wave_time(
     """How long wave ``w`` of ``sched`` lasts with ``layers`` per piece (``wave_seconds``),
     piece ``more`` taking one layer more."""
     return wave_seconds(
-        (problem.op(p.op), (layers[w, j] + (j == more)) * problem.op(p.op).t(p.n))
-        for j, p in enumerate(sched.waves[w])
+        (
+            (problem.op(p.op), (layers[w, j] + (j == more)) * problem.op(p.op).t(p.n), p.n)
+            for j, p in enumerate(sched.waves[w])
+        ),
+        problem.lanes,
     )
 
 
@@ -170,7 +205,11 @@ def _wave_phases(
     """Each wave's slowest forward, backward and piece with ``layers`` per piece."""
     return [
         wave_phases(
-            (problem.op(p.op), layers[w, j] * problem.op(p.op).t(p.n)) for j, p in enumerate(wave)
+            (
+                (problem.op(p.op), layers[w, j] * problem.op(p.op).t(p.n), p.n)
+                for j, p in enumerate(wave)
+            ),
+            problem.lanes,
         )
         for w, wave in enumerate(sched.waves)
     ]
@@ -249,7 +288,7 @@ def _reduced(problem: Problem, sched: Schedule) -> Problem:
         if op.id in used:
             ns = tuple(sorted(used[op.id]))
             ops.append(replace(op, deps=(), ns=ns, seconds=tuple(op.t(n) for n in ns)))
-    return Problem(tuple(ops), problem.devices)
+    return Problem(tuple(ops), problem.devices, problem.lanes)
 
 
 def resplit(

@@ -422,3 +422,17 @@ def test_a_plan_on_shared_cores_stays_above_its_tighter_bound(shared_dir, schedu
     assert 0.0 <= shared.idle_share() < 1.0
     text = summary_text(summary(shared))
     assert "shared by 2 cores" in text and "the cores sit idle inside waves" in text
+
+
+def test_the_default_plan_on_shared_cores_runs_near_the_lp(shared_dir):
+    """tiny_mm on 4 workers over 2 cores: a scheduler blind to the sharing gave each LM
+    three workers (compute 1.27x the LP bound, the entries' device-seconds 1.27x its);
+    weighing each wave's work over the cores, the plan's compute stays within 1.10x."""
+    from spindle_dsl.cost import make_cost_model
+
+    graph = _tiny(shared_dir, devices=4, cores=2)
+    plan = make_plan(graph, make_cost_model(graph.cluster), time_limit_s=0.3)
+    over = plan.over_lp()
+    assert over is not None
+    compute, busy = over
+    assert compute <= 1.10 and busy <= 1.10
