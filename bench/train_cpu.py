@@ -14,10 +14,12 @@ optimizer (reduce-scatter, and the all-reduce fallback) and unsharded, side by s
 processes, and prints each one's step time and optimizer-state bytes per rank. ``--levers``
 also steps the default plan with 2 micro-batches and with ZeRO-2, alone and together, side by
 side, and prints each one's step time and measured peak memory per rank. Every table shows the
-measured peak memory of the largest rank beside the plan's prediction.
+measured peak memory of the largest rank beside the plan's prediction. ``--plans A.json B.json``
+steps those plan files instead (e.g. one planner commit's plan against another's), in turn on
+the same processes, and prints each one's predicted and measured step time.
 
     .venv/bin/python bench/train_cpu.py [SPEC] [--nproc 4] [--steps 30] [--exactness]
-                                        [--optimizer-sharding] [--levers]
+                                        [--optimizer-sharding] [--levers] [--plans F ...]
 """
 
 from __future__ import annotations
@@ -149,6 +151,30 @@ def _levers(graph, plan, nproc: int, steps: int) -> None:
         print(f"{name:<14}{m:>9.4f}  " + " ".join(f"{b / 2**20:.1f}" for b in peak))
 
 
+def _plan_files(graph, files: list[str], nproc: int, steps: int) -> None:
+    """Step each plan file in turn on the same processes: predicted and measured step time."""
+    from spindle_dsl.backends.base import RunConfig
+    from spindle_dsl.backends.torch import TorchBackend
+    from spindle_dsl.plan.bundle import read_plan_file
+
+    plans = [read_plan_file(f) for f in files]
+    first, *rest = plans
+    config = RunConfig(steps=steps, progress=False)
+    result = TorchBackend().train(graph, first, config, nproc=nproc, compare=tuple(rest))
+    runs = [result.steps, *result.extra["compared"]]
+    print(
+        f"\n{nproc} gloo worker processes on {os.cpu_count()} CPU cores, the plans stepped in "
+        f"turn on the same processes, median step time of steps 2..{steps}"
+    )
+    print(f"{'plan':<40}{'waves':>6}{'predicted s':>13}{'measured s':>12}{'measured/pred':>15}")
+    for name, plan, run in zip(files, plans, runs, strict=True):
+        m = statistics.median(r.seconds for r in run[1:])
+        print(
+            f"{name:<40}{len(plan.waves):>6}{plan.iteration_s:>13.4f}{m:>12.4f}"
+            f"{m / plan.iteration_s:>15.2f}"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec", nargs="?", default=str(DEFAULT_SPEC))
@@ -167,6 +193,7 @@ def main() -> int:
         action="store_true",
         help="also time the default plan with 2 micro-batches and with ZeRO-2",
     )
+    ap.add_argument("--plans", nargs="+", metavar="PLAN.json", help="step these plan files instead")
     args = ap.parse_args()
 
     from spindle_dsl.backends.base import RunConfig
@@ -177,6 +204,9 @@ def main() -> int:
 
     try:
         graph = compile_file(args.spec, cluster_overrides={"devices": args.nproc}).graph
+        if args.plans:
+            _plan_files(graph, args.plans, args.nproc, args.steps)
+            return 0
         profile = args.profile
         workdir = tempfile.mkdtemp(prefix="train-bench-")
         if profile is None and not args.no_profile:
