@@ -259,6 +259,7 @@ def make_plan(
         n for n in chosen.schedule.notes if n.startswith((SPREAD_NOTE, SPREAD_LOSS_NOTE))
     )
     notes += runner_up_note
+    notes += _idle_workers_note(ctx, chosen)
     if search is not None:
         asked = tuple(
             f"{flag} {value}"
@@ -555,6 +556,27 @@ def _notes(
             else "iteration_s exceeds sequential_s: the sequential plan does not fit in memory"
         )
     return tuple(notes)
+
+
+def _idle_workers_note(ctx: PlanContext, chosen: Evaluated) -> tuple[str, ...]:
+    """Why a plan on shared cores leaves workers with nothing to run: a user who asked for 8
+    workers and sees 2 busy should learn it is the cores, not a planner fault."""
+    lanes = ctx.problem.lanes
+    if lanes is None:
+        return ()
+    used = {d for wave in chosen.placement.waves for p in wave for d in p.devices}
+    used.update(d for _, group in chosen.placement.loss_groups for d in group)
+    idle = ctx.problem.devices - len(used)
+    if idle <= 0:
+        return ()
+    workers = ctx.problem.devices
+    return (
+        f"{idle} of {workers} workers {'runs' if idle == 1 else 'run'} no MetaOp: the "
+        f"{workers} workers share {lanes} "
+        f"cores, and workers beyond the cores only take turns on them (each wave is timed as "
+        f"its work over the cores); planning for fewer workers (--devices) spares the idle "
+        f"processes",
+    )
 
 
 __all__ = ["DEFAULT_TIME_LIMIT_S", "SCHEDULERS", "make_plan"]

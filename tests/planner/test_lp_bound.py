@@ -436,3 +436,17 @@ def test_the_default_plan_on_shared_cores_runs_near_the_lp(shared_dir):
     assert over is not None
     compute, busy = over
     assert compute <= 1.10 and busy <= 1.10
+
+
+def test_a_plan_says_why_workers_beyond_the_cores_run_nothing(shared_dir):
+    """tiny_mm on 8 workers over 2 cores runs on a few of them; the plan says why."""
+    from spindle_dsl.cost import make_cost_model
+
+    graph = _tiny(shared_dir, devices=8, cores=2)
+    plan = make_plan(graph, make_cost_model(graph.cluster), time_limit_s=0.3)
+    used = {d for w in plan.waves for e in w.entries for d in e.devices}
+    assert len(used) < 8
+    note = next(n for n in plan.notes if "no MetaOp" in n)
+    assert f"{8 - len(used)} of 8 workers" in note and "share 2 cores" in note
+    own = _tiny(shared_dir, devices=2, cores=2)
+    assert not any("no MetaOp" in n for n in make_plan(own, make_cost_model(own.cluster)).notes)
