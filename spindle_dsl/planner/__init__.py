@@ -17,6 +17,10 @@ plans' iteration time (where other k come within ``RUNNER_UP_MARGIN``, the MILP 
 and every scheduler plans with each MetaOp's minimum device count. The
 baselines are tuned with the same levers, so speed-ups compare like with like. The plan records
 the levers (``micro_batches``, ``zero_stage``, per-MetaOp ``recompute``) and its notes say why.
+
+CPU workers that outnumber their cores share them (``cost.step``): the problem the schedulers
+see carries those cores (``Problem.lanes``), a wave lasts at least its work over them, and a
+plan may leave workers idle rather than have them take turns (its notes say so).
 """
 
 from __future__ import annotations
