@@ -8,6 +8,7 @@ sees at once how far the cost model is from this machine.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import TextIO
 
@@ -80,6 +81,28 @@ def summary(result: RunResult, sequential_s: float | None = None) -> str:
     if result.trace:
         lines.append(f"measured trace: {result.trace}")
     return "\n".join(lines)
+
+
+# measured / predicted step time outside this range, with the analytic model on CPU workers,
+# earns the hint below (bench/predict_accuracy.py holds profiled plans to 25%, 35% where
+# workers share cores)
+ANALYTIC_RANGE = (0.75, 1.35)
+
+
+def analytic_hint(ratio: float, spec: str, nproc: int | None) -> str | None:
+    """What to run when an analytic-cost prediction on CPU workers missed the measured step:
+    the analytic model's CPU figures are a datasheet-style guess (a core's FLOP/s, gloo's
+    bandwidth), and a profile measures this machine's. None when the ratio is within range."""
+    low, high = ANALYTIC_RANGE
+    if math.isnan(ratio) or low <= ratio <= high:
+        return None
+    n = f" --nproc {nproc}" if nproc else ""
+    return (
+        f"note: measured {ratio:.2f}x the prediction of the analytic cost model, a first guess "
+        f"for CPU workers; for a prediction of this machine profile it and plan with the "
+        f"profile: spindle profile {spec}{n} --out profile.json, then spindle train {spec}"
+        f"{n} --profile profile.json"
+    )
 
 
 def memory_lines(result: RunResult) -> list[str]:

@@ -114,7 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from spindle_dsl.backends.base import RunConfig
     from spindle_dsl.backends.torch import TorchBackend, torchrun_env
-    from spindle_dsl.backends.torch.progress import summary
+    from spindle_dsl.backends.torch.progress import analytic_hint, summary
+    from spindle_dsl.cost.comm import is_cpu
     from spindle_dsl.plan.bundle import PlanBundle, read_plan_file
     from spindle_dsl.plan.model import Plan
 
@@ -201,6 +202,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"plan: {scheduler}")
             shown = replace(result, trace=None) if own_trace else result  # ours: not the user's
             print(summary(shown, sequential))
+            planned_here = not args.plan and not args.profile and is_cpu(graph.cluster)
+            if planned_here and result.steps and result.predicted_step_s > 0:
+                ratio = result.measured_step_s / result.predicted_step_s
+                hint = analytic_hint(ratio, args.spec, args.nproc)
+                if hint:
+                    print(hint)
             if "phases" in result.extra:
                 from spindle_dsl.backends.torch.phased import phases_summary
 
