@@ -168,13 +168,9 @@ def build(spec: WaveModelSpec, solver: str = "highs") -> _Built:
             model.add_constr(mip.xsum(load[w]) <= spec.devices, f"cap_{w}")
         if phases is not None:
             model.add_constr(d[w] >= phases[0][w] + phases[1][w], f"phases_{w}")
-        if work[w] and phases is None:
-            model.add_constr(d[w] >= mip.xsum(a for _, a in work[w]), f"area_{w}")
-        elif work[w]:
-            forward = mip.xsum((1 - op.backward_share) * a for op, a in work[w])
-            model.add_constr(phases[0][w] >= forward, f"area_f_{w}")
-            backward = mip.xsum(op.backward_share * a for op, a in work[w])
-            model.add_constr(phases[1][w] >= backward, f"area_b_{w}")
+        if work[w]:
+            wave_phases_at = None if phases is None else (phases[0][w], phases[1][w])
+            add_area(model, work[w], d[w], wave_phases_at, f"area_{w}")
     if spec.precedence:
         _add_precedence(model, spec, wins, x, y)
     if spec.descending:
@@ -187,6 +183,25 @@ def build(spec: WaveModelSpec, solver: str = "highs") -> _Built:
     if spec.start is not None:
         _warm_start(built)
     return built
+
+
+def add_area(
+    model: mip.Model,
+    work: list[tuple[OpSpec, Any]],
+    duration: Any,
+    phases: tuple[Any, Any] | None,
+    name: str,
+) -> None:
+    """Shared cores (``area``): a wave's ``duration``, or each of its ``phases`` where the
+    ops split their time unalike, at least its pieces' ``work`` (per piece: its op and its
+    device-seconds over the cores, a linear expression), split by each op's backward share.
+    The re-split (``resplit``) adds the same constraint over its layer counts."""
+    if phases is None:
+        model.add_constr(duration >= mip.xsum(a for _, a in work), name)
+        return
+    forward = mip.xsum((1 - op.backward_share) * a for op, a in work)
+    model.add_constr(phases[0] >= forward, f"{name}_f")
+    model.add_constr(phases[1] >= mip.xsum(op.backward_share * a for op, a in work), f"{name}_b")
 
 
 def _add_precedence(

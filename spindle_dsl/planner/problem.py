@@ -132,8 +132,9 @@ def wave_phases(
 
     A phase lasts its slowest piece's share; where the devices share fewer cores (``lanes``:
     ``Problem.lanes``), at least the phase's device-seconds over the cores too, since the
-    step model runs a node's devices at most ``cores`` at a time (``cost.step.shared_makespan``,
-    which this never exceeds: the floor a scheduler can weigh linearly, the MILP's ``area``)."""
+    step model runs a node's devices at most ``cores`` at a time. The step model's makespan
+    (``cost.step.shared_makespan``) is never below this floor, which a scheduler can weigh
+    linearly (the wave MILP's and the re-split's ``area``)."""
     forward = backward = whole = 0.0
     work_forward = work_backward = 0.0
     for op, seconds, n in pieces:

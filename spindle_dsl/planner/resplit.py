@@ -34,6 +34,7 @@ from dataclasses import replace
 import mip
 
 from spindle_dsl.planner import isolate
+from spindle_dsl.planner.milp import add_area
 from spindle_dsl.planner.problem import Piece, Problem, Schedule, wave_phases, wave_seconds
 from spindle_dsl.planner.solver import SolverChoice, new_model
 
@@ -56,6 +57,7 @@ def _build(problem: Problem, sched: Schedule, scale: float, solver: str, integer
     k: dict[tuple[int, int], mip.Var] = {}
     own: dict[str, list[mip.Var]] = {}
     for w, wave in enumerate(sched.waves):
+        work = []  # per piece, its device-seconds over the shared cores (``area``)
         for j, p in enumerate(wave):
             op = problem.op(p.op)
             kind = mip.INTEGER if integer else mip.CONTINUOUS
@@ -63,6 +65,8 @@ def _build(problem: Problem, sched: Schedule, scale: float, solver: str, integer
             k[w, j] = v
             own.setdefault(p.op, []).append(v)
             busy = op.t(p.n) / scale * v
+            if problem.lanes is not None:
+                work.append((op, p.n / problem.lanes * busy))
             if phases is None:
                 model.add_constr(d[w] >= busy, f"dur_{w}_{j}")
             else:
@@ -70,38 +74,13 @@ def _build(problem: Problem, sched: Schedule, scale: float, solver: str, integer
                 model.add_constr(phases[1][w] >= op.backward_share * busy, f"bwd_{w}_{j}")
         if phases is not None:
             model.add_constr(d[w] >= phases[0][w] + phases[1][w], f"phases_{w}")
-        if problem.lanes is not None:
-            _add_area(
-                model,
-                problem,
-                wave,
-                [k[w, j] for j in range(len(wave))],
-                scale,
-                d[w],
-                None if phases is None else (phases[0][w], phases[1][w]),
-                f"area_{w}",
-            )
+        if work:
+            wave_phases_at = None if phases is None else (phases[0][w], phases[1][w])
+            add_area(model, work, d[w], wave_phases_at, f"area_{w}")
     for op_id, vs in own.items():
         model.add_constr(mip.xsum(vs) == problem.op(op_id).layers, f"cover_{op_id}")
     model.objective = mip.xsum(d)
     return model, d, k, phases
-
-
-def _add_area(model, problem: Problem, wave, layers, scale: float, d, phases, name: str) -> None:
-    """Shared cores: each phase of a wave (its duration ``d`` where ``phases`` is None) at
-    least the device-seconds of ``layers`` per piece over ``problem.lanes``."""
-    assert problem.lanes is not None
-    work = [
-        (problem.op(p.op), p.n * problem.op(p.op).t(p.n) / scale / problem.lanes * v)
-        for p, v in zip(wave, layers, strict=True)
-    ]
-    if phases is None:
-        model.add_constr(d >= mip.xsum(a for _, a in work), name)
-        return
-    model.add_constr(
-        phases[0] >= mip.xsum((1 - op.backward_share) * a for op, a in work), f"f{name}"
-    )
-    model.add_constr(phases[1] >= mip.xsum(op.backward_share * a for op, a in work), f"b{name}")
 
 
 def _with_layers(sched: Schedule, layers: dict[tuple[int, int], int]) -> Schedule:
