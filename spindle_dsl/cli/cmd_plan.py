@@ -192,7 +192,7 @@ def bound_text(s: dict[str, Any]) -> str:
         else ""
     )
     if b.get("lanes"):
-        other += f"; the devices' work shared by {b['lanes']} cores"
+        other += f"; the devices' work shared by {b['lanes']} core{'s' if b['lanes'] > 1 else ''}"
     return (
         f"{s['lower_bound_s'] * 1e3:.2f} ms ({kind}{other}); "
         f"iteration / bound = {s['ratio_to_bound']:.2f}x"

@@ -576,8 +576,8 @@ def _idle_workers_note(ctx: PlanContext, chosen: Evaluated) -> tuple[str, ...]:
     workers = ctx.problem.devices
     return (
         f"{idle} of {workers} workers {'runs' if idle == 1 else 'run'} no MetaOp: the "
-        f"{workers} workers share {lanes} "
-        f"cores, and workers beyond the cores only take turns on them (each wave is timed as "
+        f"{workers} workers share {lanes} core{'s' if lanes > 1 else ''}, and workers beyond "
+        f"the cores only take turns on them (each wave is timed as "
         f"its work over the cores); planning for fewer workers (--devices) spares the idle "
         f"processes",
     )
