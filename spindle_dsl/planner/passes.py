@@ -29,6 +29,9 @@ class PassOptions:
     ``polish``: local search on the placed plan's iteration time.
     ``refill``: after polish, each wave's allocations re-picked min-max (``rebalance``), a
     wave's change kept where the placed plan gets quicker.
+    ``on_cores``: where CPU workers share fewer cores, the stages run on as many workers as
+    cores too, each run at half the time, and the better placed plan is kept (off: every
+    worker only; GPU plans never run it).
     """
 
     level_milps: bool = True
@@ -38,6 +41,7 @@ class PassOptions:
     resplit: bool = True
     polish: bool = True
     refill: bool = True
+    on_cores: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

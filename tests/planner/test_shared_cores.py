@@ -16,7 +16,8 @@ from spindle_dsl.errors import PlanError
 from spindle_dsl.planner.bounds import area_bound_s
 from spindle_dsl.planner.crosslevel import backfill, improve, rebalance
 from spindle_dsl.planner.milp import WaveModelSpec, solve_local
-from spindle_dsl.planner.milp_scheduler import milp_schedule
+from spindle_dsl.planner.milp_scheduler import milp_schedule, on_the_cores
+from spindle_dsl.planner.passes import ALL_PASSES
 from spindle_dsl.planner.problem import (
     OpSpec,
     Piece,
@@ -127,3 +128,33 @@ def test_the_milp_scheduler_leaves_devices_idle_rather_than_share_cores():
     assert s.compute_s(shared) == pytest.approx(1.0)
     assert {p.n for w in s.waves for p in w} == {1}
     assert milp_schedule(blind, 1.0, solver=IN_PROCESS).compute_s(shared) == pytest.approx(1.2)
+
+
+def test_on_the_cores_keeps_the_allocations_that_fit_the_cores():
+    ops = (
+        OpSpec("a/m", 2, (), (1, 2, 4), (1.0, 0.55, 0.3)),
+        OpSpec("b/m", 1, ("a/m",), (1, 3), (1.0, 0.4)),
+    )
+    cores = on_the_cores(Problem(ops, 4, 2))
+    assert cores is not None and cores.devices == 2 and cores.lanes is None
+    assert [o.ns for o in cores.ops] == [(1, 2), (1,)]
+    assert on_the_cores(Problem(ops, 4)) is None  # a core each: nothing to restrict
+    wide = (OpSpec("c/m", 1, (), (3, 4), (1.0, 0.8)),)  # needs 3 devices (memory, say)
+    assert on_the_cores(Problem(wide, 4, 2)) is None
+
+
+def test_the_milp_scheduler_keeps_the_plan_on_the_cores_where_the_placed_plan_is_quicker():
+    """The placed plan prices what the schedulers do not (here: 0.1 s per busy device, as
+    wider reductions cost): the run on as many workers as cores wins and says so."""
+    ops = tuple(OpSpec(f"t{i}/m", 2, (), (1, 2, 4), (1.0, 0.5, 0.25)) for i in range(2))
+    shared = Problem(ops, 4, 2)
+
+    def placed(s: Schedule) -> tuple[float, float]:
+        return 0.0, s.compute_s(shared) + 0.1 * max(sum(p.n for p in w) for w in s.waves)
+
+    s = milp_schedule(shared, 1.0, placed, IN_PROCESS)
+    assert schedule_errors(shared, s) == []
+    assert max(sum(p.n for p in w) for w in s.waves) <= 2
+    assert any("planned on 2 of the 4 workers" in n for n in s.notes)
+    off = milp_schedule(shared, 1.0, placed, IN_PROCESS, ALL_PASSES.without("on_cores"))
+    assert placed(s) <= placed(off)
