@@ -578,8 +578,8 @@ def _idle_workers_note(ctx: PlanContext, chosen: Evaluated) -> tuple[str, ...]:
         f"{idle} of {workers} workers {'runs' if idle == 1 else 'run'} no MetaOp: the "
         f"{workers} workers share {lanes} core{'s' if lanes > 1 else ''}, and workers beyond "
         f"the cores only take turns on them (each wave is timed as "
-        f"its work over the cores); planning for fewer workers (--devices) spares the idle "
-        f"processes",
+        f"its work over the cores); fewer workers (spindle plan --devices, spindle train "
+        f"--nproc) spare the idle processes",
     )
 
 

@@ -22,9 +22,10 @@ Where CPU workers share fewer cores (``Problem.lanes``), the stages run twice, a
 time each: on every worker, and on as many workers as cores (``on_the_cores``), the others
 idle; the better placed plan is kept. The fewer workers take no turns on the cores and reduce
 gradients over smaller groups, which only the placed plan prices: over 2 cores, the plan on 2
-of tiny_mm's 4 workers was 5.1% quicker (67.1 against 70.5 ms with a profile of this
-machine), wide_adapters' on 2 of 8 2.6% (230.3 against 236.4 ms), and the full run at half
-its time lost nothing on the seven CPU rows of ``bench/plan_quality.py --tables cores``.
+of tiny_mm's 4 workers was 7.3% quicker than the plan on all 4 (67.1 against 72.3 ms with a
+profile of this machine, 38.2 against 39.2 ms analytic), wide_adapters' on 2 of 8 3.7% (230.3
+against 239.1 ms), and the run on every worker at half its time lost at most 0.01% (cpu_medium
+on 4, 1016.65 against 1016.55 ms) on the eight CPU cases tried.
 
 Candidates are ranked by memory overflow, then by whether their compute exceeds
 ``COMPUTE_SLACK`` x the sum of MetaLevel continuous optima (the issue's quality bar: polish
