@@ -136,13 +136,14 @@ def wave_phases(
     (``cost.step.shared_makespan``) is never below this floor, which a scheduler can weigh
     linearly (the wave MILP's and the re-split's ``area``)."""
     forward = backward = whole = 0.0
-    work_forward = work_backward = 0.0
+    work_forward = work_backward = 0.0  # device-seconds, summed only on shared cores
     for op, seconds, n in pieces:
         back = seconds * op.backward_share
         forward, backward = max(forward, seconds - back), max(backward, back)
         whole = max(whole, seconds)
-        work_forward += n * (seconds - back)
-        work_backward += n * back
+        if lanes is not None:
+            work_forward += n * (seconds - back)
+            work_backward += n * back
     if lanes is not None:
         forward = max(forward, work_forward / lanes)
         backward = max(backward, work_backward / lanes)
