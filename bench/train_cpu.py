@@ -151,17 +151,24 @@ def _levers(graph, plan, nproc: int, steps: int) -> None:
         print(f"{name:<14}{m:>9.4f}  " + " ".join(f"{b / 2**20:.1f}" for b in peak))
 
 
-def _plan_files(graph, files: list[str], nproc: int, steps: int) -> None:
-    """Step each plan file in turn on the same processes: predicted and measured step time."""
+def _in_turn(graph, plans: list, nproc: int, steps: int):
+    """One job: the same worker processes hold every plan (each a fresh model) and step them
+    in turn, so machine load falls on all plans alike; the result and each plan's steps."""
     from spindle_dsl.backends.base import RunConfig
     from spindle_dsl.backends.torch import TorchBackend
-    from spindle_dsl.plan.bundle import read_plan_file
 
-    plans = [read_plan_file(f) for f in files]
     first, *rest = plans
     config = RunConfig(steps=steps, progress=False)
     result = TorchBackend().train(graph, first, config, nproc=nproc, compare=tuple(rest))
-    runs = [result.steps, *result.extra["compared"]]
+    return result, [result.steps, *result.extra["compared"]]
+
+
+def _plan_files(graph, files: list[str], nproc: int, steps: int) -> None:
+    """Step each plan file in turn on the same processes: predicted and measured step time."""
+    from spindle_dsl.plan.bundle import read_plan_file
+
+    plans = [read_plan_file(f) for f in files]
+    _, runs = _in_turn(graph, plans, nproc, steps)
     print(
         f"\n{nproc} gloo worker processes on {os.cpu_count()} CPU cores, the plans stepped in "
         f"turn on the same processes, median step time of steps 2..{steps}"
@@ -196,8 +203,6 @@ def main() -> int:
     ap.add_argument("--plans", nargs="+", metavar="PLAN.json", help="step these plan files instead")
     args = ap.parse_args()
 
-    from spindle_dsl.backends.base import RunConfig
-    from spindle_dsl.backends.torch import TorchBackend
     from spindle_dsl.cli import main as spindle
     from spindle_dsl.errors import SpindleError
     from spindle_dsl.language import compile_file
@@ -221,13 +226,9 @@ def main() -> int:
         shapes: dict[tuple, list[tuple[str, str]]] = {}
         for key, plan in plans.items():
             shapes.setdefault(_shape(plan), []).append(key)
-        # One job: the same worker processes hold every distinct plan (each a fresh model)
-        # and step them in turn, so machine load falls on all plans alike.
         order = list(shapes)
-        first, *rest = (plans[shapes[shape][0]] for shape in order)
-        config = RunConfig(steps=args.steps, progress=False)
-        result = TorchBackend().train(graph, first, config, nproc=args.nproc, compare=tuple(rest))
-        runs = [result.steps, *result.extra["compared"]]
+        distinct = [plans[shapes[shape][0]] for shape in order]
+        result, runs = _in_turn(graph, distinct, args.nproc, args.steps)
         times = {
             shape: [r.seconds for r in run[1:]] for shape, run in zip(order, runs, strict=True)
         }

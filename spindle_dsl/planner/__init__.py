@@ -412,8 +412,9 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
                 # and the allocations offered go unused rather than trusted
                 problems[k] = pass_problem(ctx.graph, ctx.cost, Levers(k), search.pricing)
             # (at any other k no plan fits: it bounds nothing)
-    # where CPU workers share fewer cores, the cores bound the work done at once
-    lanes = ctx.step.lanes if ctx.step is not None else None
+    # where CPU workers share fewer cores, the cores bound the work done at once (the
+    # context's problem carries them, ``build.context``; None: a core each)
+    lanes = ctx.problem.lanes
     cheap = {k: k * area_path_bound_s(p, lanes) for k, p in problems.items()}
     each_floor = {k: step_floor(ctx.step, k) for k in problems}
     floors = {k: f.total_s(k) for k, f in each_floor.items()}
@@ -455,7 +456,7 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
         tuple(sorted(problems)),
         best.note,
         best_total - lp_at[total_k],
-        lanes if lanes is not None and lanes < ctx.graph.cluster.devices else None,
+        lanes,
     )
 
 

@@ -207,7 +207,7 @@ def milp_schedule(
         best = _stages(problem, share, objective, choice, passes)
         if cores is not None:  # (module docstring)
             fewer = _stages(cores, share, objective, choice, passes)
-            key = _ranking(problem, objective)
+            key = _ranking(problem, objective, _compute_cap(problem))
             if key(fewer) < key(best):
                 said = f"planned on {cores.devices} of the {problem.devices} workers"
                 best = replace(fewer, notes=(*fewer.notes, f"{said}, as many as the cores"))
@@ -220,12 +220,16 @@ def milp_schedule(
     return replace(best, notes=notes)
 
 
+def _compute_cap(problem: Problem) -> float:
+    """The most compute a candidate may have before it ranks below every one within it."""
+    return COMPUTE_SLACK * level_reference_s(problem)
+
+
 def _ranking(
-    problem: Problem, objective: Objective | None
+    problem: Problem, objective: Objective | None, cap: float
 ) -> Callable[[Schedule], tuple[float, float, float]]:
-    """How candidates of ``problem`` rank: memory overflow, then whether compute exceeds the
-    cap, then time (module docstring)."""
-    cap = COMPUTE_SLACK * level_reference_s(problem)
+    """How candidates of ``problem`` rank: memory overflow, then whether compute exceeds
+    ``cap``, then time (module docstring)."""
 
     def key(s: Schedule) -> tuple[float, float, float]:
         over, secs = objective(s) if objective is not None else (0.0, s.score(problem))
@@ -246,8 +250,8 @@ def _stages(
     costs its start-up; the heuristics (backfill, rebalance, polish) go on."""
     t0 = time.perf_counter()
     crashes = crash_count()
-    cap = COMPUTE_SLACK * level_reference_s(problem)
-    key = _ranking(problem, objective)
+    cap = _compute_cap(problem)
+    key = _ranking(problem, objective, cap)
 
     def budget(seconds: float) -> float:
         return 0.0 if crash_count() > crashes else seconds
