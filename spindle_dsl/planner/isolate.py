@@ -14,6 +14,12 @@ a child that may then deadlock. A fresh interpreter running only ``_serve`` has 
 problem. One worker is kept per process and reused, so its start-up (importing python-mip,
 about 0.2 s) is paid once, and ``warm_up()`` lets the CLI start it while the spec compiles.
 
+Channels: each name (``SOLVER`` by default) has its own worker, lock and crash count, so a
+caller can keep a second worker busy beside the first: ``planner.round_helper`` plans the lever
+search's runner-up settings on channels of their own while this process plans its own setting
+(and those workers start their own solver processes). ``warm_up(channel, prepare=...)`` names
+a ``module:function`` the child runs before it says ready (imports, its own solver's start).
+
 Protocol: two pipes handed to the child by descriptor, carrying pickles
 (``multiprocessing.connection.Connection`` framing); the child's stdout goes to /dev/null
 (CBC logs there even when asked not to) and its stderr to a temporary file, whose first line
@@ -24,7 +30,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -40,8 +48,10 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 # the child's program: ``python -m`` would import this module twice (once with its package)
 _CHILD = (
-    "import sys; from spindle_dsl.planner.isolate import _serve; _serve(*map(int, sys.argv[1:]))"
+    "import sys; from spindle_dsl.planner.isolate import _serve; "
+    "_serve(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:])"
 )
+SOLVER = "solver"  # the channel of the solver calls
 START_TIMEOUT_S = 60.0  # a loaded machine may take seconds to import python-mip
 GRACE_S = 2.0  # a solve may overrun its limit (model building, presolve) by limit + this
 
@@ -52,6 +62,12 @@ class SolverCrash(RuntimeError):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class CallNotLoaded(SolverCrash):
+    """A call that could not be pickled here or unpickled in the worker (its function or an
+    argument is defined where a fresh interpreter cannot import it, such as a script's
+    ``__main__``); the worker is fine."""
 
 
 def _exit_reason(code: int | None) -> str:
@@ -68,7 +84,8 @@ def _exit_reason(code: int | None) -> str:
 class _Worker:
     """One child interpreter answering calls over a pair of pipes."""
 
-    def __init__(self) -> None:
+    def __init__(self, channel: str = SOLVER, prepare: str | None = None) -> None:
+        self.channel = channel
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the child)
@@ -79,7 +96,7 @@ class _Worker:
         )
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD, str(req_r), str(res_w)],
+                [sys.executable, "-c", _CHILD, str(req_r), str(res_w), *filter(None, [prepare])],
                 pass_fds=(req_r, res_w),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -113,9 +130,8 @@ class _Worker:
         )
         detail = f" ({first})" if first else ""
         self.close()
-        global _crashes
-        _crashes += 1
-        return SolverCrash(f"the solver process {_exit_reason(code)} ({what}){detail}")
+        _crashes[self.channel] = _crashes.get(self.channel, 0) + 1
+        return SolverCrash(f"the {self.channel} process {_exit_reason(code)} ({what}){detail}")
 
     def call(self, fn: Callable[..., T], args: tuple, timeout_s: float) -> T:
         if not self.ready:
@@ -127,7 +143,11 @@ class _Worker:
                 raise self._died("at start-up") from None
             self.ready = True
         try:
-            self.requests.send((fn, args))
+            payload = pickle.dumps((fn, args))
+        except Exception as e:  # (a lambda, a local class): nothing was sent
+            raise CallNotLoaded(f"the call cannot be sent: {type(e).__name__}: {e}") from None
+        try:
+            self.requests.send_bytes(payload)
         except (BrokenPipeError, OSError):
             raise self._died("before the solve was sent") from None
         try:
@@ -136,6 +156,8 @@ class _Worker:
             ok, value = self.results.recv()
         except (EOFError, OSError):
             raise self._died("while solving") from None
+        if ok is None:
+            raise CallNotLoaded(f"the {self.channel} process could not load the call: {value}")
         if not ok:  # a Python exception in the child: the solve failed, the process is fine
             raise SolverCrash(f"the solve raised {value}")
         return value
@@ -156,44 +178,82 @@ class _Worker:
         self.stderr.close()
 
 
-_lock = threading.Lock()
-_worker: _Worker | None = None
-_crashes = 0
+_guard = threading.Lock()  # over the two tables below
+_locks: dict[str, threading.Lock] = {}  # one per channel: a worker answers one call at a time
+_workers: dict[str, _Worker] = {}
+_crashes: dict[str, int] = {}
 
 
-def crash_count() -> int:
-    """How many times a worker died or hung in this process: callers compare it before and
-    after a stage to stop calling a solver that has just crashed."""
-    return _crashes
+def crash_count(channel: str = SOLVER) -> int:
+    """How many times a worker of ``channel`` died or hung in this process: callers compare it
+    before and after a stage to stop calling a solver that has just crashed."""
+    return _crashes.get(channel, 0)
 
 
-def _get() -> _Worker:
-    global _worker, _crashes
-    if _worker is None or not _worker.alive():
+def _lock(channel: str) -> threading.Lock:
+    with _guard:
+        return _locks.setdefault(channel, threading.Lock())
+
+
+def _get(channel: str, prepare: str | None = None) -> _Worker:
+    """``channel``'s worker, started if it has none or it died (under the channel's lock)."""
+    worker = _workers.get(channel)
+    if worker is None or not worker.alive():
         try:
-            _worker = _Worker()
+            worker = _workers[channel] = _Worker(channel, prepare)
         except OSError as e:  # no interpreter to run, no pipes or processes left
-            _worker = None
-            _crashes += 1
-            raise SolverCrash(f"could not start the solver process ({e})") from e
-    return _worker
+            _workers.pop(channel, None)
+            _crashes[channel] = _crashes.get(channel, 0) + 1
+            raise SolverCrash(f"could not start the {channel} process ({e})") from e
+    return worker
 
 
-def warm_up() -> None:
-    """Start the worker now (it imports while the caller does other work); idempotent.
-    A worker that cannot start is reported by the first ``call``, as a ``SolverCrash``."""
-    with _lock, contextlib.suppress(SolverCrash):
-        _get()
+def warm_up(channel: str = SOLVER, prepare: str | None = None) -> None:
+    """Start ``channel``'s worker now (it imports while the caller does other work), running
+    ``prepare`` (``module:function``) before it says ready; idempotent. A worker that cannot
+    start is reported by the first ``call``, as a ``SolverCrash``."""
+    with _lock(channel), contextlib.suppress(SolverCrash):
+        _get(channel, prepare)
 
 
-def call(fn: Callable[..., T], args: tuple, timeout_s: float) -> T:
-    """``fn(*args)`` in the worker process; ``SolverCrash`` if it dies or exceeds the time.
+def alive(channel: str) -> bool:
+    """Whether ``channel`` has a worker process still running."""
+    worker = _workers.get(channel)
+    return worker is not None and worker.alive()
+
+
+def ready(channel: str, wait_s: float) -> bool:
+    """Whether ``channel``'s worker (started by ``warm_up``) has said ready, waiting up to
+    ``wait_s`` for it; False where it has none, is busy with a call or died starting."""
+    lock = _lock(channel)
+    if not lock.acquire(blocking=False):
+        return False
+    try:
+        worker = _workers.get(channel)
+        if worker is None or not worker.alive():
+            return False
+        if not worker.ready:
+            if not worker.results.poll(wait_s):
+                return False
+            try:
+                worker.results.recv()  # the child's "ready"
+            except (EOFError, OSError):
+                return False
+            worker.ready = True
+        return True
+    finally:
+        lock.release()
+
+
+def call(fn: Callable[..., T], args: tuple, timeout_s: float, channel: str = SOLVER) -> T:
+    """``fn(*args)`` in ``channel``'s worker process; ``SolverCrash`` if it dies or exceeds the
+    time.
 
     ``fn`` and ``args`` must pickle (``fn`` a module-level function importable in a fresh
     interpreter with the caller's ``sys.path``).
     """
-    with _lock:
-        return _get().call(fn, args, timeout_s)
+    with _lock(channel):
+        return _get(channel).call(fn, args, timeout_s)
 
 
 class SolverCrashWarning(RuntimeWarning):
@@ -215,29 +275,38 @@ def call_or_warn(fn: Callable[..., T], args: tuple, time_limit_s: float, what: s
 
 
 def shutdown() -> None:
-    """Stop the worker (also done at exit)."""
-    global _worker
-    with _lock:
-        if _worker is not None:
-            _worker.close()
-            _worker = None
+    """Stop every channel's worker (also done at exit)."""
+    for channel in list(_workers):
+        with _lock(channel):
+            worker = _workers.pop(channel, None)
+            if worker is not None:
+                worker.close()
 
 
 atexit.register(shutdown)
 
 
-def _serve(req_fd: int, res_fd: int) -> None:
+def _serve(req_fd: int, res_fd: int, prepare: str | None = None) -> None:
     """The child's loop: answer ``(fn, args)`` requests until the parent closes the pipe."""
     requests = Connection(req_fd, writable=False)
     results = Connection(res_fd, readable=False)
     import mip  # noqa: F401  (import the solver before saying ready: calls then start at once)
 
+    if prepare:  # a failure here ends the child before it says ready: the call reports it
+        module, _, function = prepare.partition(":")
+        getattr(importlib.import_module(module), function)()
+
     results.send("ready")
     while True:
         try:
-            fn, args = requests.recv()
+            payload = requests.recv_bytes()
         except (EOFError, OSError):
             return
+        try:  # a function or argument this interpreter cannot import (a script's class)
+            fn, args = pickle.loads(payload)
+        except Exception as e:
+            results.send((None, f"{type(e).__name__}: {e}"))
+            continue
         started = time.perf_counter()
         try:
             out: tuple[bool, Any] = (True, fn(*args))
