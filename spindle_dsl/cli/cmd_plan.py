@@ -292,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
             solver=solver.name,
             micro_batches=args.micro_batches,
             zero_stage=args.zero_stage,
+            jobs=args.jobs,
         )
     for w in caught:
         if issubclass(w.category, SolverCrashWarning):

@@ -25,8 +25,9 @@ def add_jobs_argument(parser: argparse.ArgumentParser) -> None:
         "--jobs",
         type=int,
         metavar="N",
-        help="with a schedule: worker processes planning phases beside this one "
-        "(default: one per phase but the first, at most the idle cores; 0: none)",
+        help="worker processes planning beside this one: with a schedule, its phases "
+        "(default: one per phase but the first, at most the idle cores), else the runner-up "
+        "lever settings' rounds (default: one per idle core and runner-up); 0: none",
     )
 
 

@@ -13,10 +13,11 @@
 Memory is a planning decision (``leversearch``): with a cost model that prices memory per
 parameter part (both built-in models), the planner chooses the number of micro-batches k, the
 ZeRO stage and the MetaOps that recompute their activations in one search judged by the placed
-plans' iteration time (where other k come within ``RUNNER_UP_MARGIN``, the MILP plans those too),
-and every scheduler plans with each MetaOp's minimum device count. The
-baselines are tuned with the same levers, so speed-ups compare like with like. The plan records
-the levers (``micro_batches``, ``zero_stage``, per-MetaOp ``recompute``) and its notes say why.
+plans' iteration time (where other k come within ``RUNNER_UP_MARGIN``, the MILP plans those
+too, in helper processes beside this one where cores are spare: ``round_helper``), and every
+scheduler plans with each MetaOp's minimum device count. The baselines are tuned with the same
+levers, so speed-ups compare like with like. The plan records the levers (``micro_batches``,
+``zero_stage``, per-MetaOp ``recompute``) and its notes say why.
 
 CPU workers that outnumber their cores share them (``cost.step``): the problem the schedulers
 see carries those cores (``Problem.lanes``), a wave lasts at least its work over them, and a
@@ -26,7 +27,6 @@ plan may leave workers idle rather than have them take turns (its notes say so).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from spindle_dsl.cost.base import CostModel, has_slice_memory
@@ -40,20 +40,21 @@ from spindle_dsl.planner.build import (
     Evaluated,
     PlanContext,
     context,
-    evaluate_cached,
     to_plan,
 )
 from spindle_dsl.planner.isolate import warm_up
 from spindle_dsl.planner.levers import Levers, pass_problem
 from spindle_dsl.planner.leversearch import Fit, Judge, LeverSearch, Trial
 from spindle_dsl.planner.lossbalance import SPREAD_NOTE
-from spindle_dsl.planner.lossspread import SPREAD_LOSS_NOTE, balance_losses, spread_round
+from spindle_dsl.planner.lossspread import SPREAD_LOSS_NOTE, balance_losses
 from spindle_dsl.planner.lp_bound import LpBound, MemoryRoom
 from spindle_dsl.planner.lp_bound import lp_bound as lp_relaxation_bound
 from spindle_dsl.planner.memfit import memory_room, no_fit_message, overflow_message
-from spindle_dsl.planner.milp_scheduler import milp_schedule
 from spindle_dsl.planner.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.problem import Problem, Schedule
+from spindle_dsl.planner.round_helper import helper_count, kind_modules, side_by_side
+from spindle_dsl.planner.round_helper import start as start_helpers
+from spindle_dsl.planner.rounds import Round, RoundRequest, plan_round
 from spindle_dsl.planner.solver import SolverChoice, choose_solver
 from spindle_dsl.planner.step_floor import step_floor
 from spindle_dsl.planner.wavefront import paper_schedule
@@ -73,61 +74,6 @@ RUNNER_UP_MARGIN = 0.05
 # limit as at all of it). Where k = 1 fits, one: each round also polishes and places its
 # candidates, 5-9 s at 1,024 devices x 50 tasks, where two more rounds gained nothing.
 RUNNERS_UP = 3
-
-
-def _key(ev: Evaluated, ctx: PlanContext, check_memory: bool) -> tuple[float, float]:
-    """Memory overflow first (when it is checked), then iteration time."""
-    return ev.key(ctx.topology.capacity) if check_memory else (0.0, ev.iteration_s)
-
-
-def _schedules(
-    ctx: PlanContext,
-    scheduler: str,
-    time_limit_s: float,
-    check_memory: bool,
-    evaluate: Callable[[Schedule], Evaluated],
-    solver: SolverChoice | None = None,
-    passes: PassOptions = ALL_PASSES,
-) -> dict[str, Schedule]:
-    out: dict[str, Schedule] = {}
-    if scheduler in ("default", "milp"):
-
-        def objective(s: Schedule) -> tuple[float, float]:
-            return _key(evaluate(s), ctx, check_memory)
-
-        out["milp"] = milp_schedule(ctx.problem, time_limit_s, objective, solver, passes)
-    if scheduler in ("default", "paper"):
-        out["paper"] = paper_schedule(ctx.problem)
-    for name, fn in BASELINES.items():
-        out[name] = fn(ctx.problem)
-    return out
-
-
-def _cached(ctx: PlanContext) -> Callable[[Schedule], Evaluated]:
-    return lambda s: evaluate_cached(ctx, s)
-
-
-def _plan_round(
-    ctx: PlanContext,
-    scheduler: str,
-    time_limit_s: float,
-    check_memory: bool,
-    solver: SolverChoice | None = None,
-    passes: PassOptions = ALL_PASSES,
-) -> tuple[dict[str, Evaluated], Evaluated]:
-    """Every candidate schedule evaluated, and the one ``scheduler`` picks."""
-    cached = _cached(ctx)
-    schedules = _schedules(ctx, scheduler, time_limit_s, check_memory, cached, solver, passes)
-    # the pick is spread whatever it could gain, and the baselines too where the plan reports
-    # this round's (without the lever search; with it, their own tuned plans, spread there)
-    reported = not (check_memory and ctx.per_part)
-    always = {scheduler, *(BASELINES if reported else ())}
-    evaluated = spread_round(ctx, {k: cached(s) for k, s in schedules.items()}, always)
-    if scheduler == "default":
-        chosen = min(evaluated.values(), key=lambda e: _key(e, ctx, check_memory))
-    else:
-        chosen = evaluated[scheduler]
-    return evaluated, chosen
 
 
 def _make(name: str, problem: Problem) -> Schedule:
@@ -166,6 +112,7 @@ def make_plan(
     micro_batches: int | None = None,
     zero_stage: int | None = None,
     passes: PassOptions = ALL_PASSES,
+    jobs: int | None = None,
 ) -> Plan:
     """Plan one training iteration of ``graph`` (see the module docstring for schedulers).
 
@@ -183,7 +130,9 @@ def make_plan(
     to be pessimistic.
     ``solver``: the MILP solver, "highs" or "cbc" (default: ``$SPINDLE_SOLVER``, else HiGHS;
     see ``planner.solver``). ``passes``: the ``milp`` scheduler's passes to run (all by
-    default; ``bench/plan_quality.py --ablation`` switches each off in turn).
+    default; ``bench/plan_quality.py --ablation`` switches each off in turn). ``jobs``: helper
+    processes planning the runner-up settings' rounds beside this one (``round_helper``;
+    default: one per spare core, up to ``RUNNERS_UP``; 0: none).
     ``lower_bound_s`` is the LP bound (``lp_bound``) over the micro-batch counts the planner
     tried: the least over k of k times the LP of one pass's curves at k plus the floors of the
     step terms the LP does not count (``step_floor``: loss phase, optimizer, closing
@@ -203,6 +152,13 @@ def make_plan(
     t0 = time.perf_counter()
     search: LeverSearch | None = None
     fit = Fit()
+    helpers: tuple[str, ...] = ()  # processes planning runner-up rounds (``round_helper``)
+    modules: tuple[str, ...] | None = ()
+    if check_memory and has_slice_memory(cost) and scheduler in ("default", "milp"):
+        count = helper_count(jobs, RUNNERS_UP)
+        modules = kind_modules(graph) if count else None
+        if modules is not None:
+            helpers = start_helpers(count)  # they start while the search runs
     if check_memory and has_slice_memory(cost):
         search = LeverSearch(graph, cost, micro_batches=micro_batches, zero_stage=zero_stage)
         fit = search.search(_quick(scheduler))
@@ -212,47 +168,73 @@ def make_plan(
     else:
         stage = 1 if zero_stage is None else zero_stage
         ctx = context(graph, cost, Levers(micro_batches or 1, stage), enforce=False)
-    # runner-up settings share the MILP's time with the search's best (``RUNNER_UP_MARGIN``)
+    # runner-up settings share the MILP's time with the search's best (``RUNNER_UP_MARGIN``),
+    # their rounds planned by the helpers while this process plans the best's
     rivals = _runners_up(fit, ctx) if scheduler in ("default", "milp") else ()
     limit = time_limit_s / (1 + len(rivals))
-    evaluated, chosen = _plan_round(ctx, scheduler, limit, check_memory, choice, passes)
-    trial = fit.best
-    while search is not None and trial is not None and not chosen.fits:
-        nxt = search.step(trial, chosen)  # the MILP's pick may still overflow
-        if nxt is None:
-            break
-        trial = search.trial(nxt, _quick(scheduler))
-        if trial.ctx is None:
-            break
-        ctx = trial.ctx
-        fit.reasons.append(f"the {chosen.schedule.name} plan overflowed")
-        evaluated, chosen = _plan_round(ctx, scheduler, limit, check_memory, choice, passes)
-    if not chosen.fits and check_memory:
-        raise PlanError(overflow_message(ctx, chosen))
-    # (the overflow loop above only adds recompute: the plan's k is still none of the rivals')
-    own_ctx, own_pick = ctx, chosen
-    rounds: list[tuple[Trial, Evaluated]] = []
-    for rival in rivals:
-        assert rival.ctx is not None
-        rival_evaluated, pick = _plan_round(
-            rival.ctx, scheduler, limit, check_memory, choice, passes
+
+    def own() -> tuple[PlanContext, dict[str, Evaluated], Evaluated]:
+        here_ctx, trial = ctx, fit.best
+        evaluated, chosen = plan_round(here_ctx, scheduler, limit, check_memory, choice, passes)
+        while search is not None and trial is not None and not chosen.fits:
+            nxt = search.step(trial, chosen)  # the MILP's pick may still overflow
+            if nxt is None:
+                break
+            trial = search.trial(nxt, _quick(scheduler))
+            if trial.ctx is None:
+                break
+            here_ctx = trial.ctx
+            fit.reasons.append(f"the {chosen.schedule.name} plan overflowed")
+            evaluated, chosen = plan_round(here_ctx, scheduler, limit, check_memory, choice, passes)
+        if not chosen.fits and check_memory:
+            raise PlanError(overflow_message(here_ctx, chosen))
+        own_ctx[:] = [here_ctx]
+        return here_ctx, evaluated, chosen
+
+    def rival_here(i: int) -> Round:
+        rival_ctx = rivals[i].ctx
+        assert rival_ctx is not None
+        return plan_round(rival_ctx, scheduler, limit, check_memory, choice, passes)
+
+    requests = [
+        RoundRequest(
+            graph, cost, r.levers, scheduler, limit, check_memory, choice, passes, modules or ()
         )
+        for r in rivals
+    ]
+    # what the plan needs whatever the rounds find, done while the helpers plan rounds
+    own_ctx: list[PlanContext] = []
+    tuned: dict[str, tuple[Evaluated, PlanContext]] = {}
+    early: list[Bound] = []
+
+    def meanwhile() -> None:
+        tuned.update(_tuned_baselines(search))
+        if helpers and rivals:
+            early.append(_lower_bound(own_ctx[0], search, choice))
+
+    (ctx, evaluated, chosen), rival_rounds = side_by_side(
+        own, requests, rival_here, helpers if rivals else (), meanwhile=meanwhile
+    )
+    # (the overflow loop above only adds recompute: the plan's k is still none of the rivals')
+    own_pick = chosen
+    rounds: list[tuple[Trial, Evaluated]] = []
+    for rival, (rival_evaluated, pick) in zip(rivals, rival_rounds, strict=True):
+        assert rival.ctx is not None
         rounds.append((rival, pick))
         if pick.fits and pick.iteration_s < chosen.iteration_s * (1 - 1e-9):
             evaluated, chosen, ctx = rival_evaluated, pick, rival.ctx
     best_s = fit.best.time_s if fit.best is not None else 0.0  # (rivals exist only with it)
     runner_up_note = tuple(
-        _runner_up_note(own_ctx, own_pick, rival, best_s, pick, pick is chosen)
+        _runner_up_note(own_ctx[0], own_pick, rival, best_s, pick, pick is chosen)
         for rival, pick in rounds
     )
-    tuned = _tuned_baselines(search)
     # every candidate as the plan reports it: the baselines tuned with their own levers
     ranked = {**evaluated, **{k: ev for k, (ev, _) in tuned.items()}}
     if scheduler == "default":  # a baseline tuned with other levers may be quicker still:
         best = min(tuned.values(), key=lambda t: t[0].iteration_s, default=None)
         if best is not None and best[0].iteration_s < chosen.iteration_s * (1 - 1e-9):
             # plan again with its levers: the MILP may find concurrency that fits there too
-            _, pick = _plan_round(best[1], scheduler, time_limit_s, check_memory, choice, passes)
+            _, pick = plan_round(best[1], scheduler, time_limit_s, check_memory, choice, passes)
             chosen, ctx = best
             if pick.fits and pick.iteration_s < chosen.iteration_s:
                 chosen = ranked[pick.schedule.name] = pick
@@ -273,7 +255,12 @@ def make_plan(
         notes += _lever_notes(ctx, fit, tuned, asked)
     if not chosen.fits:
         notes += ("memory check off: " + overflow_message(ctx, chosen),)
-    bound = _lower_bound(ctx, search, choice)
+    # the bound taken beside the helper's round holds where it bounded the plan's k (it may
+    # also bound the own round's k, where a plan fits that the memory room alone rules out)
+    if early and ctx.levers.micro_batches in early[0].ks:
+        bound = early[0]
+    else:
+        bound = _lower_bound(ctx, search, choice)
     if bound.note:
         notes += (bound.note,)
     extra = {

@@ -19,7 +19,9 @@ complexity, while two things do pay:
   same two cores with a dozen other processes running (tiny_schedule 2.2 s and 5.4 s). So by
   default a worker is started only for a core the load average says is idle.
 
-With one distinct graph, or ``jobs=0``, everything runs in this process.
+With one distinct graph, or ``jobs=0``, everything runs in this process. The plans made side
+by side start no helpers of their own for their runner-up rounds (``planner.round_helper``):
+the phases already fill the cores.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class PlanRequest:
     solver: str | None = None
     micro_batches: int | None = None  # force the lever (None: the planner chooses)
     zero_stage: int | None = None
+    # helper processes for its runner-up rounds (``planner.round_helper``; None: its default)
+    helpers: int | None = None
 
 
 def plan_one(request: PlanRequest) -> Plan:
@@ -72,6 +76,7 @@ def plan_one(request: PlanRequest) -> Plan:
         solver=r.solver,
         micro_batches=r.micro_batches,
         zero_stage=r.zero_stage,
+        jobs=r.helpers,
     )
 
 
@@ -114,14 +119,24 @@ def plan_schedule(
     that cannot be planned."""
     t0 = time.perf_counter()
     graphs, index = distinct_graphs(schedule)
+    most = jobs if jobs is not None else idle_cores()
+    workers = max(0, min(len(graphs) - 1, most))
+    # phases side by side already fill the cores, and ``jobs=0`` asks for one process
+    helpers = 0 if workers or jobs == 0 else None
     requests = [
         PlanRequest(
-            g, profile, scheduler, time_limit_s, check_memory, solver, micro_batches, zero_stage
+            g,
+            profile,
+            scheduler,
+            time_limit_s,
+            check_memory,
+            solver,
+            micro_batches,
+            zero_stage,
+            helpers,
         )
         for g in graphs
     ]
-    most = jobs if jobs is not None else idle_cores()
-    workers = max(0, min(len(requests) - 1, most))
     outcomes = _side_by_side(requests, workers) if workers else _here(requests)
     phases = []
     for p, i in zip(schedule.phases, index, strict=True):

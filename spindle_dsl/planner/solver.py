@@ -45,14 +45,20 @@ class SolverChoice:
 
     ``isolated``: solve in the worker process (a crash degrades to a warning).
     ``notes``: what the user should know about the choice (e.g. a fallback to CBC).
+    ``host``: the helper process it solves in, unisolated (its caller is isolated from it).
     """
 
     name: str = "highs"
     isolated: bool = True
     notes: tuple[str, ...] = ()
+    # where it solves in-process, when that process is itself a helper another one watches
+    # (``planner.round_helper``: a crash there costs the round, which its caller re-plans)
+    host: str = ""
 
     @property
     def label(self) -> str:
+        if self.host:
+            return f"{self.name} (in {self.host})"
         return f"{self.name}{'' if self.isolated else ' (in-process)'}"
 
 

@@ -30,3 +30,13 @@ def worker_pid() -> int:
 
 def fail(*_args: object) -> None:
     raise ValueError("a Python error inside the solve")
+
+
+def tag_round(request):
+    """A helper's round that only says which process ran it and at which k."""
+    return ("helper", os.getpid(), request.levers.micro_batches), ()
+
+
+def crash_round(request):
+    """A helper dying in a round (a native crash in its solver)."""
+    segfault()

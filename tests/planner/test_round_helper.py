@@ -1,0 +1,150 @@
+"""Runner-up rounds in a helper process (``planner.round_helper``): the same round there as
+here, every round done once and in order, a helper that dies or cannot load a round costing
+only its own rounds, and ``make_plan`` using a helper only where asked or a core is spare."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import replace
+
+import pytest
+import standins
+
+from spindle_dsl.cost import make_cost_model
+from spindle_dsl.language import compile_file
+from spindle_dsl.planner import isolate, make_plan, round_helper
+from spindle_dsl.planner.build import context
+from spindle_dsl.planner.levers import Levers
+from spindle_dsl.planner.rounds import RoundRequest, plan_round, remote_round
+from spindle_dsl.planner.solver import choose_solver
+
+
+@pytest.fixture(scope="module")
+def graph(shared_dir):
+    path = shared_dir / "spec" / "qwen_val.spindle"
+    return compile_file(path, mix="pretrain", cluster_overrides={"devices": 16}).graph
+
+
+def request(graph, k: int, scheduler: str = "paper") -> RoundRequest:
+    cost = make_cost_model(graph.cluster)
+    return RoundRequest(graph, cost, Levers(k), scheduler, 0.3, True, choose_solver())
+
+
+def test_a_round_in_the_helper_is_the_round_here(graph) -> None:
+    """The helper rebuilds the lever search's context from the graph, the cost model and the
+    levers: the paper's round (no time limit involved) places and times every candidate the
+    same there as here."""
+    r = request(graph, 8)
+    ctx = context(r.graph, r.cost, r.levers, enforce=True)
+    evaluated, chosen = plan_round(ctx, r.scheduler, r.time_limit_s, r.check_memory, r.solver)
+    (channel,) = round_helper.start(1)
+    (there, there_chosen), caught = isolate.call(remote_round, (r,), 120, channel)
+    assert caught == ()
+    assert set(there) == set(evaluated)
+    for name, ev in evaluated.items():
+        assert there[name].schedule.waves == ev.schedule.waves
+        assert there[name].iteration_s == ev.iteration_s
+        assert there[name].placement.memory == ev.placement.memory
+    assert there_chosen.schedule.name == chosen.schedule.name
+
+
+def test_the_helper_solves_in_itself_and_says_so(graph) -> None:
+    """Its MILPs run in the helper (already isolated from the caller), noted as such."""
+    r = replace(request(graph, 8, scheduler="milp"), time_limit_s=0.2)
+    (channel,) = round_helper.start(1)
+    (_, chosen), _ = isolate.call(remote_round, (r,), 120, channel)
+    assert "solver: highs (in a planning helper)" in chosen.schedule.notes
+
+
+def test_every_round_is_done_once_in_order_here_or_by_the_helper(graph) -> None:
+    requests = [request(graph, k) for k in (2, 4, 8, 16)]
+    helpers = round_helper.start(1)
+    assert isolate.ready(helpers[0], 60)  # (ready before the rounds: it takes some)
+    ran_here: list[int] = []
+
+    def here(i: int):
+        ran_here.append(i)
+        return ("here", os.getpid(), requests[i].levers.micro_batches)
+
+    def own() -> str:
+        import time
+
+        time.sleep(1.0)  # the helper takes rounds meanwhile
+        return "own"
+
+    mine, rounds = round_helper.side_by_side(own, requests, here, helpers, standins.tag_round)
+    assert mine == "own"
+    assert [r[2] for r in rounds] == [2, 4, 8, 16]
+    by_helper = [r for r in rounds if r[0] == "helper"]
+    assert by_helper and all(pid != os.getpid() for _, pid, _ in by_helper)
+    assert len(by_helper) + len(ran_here) == 4 and len(set(ran_here)) == len(ran_here)
+
+
+def test_a_helper_that_dies_costs_its_round_which_runs_here_with_a_warning(graph) -> None:
+    requests = [request(graph, k) for k in (2, 4)]
+    helpers = round_helper.start(1)
+    assert isolate.ready(helpers[0], 60)
+
+    def own() -> str:
+        import time
+
+        time.sleep(0.5)
+        return "own"
+
+    with pytest.warns(isolate.SolverCrashWarning, match="SIGSEGV.*planned it here"):
+        _, rounds = round_helper.side_by_side(
+            own, requests, lambda i: ("here", i), helpers, standins.crash_round
+        )
+    assert rounds == [("here", 0), ("here", 1)]
+
+
+def test_a_round_the_helper_cannot_load_runs_here_quietly(graph) -> None:
+    """A cost model a script defined pickles here but not in a fresh interpreter."""
+
+    class ScriptCost:  # (a local class: it cannot even be pickled)
+        pass
+
+    r = replace(request(graph, 2), cost=ScriptCost())  # type: ignore[arg-type]
+    helpers = round_helper.start(1)
+    assert isolate.ready(helpers[0], 60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, rounds = round_helper.side_by_side(
+            lambda: None, [r], lambda i: ("here", i), helpers, standins.tag_round
+        )
+    assert rounds == [("here", 0)]
+
+
+def test_make_plan_hands_runner_ups_to_a_helper_only_where_asked(graph, monkeypatch) -> None:
+    seen: list[tuple[str, ...]] = []
+    real = round_helper.side_by_side
+
+    def spy(own, requests, here, helpers, **options):
+        seen.append(tuple(helpers))
+        return real(own, requests, here, helpers, **options)
+
+    monkeypatch.setattr("spindle_dsl.planner.side_by_side", spy)
+    cost = make_cost_model(graph.cluster)
+    alone = make_plan(graph, cost, time_limit_s=0.3, jobs=0)
+    helped = make_plan(graph, cost, time_limit_s=0.3, jobs=1)
+    assert seen == [(), (round_helper.CHANNEL,)]
+    # qwen_val at 16 devices has a runner-up: both plans report planning it
+    for plan in (alone, helped):
+        assert any(n.startswith("runner-up levers") for n in plan.notes)
+    # a spare core decides by default
+    monkeypatch.setattr(round_helper, "spare_cores", lambda: 0)
+    assert round_helper.helper_count(None, 3) == 0 and round_helper.helper_count(2, 3) == 2
+    monkeypatch.setattr(round_helper, "spare_cores", lambda: 5)
+    assert round_helper.helper_count(None, 3) == 3
+
+
+def test_kinds_a_script_registered_keep_the_rounds_here(graph, monkeypatch) -> None:
+    from spindle_dsl.kinds import base
+
+    kind = base.get_kind(graph.modules[0].kind)
+    script_kind = type("ScriptKind", (type(kind),), {"__module__": "__main__"})()
+    monkeypatch.setitem(base._REGISTRY, kind.name, script_kind)
+    assert round_helper.kind_modules(graph) is None
+    monkeypatch.undo()
+    assert round_helper.kind_modules(graph) == ()
