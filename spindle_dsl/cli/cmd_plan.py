@@ -269,13 +269,17 @@ def memory_line(memory: list[int], capacity: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spindle_dsl.planner import make_plan
+    from spindle_dsl.planner import RUNNERS_UP, make_plan
     from spindle_dsl.planner.isolate import SolverCrashWarning, warm_up
+    from spindle_dsl.planner.round_helper import helper_count
+    from spindle_dsl.planner.round_helper import start as start_helpers
     from spindle_dsl.planner.solver import choose_solver
 
     solver = choose_solver(args.solver)  # a bad name or setting fails before any work
     if solver.isolated and args.scheduler in ("default", "milp"):
         warm_up()  # the solver process starts while the spec compiles
+    if args.scheduler in ("default", "milp") and not args.no_memory_check:
+        start_helpers(helper_count(args.jobs, RUNNERS_UP))  # so do the planning helpers
     compiled = load_compiled(args)
     if compiled.schedule is not None:
         return run_scheduled(args, compiled.schedule)
