@@ -58,6 +58,11 @@ and the planning time; the bundled workloads at 16 to 128 devices and two more m
 specs written for it (``bench/specs``). The check column holds the issue's targets: within
 1.10x the lower bound (``it/bnd``), unhidden sync at most 5% of the iteration.
 
+Planning times (``plan s``, ``make_plan``'s wall time) are as a user's plans take them in a
+long-lived process (a notebook, a service): where the lever search leaves runner-up settings,
+a planning helper process plans their rounds beside this one where a core is spare
+(``planner.round_helper``), started with the first such plan and kept for the others.
+
 Table 5 (``ablation``): what each pass of the ``milp`` scheduler buys (``PassOptions``):
 the same workloads planned with all passes, with each switched off in turn, and with none,
 printing the ``milp`` candidate's iteration time (and its change against all passes on) and
