@@ -141,24 +141,27 @@ def run(args: argparse.Namespace) -> int:
     made: list[Plan | PlanBundle] = []
 
     def planner() -> Plan | PlanBundle:
-        from spindle_dsl.planner import make_plan
+        from spindle_dsl.planner import isolate, make_plan
 
-        if schedule is not None:
-            from spindle_dsl.cli.plan_phases import plan_bundle
+        try:
+            if schedule is not None:
+                from spindle_dsl.cli.plan_phases import plan_bundle
 
-            made.append(plan_bundle(args, schedule))
-            return made[-1]
-        made.append(
-            make_plan(
-                graph,
-                load_cost_model(args, graph),
-                scheduler=args.scheduler,
-                time_limit_s=args.time_limit,
-                micro_batches=args.micro_batches,
-                zero_stage=args.zero_stage,
+                made.append(plan_bundle(args, schedule))
+                return made[-1]
+            made.append(
+                make_plan(
+                    graph,
+                    load_cost_model(args, graph),
+                    scheduler=args.scheduler,
+                    time_limit_s=args.time_limit,
+                    micro_batches=args.micro_batches,
+                    zero_stage=args.zero_stage,
+                )
             )
-        )
-        return made[-1]
+            return made[-1]
+        finally:  # the solver and planning helper processes are idle while training runs
+            isolate.shutdown()
 
     plan = read_plan_file(args.plan) if args.plan else None
     if plan is not None and (env is None or env[0] == 0):
