@@ -153,12 +153,12 @@ def make_plan(
     search: LeverSearch | None = None
     fit = Fit()
     helpers: tuple[str, ...] = ()  # processes planning runner-up rounds (``round_helper``)
-    modules: tuple[str, ...] | None = ()
+    kinds: tuple[str, ...] = ()  # the modules registering the graph's kinds, for them
     if check_memory and has_slice_memory(cost) and scheduler in ("default", "milp"):
         count = helper_count(jobs, RUNNERS_UP)
-        modules = kind_modules(graph) if count else None
-        if modules is not None:
-            helpers = start_helpers(count)  # they start while the search runs
+        found = kind_modules(graph) if count else None
+        if found is not None:
+            helpers, kinds = start_helpers(count), found  # they start while the search runs
     if check_memory and has_slice_memory(cost):
         search = LeverSearch(graph, cost, micro_batches=micro_batches, zero_stage=zero_stage)
         fit = search.search(_quick(scheduler))
@@ -188,7 +188,6 @@ def make_plan(
             evaluated, chosen = plan_round(here_ctx, scheduler, limit, check_memory, choice, passes)
         if not chosen.fits and check_memory:
             raise PlanError(overflow_message(here_ctx, chosen))
-        own_ctx[:] = [here_ctx]
         return here_ctx, evaluated, chosen
 
     def rival_here(i: int) -> Round:
@@ -197,26 +196,23 @@ def make_plan(
         return plan_round(rival_ctx, scheduler, limit, check_memory, choice, passes)
 
     requests = [
-        RoundRequest(
-            graph, cost, r.levers, scheduler, limit, check_memory, choice, passes, modules or ()
-        )
+        RoundRequest(graph, cost, r.levers, scheduler, limit, check_memory, choice, passes, kinds)
         for r in rivals
     ]
     # what the plan needs whatever the rounds find, done while the helpers plan rounds
-    own_ctx: list[PlanContext] = []
     tuned: dict[str, tuple[Evaluated, PlanContext]] = {}
     early: list[Bound] = []
 
-    def meanwhile() -> None:
+    def meanwhile(mine: tuple[PlanContext, dict[str, Evaluated], Evaluated]) -> None:
         tuned.update(_tuned_baselines(search))
         if helpers and rivals:
-            early.append(_lower_bound(own_ctx[0], search, choice))
+            early.append(_lower_bound(mine[0], search, choice))
 
     (ctx, evaluated, chosen), rival_rounds = side_by_side(
         own, requests, rival_here, helpers if rivals else (), meanwhile=meanwhile
     )
     # (the overflow loop above only adds recompute: the plan's k is still none of the rivals')
-    own_pick = chosen
+    own_ctx, own_pick = ctx, chosen
     rounds: list[tuple[Trial, Evaluated]] = []
     for rival, (rival_evaluated, pick) in zip(rivals, rival_rounds, strict=True):
         assert rival.ctx is not None
@@ -225,7 +221,7 @@ def make_plan(
             evaluated, chosen, ctx = rival_evaluated, pick, rival.ctx
     best_s = fit.best.time_s if fit.best is not None else 0.0  # (rivals exist only with it)
     runner_up_note = tuple(
-        _runner_up_note(own_ctx[0], own_pick, rival, best_s, pick, pick is chosen)
+        _runner_up_note(own_ctx, own_pick, rival, best_s, pick, pick is chosen)
         for rival, pick in rounds
     )
     # every candidate as the plan reports it: the baselines tuned with their own levers

@@ -16,9 +16,9 @@ about 0.2 s) is paid once, and ``warm_up()`` lets the CLI start it while the spe
 
 Channels: each name (``SOLVER`` by default) has its own worker, lock and crash count, so a
 caller can keep a second worker busy beside the first: ``planner.round_helper`` plans the lever
-search's runner-up settings on channels of their own while this process plans its own setting
-(and those workers start their own solver processes). ``warm_up(channel, prepare=...)`` names
-a ``module:function`` the child runs before it says ready (imports, its own solver's start).
+search's runner-up settings on channels of their own while this process plans its own setting.
+``warm_up(channel, prepare=...)`` names a ``module:function`` the child runs before it says
+ready (the imports its calls need).
 
 Protocol: two pipes handed to the child by descriptor, carrying pickles
 (``multiprocessing.connection.Connection`` framing); the child's stdout goes to /dev/null
@@ -133,15 +133,22 @@ class _Worker:
         _crashes[self.channel] = _crashes.get(self.channel, 0) + 1
         return SolverCrash(f"the {self.channel} process {_exit_reason(code)} ({what}){detail}")
 
-    def call(self, fn: Callable[..., T], args: tuple, timeout_s: float) -> T:
+    def handshake(self, wait_s: float) -> bool:
+        """Whether the child has said ready, waiting up to ``wait_s`` for it; ``EOFError`` or
+        ``OSError`` where it died starting."""
         if not self.ready:
-            if not self.results.poll(START_TIMEOUT_S):
-                raise self._died(f"not ready after {START_TIMEOUT_S:.0f} s")
-            try:
-                self.results.recv()  # the child's "ready"
-            except (EOFError, OSError):
-                raise self._died("at start-up") from None
+            if not self.results.poll(wait_s):
+                return False
+            self.results.recv()  # the child's "ready"
             self.ready = True
+        return True
+
+    def call(self, fn: Callable[..., T], args: tuple, timeout_s: float) -> T:
+        try:
+            if not self.handshake(START_TIMEOUT_S):
+                raise self._died(f"not ready after {START_TIMEOUT_S:.0f} s")
+        except (EOFError, OSError):
+            raise self._died("at start-up") from None
         try:
             payload = pickle.dumps((fn, args))
         except Exception as e:  # (a lambda, a local class): nothing was sent
@@ -232,15 +239,10 @@ def ready(channel: str, wait_s: float) -> bool:
         worker = _workers.get(channel)
         if worker is None or not worker.alive():
             return False
-        if not worker.ready:
-            if not worker.results.poll(wait_s):
-                return False
-            try:
-                worker.results.recv()  # the child's "ready"
-            except (EOFError, OSError):
-                return False
-            worker.ready = True
-        return True
+        try:
+            return worker.handshake(wait_s)
+        except (EOFError, OSError):
+            return False
     finally:
         lock.release()
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from spindle_dsl.cluster import usable_cores
 from spindle_dsl.kinds.base import get_kind
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.planner import isolate
@@ -60,13 +61,13 @@ def prepare() -> None:
 
 
 def spare_cores() -> int:
-    """Cores this process may run on that others leave idle beside this process itself (one
-    runnable task while it plans): the cores less what runs, taken as the lesser of the last
-    minute's load average and the tasks runnable right now (``/proc/loadavg``, where there is
-    one). The average alone would count this process's own helpers, busy in the plans just
-    made (a benchmark planning one job after another would then stop using them), and a
-    snapshot alone is noise; a machine others keep busy shows in both."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    """Cores this process may run on (``cluster.usable_cores``) that others leave idle beside
+    this process itself (one runnable task while it plans): the cores less what runs, taken as
+    the lesser of the last minute's load average and the tasks runnable right now
+    (``/proc/loadavg``, where there is one). The average alone would count this process's own
+    helpers, busy in the plans just made (a benchmark planning one job after another would
+    then stop using them), and a snapshot alone is noise; a machine others keep busy shows in
+    both."""
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
@@ -76,7 +77,7 @@ def spare_cores() -> int:
         load = min(load, running)
     except (OSError, IndexError, ValueError):
         pass
-    return max(0, round((cores or 1) - max(load, 1.0)))
+    return max(0, round(usable_cores() - max(load, 1.0)))
 
 
 def helper_count(jobs: int | None, most: int) -> int:
@@ -116,15 +117,15 @@ def side_by_side(
     here: Callable[[int], Round],
     helpers: Sequence[str],
     remote: Callable[[RoundRequest], tuple[Round, Caught]] = remote_round,
-    meanwhile: Callable[[], object] | None = None,
+    meanwhile: Callable[[T], object] | None = None,
 ) -> tuple[T, list[Round]]:
     """``own()`` here, and the round of every request, by the helpers on ``helpers`` or here
     (``here(i)`` runs request i in this process) once ``own`` is done; each round's result in
-    request order. ``meanwhile()`` runs here right after ``own``, while the helpers take
-    rounds (work the caller needs whatever the rounds find; this process then takes the
-    rounds still waiting). Warnings (a solver crash
-    in a helper's round, a helper lost) are raised here, after the rounds, in request order.
-    ``remote`` is what a helper runs (a module-level function: tests stand in for it)."""
+    request order. ``meanwhile`` runs here on ``own``'s result right after it, while the
+    helpers take rounds (work the caller needs whatever the rounds find; this process then
+    takes the rounds still waiting). Warnings (a solver crash in a helper's round, a helper
+    lost) are raised here, after the rounds, in request order. ``remote`` is what a helper
+    runs (a module-level function: tests stand in for it)."""
     waiting = deque(range(len(requests)))
     done: dict[int, Round] = {}
     said: dict[int, Caught] = {}
@@ -158,7 +159,7 @@ def side_by_side(
     try:
         mine = own()
         if meanwhile is not None:  # (first: the helpers take rounds meanwhile)
-            meanwhile()
+            meanwhile(mine)
         while True:
             try:
                 i = waiting.popleft()
