@@ -278,11 +278,11 @@ def run(args: argparse.Namespace) -> int:
     solver = choose_solver(args.solver)  # a bad name or setting fails before any work
     if solver.isolated and args.scheduler in ("default", "milp"):
         warm_up()  # the solver process starts while the spec compiles
-    if args.scheduler in ("default", "milp") and not args.no_memory_check:
-        start_helpers(helper_count(args.jobs, RUNNERS_UP))  # so do the planning helpers
     compiled = load_compiled(args)
     if compiled.schedule is not None:
         return run_scheduled(args, compiled.schedule)
+    if args.scheduler in ("default", "milp") and not args.no_memory_check:
+        start_helpers(helper_count(args.jobs, RUNNERS_UP))  # they start while the costs load
     graph = compiled.graph
     cost = load_cost_model(args, graph)
     with warnings.catch_warnings(record=True) as caught:
