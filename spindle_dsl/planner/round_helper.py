@@ -23,10 +23,11 @@ about 0.25 s longer), and planning the rounds side by side saves more where ther
 runner-ups (its rounds 1.8-2.0 s -> 1.2-1.35 s; the whole plan 3.35-3.73 s -> 2.76-3.04 s,
 ``spindle plan examples/qwen_val.spindle --mix audio_heavy --devices 64 --jobs 0`` against
 ``--jobs 1``, three runs each, the same plan, with the helper started by ``make_plan``; the
-CLI now starts it before, while the cost model loads). A graph whose layer kinds are registered by a
-script (``__main__``) cannot be rebuilt in a helper, nor a cost model whose class a fresh
-interpreter cannot import: their rounds run here. A helper that dies, hangs or fails a round
-costs only that: the round runs here, with a warning.
+CLI now starts it before, while the cost model loads). A graph whose layer kinds are
+registered by a script (``__main__``) or by a module a fresh interpreter cannot import cannot
+be rebuilt in a helper, nor a cost model whose class it cannot import: their rounds run here.
+A helper that dies, hangs or fails a round costs only that: the round runs here, with a
+warning.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def side_by_side(
     requests: Sequence[RoundRequest],
     here: Callable[[int], Round],
     helpers: Sequence[str],
-    remote: Callable[[RoundRequest], tuple[Round, Caught]] = remote_round,
+    remote: Callable[[RoundRequest], tuple[Round, Caught] | None] = remote_round,
     meanwhile: Callable[[T], object] | None = None,
 ) -> tuple[T, list[Round]]:
     """``own()`` here, and the round of every request, by the helpers on ``helpers`` or here
@@ -145,14 +146,16 @@ def side_by_side(
             r = requests[i]
             timeout = ROUND_GRACE_S + 2 * r.time_limit_s + isolate.GRACE_S
             try:
-                done[i], said[i] = isolate.call(remote, (r,), timeout, channel)
+                got = isolate.call(remote, (r,), timeout, channel)
             except isolate.CallNotLoaded:  # (a cost model a script defined): rounds run here
-                waiting.appendleft(i)
-                return
+                got = None
             except isolate.SolverCrash as e:
                 lost.append(f"the {channel} process failed a round ({e.reason}); planned it here")
+                got = None
+            if got is None:  # (or kinds a module registers that the helper cannot import)
                 waiting.appendleft(i)
                 return
+            done[i], said[i] = got
 
     threads = [threading.Thread(target=serve, args=(c,), daemon=True) for c in helpers]
     for t in threads:

@@ -106,14 +106,18 @@ Caught = tuple[tuple[type[Warning], str], ...]
 HELPER = "a planning helper"  # where a remote round solves (``SolverChoice.host``)
 
 
-def remote_round(request: RoundRequest) -> tuple[Round, Caught]:
+def remote_round(request: RoundRequest) -> tuple[Round, Caught] | None:
     """``plan_round`` of ``request`` in the context the lever search builds for its levers,
-    with the warnings it raised, for the caller to raise. Meant for a helper process: its
-    solves run in it, not in a solver process of its own (a crash ends the helper, and the
-    caller plans the round itself), which saves starting one per helper."""
+    with the warnings it raised, for the caller to raise; None where a module registering the
+    graph's kinds does not import here (the caller plans the round itself). Meant for a helper
+    process: its solves run in it, not in a solver process of its own (a crash ends the
+    helper, and the caller plans the round itself), which saves starting one per helper."""
     r = request
-    for module in r.kind_modules:
-        importlib.import_module(module)
+    try:
+        for module in r.kind_modules:
+            importlib.import_module(module)
+    except ImportError:  # (registered by a module only the caller's own import system finds)
+        return None
     ctx = context(r.graph, r.cost, r.levers, enforce=True)
     # this process is the isolation: a solver crash here ends it, and the caller re-plans
     solver = replace(r.solver, isolated=False, host=HELPER) if r.solver.isolated else r.solver

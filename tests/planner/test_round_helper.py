@@ -148,3 +148,15 @@ def test_kinds_a_script_registered_keep_the_rounds_here(graph, monkeypatch) -> N
     assert round_helper.kind_modules(graph) is None
     monkeypatch.undo()
     assert round_helper.kind_modules(graph) == ()
+
+
+def test_kinds_from_a_module_the_helper_cannot_import_keep_the_round_here(graph) -> None:
+    """Pytest's importlib mode, say: the module registering a kind is no import path's."""
+    r = replace(request(graph, 2), kind_modules=("no_such_module_registering_kinds",))
+    assert remote_round(r) is None
+    helpers = round_helper.start(1)
+    assert isolate.ready(helpers[0], 60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, rounds = round_helper.side_by_side(lambda: None, [r], lambda i: ("here", i), helpers)
+    assert rounds == [("here", 0)]
