@@ -271,7 +271,7 @@ def memory_line(memory: list[int], capacity: int) -> str:
 def run(args: argparse.Namespace) -> int:
     from spindle_dsl.planner import RUNNERS_UP, make_plan
     from spindle_dsl.planner.isolate import SolverCrashWarning, warm_up
-    from spindle_dsl.planner.round_helper import helper_count
+    from spindle_dsl.planner.round_helper import has_rounds, helper_count
     from spindle_dsl.planner.round_helper import start as start_helpers
     from spindle_dsl.planner.solver import choose_solver
 
@@ -281,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
     compiled = load_compiled(args)
     if compiled.schedule is not None:
         return run_scheduled(args, compiled.schedule)
-    if args.scheduler in ("default", "milp") and not args.no_memory_check:
+    if has_rounds(args.scheduler, not args.no_memory_check):
         start_helpers(helper_count(args.jobs, RUNNERS_UP))  # they start while the costs load
     graph = compiled.graph
     cost = load_cost_model(args, graph)

@@ -52,7 +52,12 @@ from spindle_dsl.planner.lp_bound import lp_bound as lp_relaxation_bound
 from spindle_dsl.planner.memfit import memory_room, no_fit_message, overflow_message
 from spindle_dsl.planner.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.problem import Problem, Schedule
-from spindle_dsl.planner.round_helper import helper_count, kind_modules, side_by_side
+from spindle_dsl.planner.round_helper import (
+    has_rounds,
+    helper_count,
+    kind_modules,
+    side_by_side,
+)
 from spindle_dsl.planner.round_helper import start as start_helpers
 from spindle_dsl.planner.rounds import Round, RoundRequest, plan_round
 from spindle_dsl.planner.solver import SolverChoice, choose_solver
@@ -154,7 +159,7 @@ def make_plan(
     fit = Fit()
     helpers: tuple[str, ...] = ()  # processes planning runner-up rounds (``round_helper``)
     kinds: tuple[str, ...] = ()  # the modules registering the graph's kinds, for them
-    if check_memory and has_slice_memory(cost) and scheduler in ("default", "milp"):
+    if has_rounds(scheduler, check_memory) and has_slice_memory(cost):
         count = helper_count(jobs, RUNNERS_UP)
         found = kind_modules(graph) if count else None
         if found is not None:

@@ -101,13 +101,15 @@ def kind_modules(graph: MetaGraph) -> tuple[str, ...] | None:
     return tuple(sorted(out))
 
 
-def channels(count: int) -> tuple[str, ...]:
-    return tuple(CHANNEL if i == 0 else f"{CHANNEL} {i + 1}" for i in range(count))
+def has_rounds(scheduler: str, check_memory: bool) -> bool:
+    """Whether a plan with these options can have runner-up rounds for helpers (the lever
+    search runs only with memory checked, and only the MILP schedulers plan runner-ups)."""
+    return check_memory and scheduler in ("default", "milp")
 
 
 def start(count: int) -> tuple[str, ...]:
     """Start ``count`` helpers (those already running are kept); their channels."""
-    names = channels(count)
+    names = tuple(CHANNEL if i == 0 else f"{CHANNEL} {i + 1}" for i in range(count))
     for name in names:
         isolate.warm_up(name, prepare=PREPARE)
     return names
