@@ -23,6 +23,7 @@ from typing import Any
 from spindle_dsl.cli.common import add_spec_arguments, load_compiled, load_cost_model
 from spindle_dsl.cli.plan_phases import add_jobs_argument, run_scheduled
 from spindle_dsl.plan.model import Plan
+from spindle_dsl.render.gap import gap_text
 
 GiB = 2**30
 
@@ -164,6 +165,7 @@ def summary(plan: Plan) -> dict[str, Any]:
         "busy_s": plan.busy_s(),
         "idle_share": plan.idle_share(),
         "over_lp": plan.over_lp(),  # (compute, busy) over the LP bound
+        "gap_split": dict(plan.gap_split() or ()),  # iteration - bound, term by term
         "bounds": plan.extra.get("bounds", {}),
         "level_reference_s": plan.extra.get("level_reference_s"),
         "micro_batches": plan.micro_batches,
@@ -241,9 +243,9 @@ def summary_text(s: dict[str, Any]) -> str:
         )
     if s["ratio_to_bound"] is not None:
         lines.append(f"lower bound: {bound_text(s)}")
-    split = compute_split_text(s)
-    if split:
-        lines.append(split)
+    for line in (gap_text(s.get("gap_split") or {}), compute_split_text(s)):
+        if line:
+            lines.append(line)
     lines.append(
         f"memory levers: {s['micro_batches']} micro-batch{'es' if s['micro_batches'] > 1 else ''}"
         f" per iteration, ZeRO-{s['zero_stage']}, activation recompute on "

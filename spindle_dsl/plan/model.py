@@ -43,6 +43,19 @@ if TYPE_CHECKING:
 FORMAT = "spindle-plan"
 VERSION = 1
 
+# What each term of ``Plan.gap_split`` stands for (a breakdown term less what the bound counts
+# for it), in words for the summary, the report and the bench
+GAP_TERMS = {
+    "compute_s": "compute over the LP",
+    "transfer_s": "activation transfers",
+    "grad_sync_s": "gradient sync past the closing all-reduce",
+    "wave_overhead_s": "wave overheads",
+    "loss_s": "loss phase over its floor",
+    "optimizer_s": "optimizer over its floor",
+    "bound_s": "bound beyond the LP and floors",
+    "other_s": "iteration beyond its breakdown",
+}
+
 
 @dataclass(frozen=True)
 class SpecRef:
@@ -229,6 +242,35 @@ class Plan:
         if not lp or not self.waves:
             return None
         return self.compute_s() / lp, self.busy_s() / lp
+
+    def gap_split(self) -> tuple[tuple[str, float], ...] | None:
+        """Where the iteration's gap to the lower bound goes, term by term (``GAP_TERMS``):
+        each term of ``breakdown`` less what the bound counts for it (the LP at the k that
+        sets the bound for the compute, the step floors there for the loss phase, the
+        optimizer and the closing all-reduce, which ``grad_sync_s`` holds), and, as a
+        negative term, what the bound holds beyond the LP and those floors (the LP weighing
+        the optimizer's per-part work). The terms sum to ``iteration_s - lower_bound_s``, so a
+        user sees which of them a better plan would have to shrink. None for a plan whose
+        bound does not record its floors (older plans, plans without a step model) or
+        without a breakdown."""
+        bounds = self.extra.get("bounds") or {}
+        floors = bounds.get("floors")
+        if not floors or not self.breakdown:
+            return None
+        lp_k = self.lower_bound_s - bounds.get("step_floor_s", 0.0)
+        counted = {
+            "compute_s": lp_k,
+            "loss_s": floors.get("loss_s", 0.0),
+            "optimizer_s": floors.get("optimizer_s", 0.0),
+            "grad_sync_s": floors.get("closing_s", 0.0),
+        }
+        out = [(key, secs - counted.get(key, 0.0)) for key, secs in self.breakdown]
+        beyond = bounds.get("step_floor_s", 0.0) - sum(counted.values()) + lp_k
+        out.append(("bound_s", -beyond))
+        unpriced = self.iteration_s - sum(secs for _, secs in self.breakdown)
+        if abs(unpriced) > 1e-12 * max(self.iteration_s, 1.0):
+            out.append(("other_s", unpriced))
+        return tuple(out)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
         """Jupyter shows the plan as its timeline (``spindle_dsl.render.jupyter``)."""

@@ -270,14 +270,7 @@ def make_plan(
         "level_reference_s": ctx.levers.micro_batches * level_reference_s(ctx.problem),
         "solver_notes": list(chosen.schedule.notes),
         "baseline_levers": {k: _levers_dict(bctx.levers) for k, (_, bctx) in tuned.items()},
-        "bounds": {
-            "lp_s": bound.lp_s,
-            "area_path_s": bound.area_path_s,
-            "lp_wall_s": bound.lp_wall_s,
-            "micro_batches": list(bound.ks),
-            "step_floor_s": bound.step_floor_s,
-            **({"lanes": bound.lanes} if bound.lanes is not None else {}),
-        },
+        "bounds": bound.record(),
     }
     return to_plan(
         ctx,
@@ -365,6 +358,23 @@ class Bound:
     note: str | None = None
     step_floor_s: float = 0.0  # ``seconds`` less the LP alone, at the k that sets it
     lanes: int | None = None  # the cores the bound divides work by, where fewer than devices
+    # the k that sets ``seconds`` and the floors in ``step_floor_s`` at it, term by term: k
+    # loss phases, the optimizer, the closing all-reduce (the rest of ``step_floor_s`` is what
+    # the LP weighing the optimizer's per-part work adds); what ``Plan.gap_split`` reads
+    floor_k: int = 1
+    floor_terms: tuple[tuple[str, float], ...] = ()
+
+    def record(self) -> dict:
+        """The plan's ``extra["bounds"]``."""
+        return {
+            "lp_s": self.lp_s,
+            "area_path_s": self.area_path_s,
+            "lp_wall_s": self.lp_wall_s,
+            "micro_batches": list(self.ks),
+            "step_floor_s": self.step_floor_s,
+            **({"lanes": self.lanes} if self.lanes is not None else {}),
+            "floors": {"micro_batches": self.floor_k, **dict(self.floor_terms)},
+        }
 
 
 def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverChoice) -> Bound:
@@ -436,6 +446,7 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
         if total < best_total:
             best_total, total_k = total, k
     assert best is not None
+    f = each_floor[total_k]
     return Bound(
         best_total,
         None if failed else best.seconds,
@@ -445,6 +456,12 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
         best.note,
         best_total - lp_at[total_k],
         lanes,
+        total_k,
+        (
+            ("loss_s", total_k * f.loss_s),
+            ("optimizer_s", f.optimizer_s),
+            ("closing_s", f.closing_s),
+        ),
     )
 
 

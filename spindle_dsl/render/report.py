@@ -31,6 +31,7 @@ from spindle_dsl.render.colors import Palette
 from spindle_dsl.render.dot_metagraph import metagraph_dot
 from spindle_dsl.render.dot_waves import waves_dot
 from spindle_dsl.render.fmt import device_ranges, fmt_bytes, fmt_seconds
+from spindle_dsl.render.gap import gap_text
 from spindle_dsl.render.graphviz_tools import INSTALL_HINT, dot_available, render_dot
 from spindle_dsl.render.memory import levers_text, memory_levers, memory_summary, memory_svg
 from spindle_dsl.render.phases import bundle_palette, phase_bars, phases_svg
@@ -284,7 +285,9 @@ def _plan_body(
     )
     notes = "".join(f"<li>{escape(n)}</li>" for n in plan.notes)
     h = f"h{level}"
+    gap = gap_text(dict(plan.gap_split() or ()))
     return f"""{_cards(plan)}
+{f'<p class="sub">{escape(gap[0].upper() + gap[1:])}</p>' if gap else ""}
 <p class="legend">{legend}</p>
 {"<ul>" + notes + "</ul>" if notes else ""}
 <{h}>MetaGraph</{h}>{mg}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from html import escape
 
 from spindle_dsl.plan.model import Plan
+from spindle_dsl.render.gap import gap_terms
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class Summary:
     compute_over_lp: float | None = None
     busy_over_lp: float | None = None
     idle_share: float = 0.0
+    # iteration - bound term by term (``Plan.gap_split``); empty where the bound records no
+    # floors
+    gap_split: tuple[tuple[str, float], ...] = ()
 
     @property
     def fits(self) -> bool | None:
@@ -91,6 +95,7 @@ def summarize(plan: Plan) -> Summary:
         compute_over_lp=over_lp[0] if over_lp else None,
         busy_over_lp=over_lp[1] if over_lp else None,
         idle_share=plan.idle_share(),
+        gap_split=plan.gap_split() or (),
     )
 
 
@@ -128,6 +133,18 @@ def summary_html(s: Summary, *, stale: bool = False) -> str:
                 "compute / LP bound",
                 f"{s.compute_over_lp:.2f}× (entries {s.busy_over_lp:.2f}× the LP's "
                 f"device-seconds, {s.idle_share:.1%} idle inside waves)",
+            )
+        )
+    terms = gap_terms(dict(s.gap_split))
+    if terms:
+        rows.append(
+            (
+                "gap to bound",
+                ", ".join(
+                    f"{escape(words)} {'−' if secs < 0 else ''}{fmt_s(abs(secs))} "
+                    f"({abs(share):.0%})"
+                    for words, secs, share in terms[:4]
+                ),
             )
         )
     for sp in s.speedups:
