@@ -177,6 +177,17 @@ class StepOverheads:
         """The least per-part work a holder of ``key`` pays, however many hold it."""
         return min(self.part_seconds(key, nbytes), self.part_alone_seconds(key, nbytes))
 
+    def part_replicated_seconds(self, key: str, nbytes: float) -> float:
+        """The per-part work on one of several holders of a replicated part (ZeRO-0): AdamW
+        over its own tensors, after laying its gradients into the all-reduced flat buffer (one
+        copy; the gradients then view it, nothing is copied back)."""
+        return self.part_alone_seconds(key, nbytes) + 0.5 * self.copy_s_per_byte * nbytes
+
+    def part_shared_least_seconds(self, key: str, nbytes: float) -> float:
+        """The least per-part work each of several holders of ``key`` pays, whatever the ZeRO
+        stage (replicated, or sharded through flat buffers)."""
+        return min(self.part_seconds(key, nbytes), self.part_replicated_seconds(key, nbytes))
+
     def input_line(self, key: str) -> Line | None:
         return self._inputs.get(key)
 

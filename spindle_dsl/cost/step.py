@@ -562,10 +562,11 @@ class StepModel:
             owned[idx] += share  # a set: no device twice
             if zero_stage == 0:
                 # replicated: AdamW over the part's own tensors on every holder, which with
-                # other holders first laid its gradients into the all-reduced flat buffer
-                # (one copy; the gradients then view it, nothing is copied back)
-                copy = 0.5 * o.copy_s_per_byte * h.nbytes if len(h.devices) > 1 else 0.0
-                per_part[idx] += o.part_alone_seconds(key, h.nbytes) + copy
+                # other holders first lays its gradients into the all-reduced flat buffer
+                alone = len(h.devices) == 1
+                per_part[idx] += (o.part_alone_seconds if alone else o.part_replicated_seconds)(
+                    key, h.nbytes
+                )
             else:
                 # an only holder steps the part in place; several share it through flat buffers
                 alone = len(h.devices) == 1

@@ -436,9 +436,16 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
             best = got
         total = got.lower_bound_s + floors[k]
         f = each_floor[k]
-        if f.holder_work and got.seconds is not None:  # the optimizer weighed in the LP too
+        if (f.holder_work or f.holder_groups) and got.seconds is not None:
+            # the optimizer weighed in the LP too
             joint = lp_relaxation_bound(
-                problems[k], k, choice, f.holder_work, rooms.get(k), lanes=lanes
+                problems[k],
+                k,
+                choice,
+                f.holder_work,
+                rooms.get(k),
+                lanes=lanes,
+                holder_groups=f.holder_groups,
             )
             wall += joint.wall_s
             if joint.seconds is not None:

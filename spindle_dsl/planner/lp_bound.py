@@ -238,6 +238,10 @@ class LpInput:
     # how many devices' work the cluster advances at once (module docstring, "Shared cores");
     # None: every device
     lanes: int | None = None
+    # groups of ops (indices) weighed by their widest member, each with its work per layer
+    # on each device holding it, once per step, over k and ``scale`` (``holder_groups`` of
+    # ``lp_bound``); their ops have no ``holder`` work of their own
+    groups: tuple[tuple[tuple[int, ...], float], ...] = ()
 
     @property
     def parallel(self) -> int:
@@ -259,6 +263,9 @@ class LpSolution:
     # the backward phase's duals where ``LpInput.shares`` splits the phases (``mu``, ``ends``
     # and ``edges`` are then the forward phase's); None with one phase
     backward: tuple[float, tuple[float, ...], tuple[tuple[float, ...], ...]] | None = None
+    # per group of ``LpInput.groups``, the duals of its members' constraints (the group's
+    # variable above each member's layer-devices)
+    group_duals: tuple[tuple[float, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -367,8 +374,10 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
     objective_coeffs: list[float] = [1.0] * len(Cs)
     room_vars: list[mip.Var] = []  # sum of the ops' kept bytes (over the room) <= 1
     room_coeffs: list[float] = []
+    xs_of: list[list[mip.Var]] = []
     for m, (layers, pts) in enumerate(zip(inp.layers, inp.points, strict=True)):
         xs = [model.add_var(f"x_{m}_{n}", lb=0.0) for n, _ in pts]
+        xs_of.append(xs)
         model.add_constr(mip.LinExpr(xs, [1.0] * len(xs)) == 1, f"conv_{m}")
         model.add_constr(
             mip.LinExpr([d[m], *xs], [-1.0, *(layers * t for _, t in pts)]) == 0, f"dur_{m}"
@@ -409,6 +418,23 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
     room_c = (
         model.add_constr(mip.LinExpr(room_vars, room_coeffs) >= -1.0, "room") if room_vars else None
     )
+    group_cs = []  # per group, per member: h_g >= L_m sum_n n x[m,n]
+    for gi, (members, work) in enumerate(inp.groups):
+        h = model.add_var(f"h_{gi}", lb=0.0)
+        objective_vars.append(h)
+        objective_coeffs.append(work / N)
+        group_cs.append(
+            [
+                model.add_constr(
+                    mip.LinExpr(
+                        [h, *xs_of[m]], [1.0, *(-inp.layers[m] * n for n, _ in inp.points[m])]
+                    )
+                    >= 0,
+                    f"group_{gi}_{m}",
+                )
+                for m in members
+            ]
+        )
     model.objective = mip.LinExpr(objective_vars, objective_coeffs)
     with _quiet_stdout():
         status = model.optimize(max_seconds=LP_TIME_LIMIT_S)
@@ -434,6 +460,7 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
         wall,
         dual(room_c) if room_c is not None else 0.0,
         phases[1] if len(phases) > 1 else None,
+        tuple(tuple(dual(c) for c in cs) for cs in group_cs),
     )
 
 
@@ -459,6 +486,23 @@ def _repaired(
     return mu / norm, [o / norm for o in out], norm
 
 
+def _group_weights(inp: LpInput, sol: LpSolution) -> dict[int, float]:
+    """Per op in a group, the weight its layer-devices carry in the certificate: the
+    duals of the group's constraints, repaired so that they sum to at most the group's own
+    weight (its work over N). Any such weights make the group's term at least their sum of
+    its members' layer-devices, since the group's variable is above each of them."""
+    out: dict[int, float] = {}
+    duals = sol.group_duals or tuple(() for _ in inp.groups)
+    for (members, work), lams in zip(inp.groups, duals, strict=True):
+        cap = work / inp.parallel
+        lams = [max(0.0, x) for x in lams] or [0.0] * len(members)
+        total = sum(lams)
+        shrink = cap / total * (1 - SAFETY) if total > cap else 1.0
+        for m, lam in zip(members, lams, strict=True):
+            out[m] = lam * shrink
+    return out
+
+
 def certify(
     inp: LpInput, curves: Sequence[Sequence[Curve]], sol: LpSolution, scale: float = 1.0
 ) -> float:
@@ -477,6 +521,7 @@ def certify(
         ]
     norm = max(n for (_, _, n), _ in phases)
     nu = sol.nu / norm * scale if inp.mem else 0.0  # seconds per room
+    group_weight = _group_weights(inp, sol)
     room = 1.0 if inp.mem else 0.0
     value = -nu * room
     for m, options in enumerate(curves):
@@ -487,6 +532,8 @@ def certify(
                 weights = weights + cut[m] * curve.seconds * (phi[m] + mu * curve.ns / inp.parallel)
             if inp.holder:
                 weights = weights + inp.holder[m] * scale * curve.ns / inp.parallel
+            if m in group_weight:
+                weights = weights + group_weight[m] * scale * curve.ns
             least = min(least, inp.layers[m] * float(weights.min()) + nu * curve.kept)
         value += least
     return max(0.0, value * (1 - SAFETY))
@@ -499,6 +546,7 @@ def lp_input(
     micro_batches: int = 1,
     memory: MemoryRoom | None = None,
     lanes: int | None = None,
+    holder_groups: Sequence[tuple[Sequence[str], float]] = (),
 ) -> tuple[LpInput, list[tuple[Curve, ...]]]:
     """The LP's input and, per op, the curves of its lever settings (one without
     ``memory``; with it, the plain curve and, where recompute frees bytes, the recompute
@@ -515,10 +563,18 @@ def lp_input(
             options.append(Curve(c.ns, c.seconds, kept / memory.room))
         curves.append(tuple(c for c in options if len(c.ns)))
     holder: tuple[float, ...] = ()
+    groups: tuple[tuple[tuple[int, ...], float], ...] = ()
     pick = frontier
+    k = max(1, micro_batches)
     if holder_work:
-        k = max(1, micro_batches)
         holder = tuple(max(0.0, holder_work.get(o.id, 0.0)) / k / scale for o in problem.ops)
+        pick = quicker
+    if holder_groups:
+        groups = tuple(
+            (tuple(index[op] for op in ops), max(0.0, work) / k / scale)
+            for ops, work in holder_groups
+            if all(op in index for op in ops)
+        )
         pick = quicker
     points = tuple(tuple((n, t / scale) for c in options for n, t in pick(c)) for options in curves)
     mem = (
@@ -536,6 +592,7 @@ def lp_input(
         mem,
         shares if len(set(shares)) > 1 else (),
         lanes if lanes and lanes < problem.devices else None,
+        groups,
     )
     return inp, curves
 
@@ -547,6 +604,7 @@ def lp_bound(
     holder_work: Mapping[str, float] | None = None,
     memory: MemoryRoom | None = None,
     lanes: int | None = None,
+    holder_groups: Sequence[tuple[Sequence[str], float]] = (),
 ) -> LpBound:
     """The LP bound for plans of ``problem`` run ``micro_batches`` passes per iteration (see
     the module docstring), certified by weak duality; the area / critical-path bound with a
@@ -566,7 +624,13 @@ def lp_bound(
 
     ``lanes`` (``StepModel.lanes``): how many devices' work the cluster advances at once,
     where CPU workers share fewer cores (module docstring, "Shared cores"); None: every
-    device, as on GPUs (default: ``problem.lanes``)."""
+    device, as on GPUs (default: ``problem.lanes``).
+
+    ``holder_groups`` ((op ids, seconds per layer on each device holding it) per group,
+    ``step_floor.holder_groups``): ops that share all their layer parts and no other op runs,
+    whose holder work is at least that of their widest member: a variable above each
+    member's layer-devices carries it (``w / N`` each); the certificate adds the duals of
+    those constraints, repaired to sum to at most ``w / N``, to the members' weights at n."""
     t0 = time.perf_counter()
     solver = solver or SolverChoice()
     lanes = lanes or problem.lanes
@@ -584,7 +648,7 @@ def lp_bound(
         return LpBound(math.inf, math.inf, old * k, k, 0, time.perf_counter() - t0, why, False)
     if memory is not None and (memory.room <= 0 or not memory.binds()):
         memory = None  # it cannot bind (or leaves no room to divide by): the plain LP
-    inp, curves = lp_input(problem, old, holder_work, k, memory, lanes)
+    inp, curves = lp_input(problem, old, holder_work, k, memory, lanes, holder_groups)
     if any(not options for options in curves):
         return without_lp("a MetaOp has no allocation within the devices")
     n_points = sum(len(p) for p in inp.points)

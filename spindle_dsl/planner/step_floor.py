@@ -43,6 +43,27 @@ device pays at least ``alpha`` plus the average over N of all that and the AdamW
 ``lp_bound(holder_work=w)`` plus the rest bounds k x compute plus the optimizer, and the LP
 may find that narrower allocations (fewer holders) pay.
 
+Groups (``holder_groups``). The average above gives each of j ops sharing a part 1/j of its
+work, as if all j ran it on the same devices; where they run side by side on disjoint groups,
+which is what concurrency is, the part's holders are their sum, and the widest op alone
+already counts more than the average. Where two or more ops run the same parts, one per layer,
+and no other op runs any of them (each task's pass through a shared language model), the
+holders summed over those parts are at least ``sum_p max_m n_m(p) >= max_m sum_p n_m(p)``, so
+the work is at least ``w max_m L sum_n x[m,n] n`` with w the least per-part work of the parts,
+undivided: the LP takes it as a variable above each member's ``L sum_n x[m,n] n``
+(``lp_bound(holder_groups=...)``), never below the average, and the groups' ops leave
+``holder_work``. On the issue-15 specs, each task's copy of the shared text tower, encoder or
+decoder is such a group.
+
+Holders (``_holder_lines``). A part's per-part work is not one price per holder: its only
+holder steps it in place (``part_alone_seconds``), but each of h >= 2 holders also copies it
+through a flat buffer (``part_shared_least_seconds``, the least over the ZeRO stages: s), so
+over its holders it costs ``alone`` at h = 1 and at least ``s h`` at h >= 2, and
+``s h - max(0, s - alone)`` is below both. The weights above take s per holder, and the rest
+gives back ``max(0, s - alone)`` per layer part; every part is held at least once, so this is
+never looser than ``min(s, alone)`` per holder, and where a part is held by many devices (a
+shared tower run wide) it counts the copies each of them makes.
+
 Shared cores. Where a node's devices outnumber its cores (CPU workers), the step model runs a
 node's per-device work at most ``cores`` at a time (``cost.step.shared_makespan``): a node's
 loss phase or optimizer lasts at least its devices' summed work over its cores, and at least
@@ -58,7 +79,7 @@ model by pricing no waves.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from spindle_dsl.cost.comm import ceil_div
@@ -79,6 +100,9 @@ class StepFloor:
     closing_s: float
     holder_work: Mapping[str, float] = field(default_factory=dict)
     rest_s: float = 0.0
+    # ops that share every layer part with each other and with no other op, and the least
+    # per-part work of those parts: their holder work is the widest op's (``holder_groups``)
+    holder_groups: tuple[tuple[tuple[str, ...], float], ...] = ()
 
     def total_s(self, micro_batches: int) -> float:
         """What the floors add to an iteration of ``micro_batches`` passes."""
@@ -176,13 +200,66 @@ def holder_split(step: StepModel) -> tuple[dict[str, float], float]:
     for op in step.ops.values():
         for key in {key for key, nbytes in op.layer_parts if nbytes > 0}:
             sharing[key] = sharing.get(key, 0) + 1
+    slope, over = _holder_lines(step, parts, sharing)
     per_op = {}
     for op_id, op in step.ops.items():
         if op.layer_parts and all(key in work for key, _ in op.layer_parts):
-            per_op[op_id] = min(work[key] / sharing[key] for key, _ in op.layer_parts)
+            per_op[op_id] = min(slope[key] / sharing[key] for key, _ in op.layer_parts)
     others = sum(w for key, w in work.items() if key not in sharing)
-    rest = o.optimizer.alpha_s + (o.optimizer.beta_s * sum(parts.values()) + others) / step.lanes
-    return per_op, max(rest, 0.0)
+    bytes_s = o.optimizer.beta_s * sum(parts.values())
+    return per_op, o.optimizer.alpha_s + (bytes_s + others - over) / step.lanes
+
+
+def _holder_lines(
+    step: StepModel, parts: Mapping[str, float], layer_keys: Collection[str]
+) -> tuple[dict[str, float], float]:
+    """Per layer part, the slope of a line below its per-part work summed over h holders,
+    for every h >= 1, and what those lines give up at h = 1, summed (module docstring,
+    "Holders"): one holder pays the part's work alone, each of h >= 2 pays at least the least
+    shared form, s; ``s h - max(0, s - alone)`` is below both."""
+    o = step.overheads
+    slope, over = {}, 0.0
+    for key in layer_keys:
+        nbytes = parts[key]
+        alone = o.part_alone_seconds(key, nbytes)
+        slope[key] = o.part_shared_least_seconds(key, nbytes)
+        over += max(0.0, slope[key] - alone)
+    return slope, over
+
+
+def holder_groups(step: StepModel) -> tuple[tuple[tuple[str, ...], float], ...]:
+    """The groups of ops the LP may weigh by their widest member (module docstring, last
+    paragraph but two): two or more ops whose layers are the same parts, one each, held by
+    no other op, each group with the least per-part work of its parts (not divided among
+    them). Empty where a negative slope or per-part price voids the argument."""
+    o = step.overheads
+    parts = _parts(step)
+    if not parts:
+        return ()
+    work = {key: o.part_least_seconds(key, nbytes) for key, nbytes in parts.items()}
+    if o.optimizer.beta_s < 0 or min(work.values()) < 0:
+        return ()
+    users: dict[str, set[str]] = {}
+    for op_id, op in step.ops.items():
+        for key, nbytes in op.layer_parts:
+            if nbytes > 0:
+                users.setdefault(key, set()).add(op_id)
+    slope, _ = _holder_lines(step, parts, users)
+    by_parts: dict[frozenset[str], list[str]] = {}
+    for op_id, op in step.ops.items():
+        keys = [key for key, _ in op.layer_parts]
+        if (
+            not keys
+            or len(set(keys)) != len(keys)  # a part twice in one op: one holder set for both
+            or any(nbytes <= 0 or key not in work for key, nbytes in op.layer_parts)
+        ):
+            continue
+        by_parts.setdefault(frozenset(keys), []).append(op_id)
+    out = []
+    for keys, ops in by_parts.items():
+        if len(ops) > 1 and all(users[key] == set(ops) for key in keys):
+            out.append((tuple(sorted(ops)), min(slope[key] for key in keys)))
+    return tuple(sorted(out))
 
 
 def step_floor(step: StepModel | None, micro_batches: int) -> StepFloor:
@@ -192,14 +269,18 @@ def step_floor(step: StepModel | None, micro_batches: int) -> StepFloor:
         return NO_FLOOR
     closing = step.price((), micro_batches=micro_batches).closing_s
     per_op, rest = holder_split(step)
+    groups = holder_groups(step)
+    grouped = {op for ops, _ in groups for op in ops}
+    per_op = {op: w for op, w in per_op.items() if op not in grouped}
     return StepFloor(
-        loss_floor_s(step, micro_batches), optimizer_floor_s(step), closing, per_op, rest
+        loss_floor_s(step, micro_batches), optimizer_floor_s(step), closing, per_op, rest, groups
     )
 
 
 __all__ = [
     "NO_FLOOR",
     "StepFloor",
+    "holder_groups",
     "holder_split",
     "loss_floor_s",
     "optimizer_floor_s",

@@ -274,6 +274,61 @@ def test_holder_work_makes_the_lp_prefer_fewer_holders():
     assert held == pytest.approx(2.0 + 4 * 4 * 0.1 / 4, rel=1e-9)
 
 
+def _grouped(p: Problem, s, work: dict[str, float], groups, k: int) -> float:
+    """k x a schedule's compute plus its holder work over the devices, a group's at its
+    widest member's layer-devices: what the LP with holder groups bounds."""
+    layer_devices: dict[str, int] = {}
+    for w in s.waves:
+        for q in w:
+            layer_devices[q.op] = layer_devices.get(q.op, 0) + q.layers * q.n
+    alone = sum(n * work[op] for op, n in layer_devices.items() if op in work)
+    widest = sum(w * max(layer_devices.get(op, 0) for op in ops) for ops, w in groups)
+    return k * s.compute_s(p) + (alone + widest) / p.devices
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 100_000), st.sampled_from([2, 8, 16, 40]), st.integers(1, 8))
+def test_holder_groups_lie_below_every_schedule_and_above_the_average(seed, N, k):
+    """Ops grouped at random, each group weighed by its widest member: the certified bound
+    is below every schedule's k x compute plus that work, tight, and at least the LP that
+    gives each member the group's work over its size (the average)."""
+    rng = random.Random(seed)
+    p = jagged_problem(rng, N, k)
+    passes = rng.choice((1, 3))
+    ids = [o.id for o in p.ops]
+    rng.shuffle(ids)
+    size = rng.choice((2, 3))
+    groups = [
+        (tuple(ids[i : i + size]), rng.uniform(0.0, 0.5) * min(p.ops[0].seconds))
+        for i in range(0, len(ids) - size + 1, size)
+    ]
+    grouped = {op for ops, _ in groups for op in ops}
+    work = {o.id: rng.uniform(0.0, 0.5) * min(o.seconds) for o in p.ops if o.id not in grouped}
+    average = {**work, **{op: w / len(ops) for ops, w in groups for op in ops}}
+    held = lp_bound(p, passes, IN_PROCESS, work, holder_groups=groups)
+    spread = lp_bound(p, passes, IN_PROCESS, average)
+    assert held.seconds is not None and held.seconds >= spread.seconds * (1 - 1e-9)
+    assert held.seconds == pytest.approx(held.primal_s, rel=1e-6)
+    scheds = [paper_schedule(p), cpa_schedule(p)] + [f(p) for f in BASELINES.values()]
+    for s in scheds:
+        assert _grouped(p, s, work, groups, passes) >= held.seconds * (1 - 1e-9), s.name
+
+
+def test_a_group_pays_for_its_widest_member_not_its_average():
+    """Two ops over the same 8 layers, a heavy one that must run wide to meet the area bound
+    (2.5 s) and a light one that can run on one device: the average charges each half the
+    group's 0.2 s per layer-device (3.45 s), the group charges the heavy one's layer-devices
+    whole (4.0 s: a on 4 devices for 11/12 of its layers, where C meets the area bound)."""
+    a = op("a", 8, (), {1: 1.0, 4: 0.25})
+    b = op("b", 8, (), {1: 0.25, 4: 0.0625})
+    p = Problem((a, b), 4)
+    assert lp_bound(p, solver=IN_PROCESS).seconds == pytest.approx(2.5)
+    average = lp_bound(p, solver=IN_PROCESS, holder_work={"a": 0.1, "b": 0.1}).seconds
+    assert average == pytest.approx(3.45, rel=1e-9)
+    group = lp_bound(p, solver=IN_PROCESS, holder_groups=[(("a", "b"), 0.2)]).seconds
+    assert group == pytest.approx(4.0, rel=1e-9)
+
+
 def test_the_memory_room_forces_recompute_where_kept_bytes_must_shrink():
     """One op on one device, T = 2 s plain and 3 s recomputing; it keeps 10 bytes plain and
     2 recomputing in a room of 6: at least half of it must recompute (10 - 8 y <= 6), so

@@ -203,7 +203,9 @@ def test_the_lower_bound_is_the_least_over_the_k_tried(graph) -> None:
     whole = {}
     for k, lp in each.items():
         f = step_floor(step, k)
-        joint = lp_bound(offered[k], k, None, f.holder_work, rooms[k])
+        joint = lp_bound(
+            offered[k], k, None, f.holder_work, rooms[k], holder_groups=f.holder_groups
+        )
         whole[k] = max(lp + f.total_s(k), joint.seconds + f.beside_lp_s(k))
     assert plan.lower_bound_s == pytest.approx(min(whole.values()), rel=1e-9)
     assert b["lp_s"] == pytest.approx(min(each.values()), rel=1e-9)

@@ -16,7 +16,7 @@ from spindle_dsl.cost.step import PieceTime, make_step_model
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner import make_plan
-from spindle_dsl.planner.step_floor import NO_FLOOR, step_floor
+from spindle_dsl.planner.step_floor import NO_FLOOR, holder_groups, step_floor
 
 SPEC = """
 cluster { devices = 8; device = "cpu" }
@@ -104,11 +104,47 @@ def test_floors_are_below_every_placement(seed: int) -> None:
         assert price.optimizer_s >= floor.optimizer_s * (1 - 1e-12)
         assert price.closing_s == pytest.approx(floor.closing_s)
         # the split the LP weighs: per-layer holder work over N plus the rest
-        held = sum(
-            (p.end - p.first) * len(p.devices) * floor.holder_work[p.op] for w in waves for p in w
-        )
-        assert floor.holder_work and floor.rest_s > 0
+        held = lp_holder_work(floor, waves)
+        assert floor.holder_work and floor.holder_groups and floor.rest_s > 0
         assert price.optimizer_s >= (floor.rest_s + held / g.cluster.devices) * (1 - 1e-12)
+
+
+def lp_holder_work(floor, waves) -> float:
+    """The holder work the LP charges these waves, summed over the devices: each op's layers
+    times devices at its own weight, and each group's widest member's at the group's."""
+    layer_devices: dict[str, int] = {}
+    for w in waves:
+        for p in w:
+            layer_devices[p.op] = layer_devices.get(p.op, 0) + (p.end - p.first) * len(p.devices)
+    alone = sum(
+        n * floor.holder_work[op] for op, n in layer_devices.items() if op in floor.holder_work
+    )
+    grouped = sum(
+        work * max(layer_devices.get(op, 0) for op in ops) for ops, work in floor.holder_groups
+    )
+    return alone + grouped
+
+
+def test_groups_are_the_ops_that_share_all_their_parts_and_no_one_else() -> None:
+    """Each task's pass through a shared module is a group, weighed by the least work each
+    of several holders pays for its parts, undivided; an op that also runs a part of its own
+    (words, proj) is in none; and where a third op runs only some of a group's parts, that
+    group is void."""
+    g = compile_text(SPEC).graph
+    step = make_step_model(g, overheads(), grad_in_curves=False)
+    groups = dict(holder_groups(step))
+    assert set(groups) == {("caption/lm", "chat/lm"), ("caption/vision", "match/vision")}
+    o = step.overheads
+    least = min(o.part_shared_least_seconds(k, b) for k, b in step.ops["chat/lm"].layer_parts)
+    assert groups["caption/lm", "chat/lm"] == pytest.approx(least)
+    floor = step_floor(step, 1)
+    assert not {"caption/lm", "chat/lm", "caption/vision", "match/vision"} & set(floor.holder_work)
+    assert {"match/words", "caption/proj"} <= set(floor.holder_work)
+    # a third op over the lm's first layer only: the lm's parts are no longer the group's own
+    ops = dict(step.ops)
+    chat = ops["chat/lm"]
+    ops["probe/lm"] = replace(chat, layer_parts=chat.layer_parts[:1])
+    assert ("caption/lm", "chat/lm") not in dict(holder_groups(replace(step, ops=ops)))
 
 
 def test_loss_floor_is_reached_by_one_sink_on_every_device() -> None:
@@ -152,15 +188,16 @@ def test_the_plan_bound_adds_the_floors_and_stays_below_the_plan() -> None:
 
 def test_a_layer_shared_by_several_metaops_counts_once() -> None:
     """Every MetaOp on every device: each layer part is held once per device, however many
-    MetaOps run it, and the LP's per-layer holder work adds up to exactly that."""
+    MetaOps run it, and the LP's per-layer holder work adds up to exactly that, at the price
+    each of several holders pays."""
     g = compile_text(SPEC).graph
     step = make_step_model(g, overheads(), grad_in_curves=False)
     assert sum(1 for o in g.metaops if o.segments[0][0] == "lm") > 1  # lm is shared
     everyone = tuple(range(g.cluster.devices))
     waves = [[PieceTime(op.id, 0, op.layers, everyone, 0.01)] for op in g.metaops]
     floor = step_floor(step, 1)
-    held = sum(op.layers * floor.holder_work[op.id] for op in g.metaops)
+    held = lp_holder_work(floor, waves) / len(everyone)
     layer_parts = {key: b for op in step.ops.values() for key, b in op.layer_parts if b > 0}
-    once = sum(step.overheads.part_least_seconds(key, b) for key, b in layer_parts.items())
+    once = sum(step.overheads.part_shared_least_seconds(k, b) for k, b in layer_parts.items())
     assert held == pytest.approx(once, rel=1e-12)
     assert step.price(waves).optimizer_s >= floor.rest_s + held * (1 - 1e-12)
