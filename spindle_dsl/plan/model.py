@@ -251,22 +251,22 @@ class Plan:
         negative term, what the bound holds beyond the LP and those floors (the LP weighing
         the optimizer's per-part work). The terms sum to ``iteration_s - lower_bound_s``, so a
         user sees which of them a better plan would have to shrink. None for a plan whose
-        bound does not record its floors (older plans, plans without a step model) or
-        without a breakdown."""
+        bound does not record its floors (plans written before it did) or without a
+        breakdown."""
         bounds = self.extra.get("bounds") or {}
         floors = bounds.get("floors")
         if not floors or not self.breakdown:
             return None
-        lp_k = self.lower_bound_s - bounds.get("step_floor_s", 0.0)
+        step_floors = bounds.get("step_floor_s", 0.0)
         counted = {
-            "compute_s": lp_k,
+            "compute_s": self.lower_bound_s - step_floors,  # the LP at the bound's k
             "loss_s": floors.get("loss_s", 0.0),
             "optimizer_s": floors.get("optimizer_s", 0.0),
             "grad_sync_s": floors.get("closing_s", 0.0),
         }
         out = [(key, secs - counted.get(key, 0.0)) for key, secs in self.breakdown]
-        beyond = bounds.get("step_floor_s", 0.0) - sum(counted.values()) + lp_k
-        out.append(("bound_s", -beyond))
+        floor_terms = counted["loss_s"] + counted["optimizer_s"] + counted["grad_sync_s"]
+        out.append(("bound_s", floor_terms - step_floors))
         unpriced = self.iteration_s - sum(secs for _, secs in self.breakdown)
         if abs(unpriced) > 1e-12 * max(self.iteration_s, 1.0):
             out.append(("other_s", unpriced))

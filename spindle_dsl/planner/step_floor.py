@@ -167,15 +167,27 @@ def _parts(step: StepModel) -> dict[str, float]:
     return parts
 
 
-def optimizer_floor_s(step: StepModel) -> float:
-    """The optimizer can take no less than this on the busiest device (module docstring)."""
+def _part_work(step: StepModel) -> tuple[dict[str, float], dict[str, float]] | None:
+    """Every trainable part's gradient bytes and the least per-part work a holder of it
+    pays; None where there is none, or where a negative slope or per-part price voids the
+    arguments that use them (module docstring)."""
     o = step.overheads
     parts = _parts(step)
     if not parts:
-        return 0.0
+        return None
     work = {key: o.part_least_seconds(key, nbytes) for key, nbytes in parts.items()}
     if o.optimizer.beta_s < 0 or min(work.values()) < 0:
+        return None
+    return parts, work
+
+
+def optimizer_floor_s(step: StepModel) -> float:
+    """The optimizer can take no less than this on the busiest device (module docstring)."""
+    o = step.overheads
+    got = _part_work(step)
+    if got is None:
         return 0.0
+    parts, work = got
     N = step.devices
     alpha, beta = o.optimizer.alpha_s, o.optimizer.beta_s
     average = alpha + (beta * sum(parts.values()) + sum(work.values())) / step.lanes
@@ -190,12 +202,10 @@ def holder_split(step: StepModel) -> tuple[dict[str, float], float]:
     that are not layers (input stages, LM heads), each on at least one holder. Nothing (an
     empty map and 0) where a negative slope or per-part price voids the argument."""
     o = step.overheads
-    parts = _parts(step)
-    if not parts:
+    got = _part_work(step)
+    if got is None:
         return {}, 0.0
-    work = {key: o.part_least_seconds(key, nbytes) for key, nbytes in parts.items()}
-    if o.optimizer.beta_s < 0 or min(work.values()) < 0:
-        return {}, 0.0
+    parts, work = got
     sharing: dict[str, int] = {}
     for op in step.ops.values():
         for key in {key for key, nbytes in op.layer_parts if nbytes > 0}:
@@ -228,17 +238,14 @@ def _holder_lines(
 
 
 def holder_groups(step: StepModel) -> tuple[tuple[tuple[str, ...], float], ...]:
-    """The groups of ops the LP may weigh by their widest member (module docstring, last
-    paragraph but two): two or more ops whose layers are the same parts, one each, held by
-    no other op, each group with the least per-part work of its parts (not divided among
-    them). Empty where a negative slope or per-part price voids the argument."""
-    o = step.overheads
-    parts = _parts(step)
-    if not parts:
+    """The groups of ops the LP may weigh by their widest member (module docstring,
+    "Groups"): two or more ops whose layers are the same parts, one each, held by no other
+    op, each group with the least per-holder work of its parts (``_holder_lines``, not
+    divided among them). Empty where a negative slope or per-part price voids the argument."""
+    got = _part_work(step)
+    if got is None:
         return ()
-    work = {key: o.part_least_seconds(key, nbytes) for key, nbytes in parts.items()}
-    if o.optimizer.beta_s < 0 or min(work.values()) < 0:
-        return ()
+    parts, work = got
     users: dict[str, set[str]] = {}
     for op_id, op in step.ops.items():
         for key, nbytes in op.layer_parts:
