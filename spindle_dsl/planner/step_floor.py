@@ -197,27 +197,57 @@ def optimizer_floor_s(step: StepModel) -> float:
 
 def holder_split(step: StepModel) -> tuple[dict[str, float], float]:
     """The optimizer split for the LP (module docstring, last paragraph): per op the least
-    over its layers of the layer part's per-part work over the number of ops sharing that
-    part, and the rest: ``alpha + (beta T + P') / N`` with P' the per-part work of the parts
-    that are not layers (input stages, LM heads), each on at least one holder. Nothing (an
-    empty map and 0) where a negative slope or per-part price voids the argument."""
+    over its layers of the layer part's per-holder work (``_holder_lines``) over the number of
+    ops sharing that part, and the rest: ``alpha + (beta T + P' - over) / N`` with P' the
+    per-part work of the parts that are not layers (input stages, LM heads), each on at least
+    one holder, and ``over`` what the holder lines give back. Nothing (an empty map and 0)
+    where a negative slope or per-part price voids the argument."""
+    per_op, rest, _ = _holder_terms(step)
+    return per_op, rest
+
+
+def holder_groups(step: StepModel) -> tuple[tuple[tuple[str, ...], float], ...]:
+    """The groups of ops the LP may weigh by their widest member (module docstring,
+    "Groups"): two or more ops whose layers are the same parts, one each, held by no other
+    op, each group with the least per-holder work of its parts (``_holder_lines``, not
+    divided among them). Empty where a negative slope or per-part price voids the argument."""
+    return _holder_terms(step)[2]
+
+
+def _holder_terms(
+    step: StepModel,
+) -> tuple[dict[str, float], float, tuple[tuple[tuple[str, ...], float], ...]]:
+    """``holder_split`` and ``holder_groups`` from one pass over the parts and their users."""
     o = step.overheads
     got = _part_work(step)
     if got is None:
-        return {}, 0.0
+        return {}, 0.0, ()
     parts, work = got
-    sharing: dict[str, int] = {}
-    for op in step.ops.values():
-        for key in {key for key, nbytes in op.layer_parts if nbytes > 0}:
-            sharing[key] = sharing.get(key, 0) + 1
-    slope, over = _holder_lines(step, parts, sharing)
+    users: dict[str, set[str]] = {}  # per layer part, the ops that run it
+    for op_id, op in step.ops.items():
+        for key, nbytes in op.layer_parts:
+            if nbytes > 0:
+                users.setdefault(key, set()).add(op_id)
+    slope, over = _holder_lines(step, parts, users)
     per_op = {}
+    by_parts: dict[frozenset[str], list[str]] = {}
     for op_id, op in step.ops.items():
         if op.layer_parts and all(key in work for key, _ in op.layer_parts):
-            per_op[op_id] = min(slope[key] / sharing[key] for key, _ in op.layer_parts)
-    others = sum(w for key, w in work.items() if key not in sharing)
+            per_op[op_id] = min(slope[key] / len(users[key]) for key, _ in op.layer_parts)
+            keys = [key for key, _ in op.layer_parts]
+            if len(set(keys)) == len(keys):  # a part twice in one op: one holder set for both
+                by_parts.setdefault(frozenset(keys), []).append(op_id)
+    others = sum(w for key, w in work.items() if key not in users)
     bytes_s = o.optimizer.beta_s * sum(parts.values())
-    return per_op, o.optimizer.alpha_s + (bytes_s + others - over) / step.lanes
+    rest = o.optimizer.alpha_s + (bytes_s + others - over) / step.lanes
+    groups = tuple(
+        sorted(
+            (tuple(sorted(ops)), min(slope[key] for key in keys))
+            for keys, ops in by_parts.items()
+            if len(ops) > 1 and all(users[key] == set(ops) for key in keys)
+        )
+    )
+    return per_op, rest, groups
 
 
 def _holder_lines(
@@ -237,46 +267,13 @@ def _holder_lines(
     return slope, over
 
 
-def holder_groups(step: StepModel) -> tuple[tuple[tuple[str, ...], float], ...]:
-    """The groups of ops the LP may weigh by their widest member (module docstring,
-    "Groups"): two or more ops whose layers are the same parts, one each, held by no other
-    op, each group with the least per-holder work of its parts (``_holder_lines``, not
-    divided among them). Empty where a negative slope or per-part price voids the argument."""
-    got = _part_work(step)
-    if got is None:
-        return ()
-    parts, work = got
-    users: dict[str, set[str]] = {}
-    for op_id, op in step.ops.items():
-        for key, nbytes in op.layer_parts:
-            if nbytes > 0:
-                users.setdefault(key, set()).add(op_id)
-    slope, _ = _holder_lines(step, parts, users)
-    by_parts: dict[frozenset[str], list[str]] = {}
-    for op_id, op in step.ops.items():
-        keys = [key for key, _ in op.layer_parts]
-        if (
-            not keys
-            or len(set(keys)) != len(keys)  # a part twice in one op: one holder set for both
-            or any(nbytes <= 0 or key not in work for key, nbytes in op.layer_parts)
-        ):
-            continue
-        by_parts.setdefault(frozenset(keys), []).append(op_id)
-    out = []
-    for keys, ops in by_parts.items():
-        if len(ops) > 1 and all(users[key] == set(ops) for key in keys):
-            out.append((tuple(sorted(ops)), min(slope[key] for key in keys)))
-    return tuple(sorted(out))
-
-
 def step_floor(step: StepModel | None, micro_batches: int) -> StepFloor:
     """The floors for plans of ``micro_batches`` passes priced by ``step`` (none without a
     step model: then the iteration is compute, transfers and sync, and the LP is the bound)."""
     if step is None:
         return NO_FLOOR
     closing = step.price((), micro_batches=micro_batches).closing_s
-    per_op, rest = holder_split(step)
-    groups = holder_groups(step)
+    per_op, rest, groups = _holder_terms(step)
     grouped = {op for ops, _ in groups for op in ops}
     per_op = {op: w for op, w in per_op.items() if op not in grouped}
     return StepFloor(
