@@ -4,13 +4,14 @@
    precedence) over a few candidate allocations around the continuous optimum, warm-started
    from the paper's waves for that level, so it can only match or beat them.
 2. ``improve``: re-split layers between pieces, ``rebalance`` each wave's allocations, and
-   ``backfill`` (MetaOps start in the first wave after their own inputs are done). Four
+   ``backfill`` (MetaOps start in the first wave after their own inputs are done). Five
    more starts get the same treatment: CPA list scheduling across levels (``listsched``),
    task-parallel chains (the ``optimus`` layout), tasks side by side on min-max groups with
-   each task's branches side by side (``taskpar``), and the levels with their short MetaOps
-   in turn on shared devices (``packing``); the paper's own plan is a sixth, and the
-   ``distmm`` and ``sequential`` layouts (the least memory-hungry, which polish can make
-   concurrent where memory allows) come as they are.
+   each task's branches side by side (``taskpar``), the levels with their short MetaOps
+   in turn on shared devices (``packing``), and the head of the critical chain alone on
+   its quickest allocations before the rest task-parallel (``chainstart``); the paper's own
+   plan is a seventh, and the ``distmm`` and ``sequential`` layouts (the least memory-hungry,
+   which polish can make concurrent where memory allows) come as they are.
 3. If the model stays small, one MILP over all waves with precedence constraints, warm-
    started from the best start (never worse than it), adds one more candidate.
 4. ``polish``: local search on the placed plan's real iteration time (transfers and
@@ -45,6 +46,7 @@ from dataclasses import replace
 from spindle_dsl.planner.allocator import level_optimum
 from spindle_dsl.planner.baselines import distmm_schedule, optimus_schedule, sequential_schedule
 from spindle_dsl.planner.bounds import level_reference_s
+from spindle_dsl.planner.chainstart import chain_head_schedule
 from spindle_dsl.planner.crosslevel import improve, rebalance
 from spindle_dsl.planner.isolate import SolverCrashWarning, crash_count
 from spindle_dsl.planner.listsched import cpa_schedule
@@ -276,6 +278,9 @@ def _stages(
         packed = packed_schedule(problem)
         if packed is not None:
             starts["packed"] = packed
+        chain = chain_head_schedule(problem)
+        if chain is not None:
+            starts["chain"] = chain
     each = IMPROVE_SHARE * time_limit_s
     improved = {
         k: replace(improve(problem, s, budget(each), solver, passes), name="milp")
