@@ -31,11 +31,32 @@ def area_bound_s(problem: Problem, lanes: int | None = None) -> float:
     )
 
 
-def critical_path_s(problem: Problem) -> float:
+def _longest_paths(problem: Problem) -> tuple[dict[str, float], dict[str, str | None]]:
+    """Per op, the longest dependency path ending with it, each op at its least time, and
+    the dep that path comes through (None at a source)."""
     longest: dict[str, float] = {}
-    for o in problem.ops:
-        longest[o.id] = o.layers * o.min_time + max((longest[d] for d in o.deps), default=0.0)
-    return max(longest.values(), default=0.0)
+    via: dict[str, str | None] = {}
+    for o in problem.ops:  # a topological order
+        dep = max(o.deps, key=lambda d: longest[d], default=None)
+        longest[o.id] = o.layers * o.min_time + (longest[dep] if dep is not None else 0.0)
+        via[o.id] = dep
+    return longest, via
+
+
+def critical_path_s(problem: Problem) -> float:
+    return max(_longest_paths(problem)[0].values(), default=0.0)
+
+
+def critical_chain(problem: Problem) -> list[str]:
+    """The MetaOps of the critical path (the longest, each op at its least time), from
+    source to sink; empty without MetaOps."""
+    longest, via = _longest_paths(problem)
+    node = max(longest, key=lambda i: longest[i], default=None)
+    chain: list[str] = []
+    while node is not None:
+        chain.append(node)
+        node = via[node]
+    return chain[::-1]
 
 
 def lower_bound_s(problem: Problem, lanes: int | None = None) -> float:

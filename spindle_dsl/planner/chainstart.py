@@ -10,37 +10,22 @@ the long tail early; the other tasks fill the devices beside the tail. No other 
 that shape: the level starts share the first level's devices among every task's encoders,
 and the task layouts give the chain one group from start to end.
 
-How. The critical chain is the longest path with every MetaOp at its quickest allocation.
-Each MetaOp of its head (all but the last, up to the first with an input from off the chain,
-which would have to run first) runs all its layers in a wave of its own on its quickest
-allocation; the rest, with those deps met, is laid out task-parallel (``taskpar``), which
-gives the chain's tail a group sized with the other tasks'. The scheduler improves and
-polishes it as every start; where it is not the quickest it is simply not kept.
+How. The critical chain is the longest path with every MetaOp at its quickest allocation
+(``bounds.critical_chain``, the path the critical-path bound measures). Each MetaOp of its
+head (all but the last, up to the first with an input from off the chain, which would have
+to run first) runs all its layers in a wave of its own on its quickest allocation; the rest,
+with those deps met, is laid out task-parallel (``taskpar``), which gives the chain's tail a
+group sized with the other tasks'. The scheduler improves and polishes it as every start;
+where it is not the quickest it is simply not kept.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from spindle_dsl.planner.bounds import critical_chain
 from spindle_dsl.planner.problem import Piece, Problem, Schedule
 from spindle_dsl.planner.taskpar import task_parallel_schedule
-
-
-def critical_chain(problem: Problem) -> list[str]:
-    """The longest dependency path, each MetaOp at its least time (its quickest allocation),
-    from source to sink."""
-    finish: dict[str, float] = {}
-    via: dict[str, str | None] = {}
-    for o in problem.ops:  # a topological order
-        dep = max(o.deps, key=lambda d: finish[d], default=None)
-        finish[o.id] = o.layers * o.min_time + (finish[dep] if dep is not None else 0.0)
-        via[o.id] = dep
-    node: str | None = max(finish, key=lambda i: finish[i])
-    chain: list[str] = []
-    while node is not None:
-        chain.append(node)
-        node = via[node]
-    return chain[::-1]
 
 
 def chain_head(problem: Problem) -> list[str]:

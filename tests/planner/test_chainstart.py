@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synth import random_problem
 
-from spindle_dsl.planner.chainstart import chain_head, chain_head_schedule, critical_chain
+from spindle_dsl.planner.bounds import critical_chain, critical_path_s
+from spindle_dsl.planner.chainstart import chain_head, chain_head_schedule
 from spindle_dsl.planner.problem import OpSpec, Problem, schedule_errors
 from spindle_dsl.planner.taskpar import task_parallel_schedule
 
@@ -38,7 +39,12 @@ def _flamingo_shaped() -> Problem:
 
 
 def test_the_critical_chain_is_the_longest_path_at_each_ops_quickest():
-    assert critical_chain(_flamingo_shaped()) == ["c/tower", "c/sampler", "c/lm"]
+    p = _flamingo_shaped()
+    chain = critical_chain(p)
+    assert chain == ["c/tower", "c/sampler", "c/lm"]
+    # the path whose length the critical-path bound is
+    length = sum(p.op(i).layers * p.op(i).min_time for i in chain)
+    assert abs(length - critical_path_s(p)) <= 1e-12 * length
 
 
 def test_the_head_runs_alone_first_each_op_on_its_quickest_allocation():
