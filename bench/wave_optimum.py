@@ -141,7 +141,7 @@ def row(case: str, milp_s: float, time_limit: float) -> dict:
         "case": name,
         "n": int(n),
         "k": k,
-        "lp": (lp.seconds or lp.area_path_s) / k,
+        "lp": lp.lower_bound_s / k,
         "plan_c": mine.compute_s(problem),
         "start_c": start.compute_s(problem),
         "milp_c": found.compute_s(problem),
