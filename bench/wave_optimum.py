@@ -16,9 +16,10 @@ search the planner runs on its own candidates (``planner.polish``), so the itera
 - ``LP``: the LP bound on one pass's compute (``planner.lp_bound``, no step floors);
 - ``plan``/``start``/``MILP`` compute: one pass's waves, summed (what the MILP minimises);
 - ``plan``/``MILP`` iteration: the placed step (transfers, gradient sync, losses, optimizer)
-  after the loss-phase passes ``spindle plan`` runs on its pick (``lossspread.balance_losses``),
-  which can land a little off the plan's reported iteration, given beside it as ``reported``
-  (its relabelings are searched among a round's candidates);
+  after the relabeling passes ``spindle plan`` runs on its pick
+  (``lossspread.relabel_and_spread``), which can land a little off the plan's reported
+  iteration, given beside it as ``reported`` (its relabelings are searched among a round's
+  candidates);
 - ``plan/bnd``, ``MILP/bnd``: each iteration over the plan's reported lower bound.
 
 Where the MILP ends where it started (status ``feasible``, its compute the start's), the
@@ -47,7 +48,7 @@ from spindle_dsl.language import compile_file  # noqa: E402
 from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S, make_plan  # noqa: E402
 from spindle_dsl.planner.build import context, evaluate  # noqa: E402
 from spindle_dsl.planner.levers import Levers  # noqa: E402
-from spindle_dsl.planner.lossspread import balance_losses  # noqa: E402
+from spindle_dsl.planner.lossspread import relabel_and_spread  # noqa: E402
 from spindle_dsl.planner.lp_bound import lp_bound  # noqa: E402
 from spindle_dsl.planner.milp import WaveModelSpec, solve_waves  # noqa: E402
 from spindle_dsl.planner.milp_scheduler import _compute_cap, milp_schedule  # noqa: E402
@@ -147,8 +148,8 @@ def row(case: str, milp_s: float, time_limit: float) -> dict:
         "milp_c": found.compute_s(problem),
         "status": res.status.value,
         "wall": wall,
-        "plan_it": balance_losses(ctx, evaluate(ctx, mine)).iteration_s,
-        "milp_it": balance_losses(ctx, evaluate(ctx, polished)).iteration_s,
+        "plan_it": relabel_and_spread(ctx, evaluate(ctx, mine)).iteration_s,
+        "milp_it": relabel_and_spread(ctx, evaluate(ctx, polished)).iteration_s,
         "reported": plan.iteration_s,
         "bound": plan.lower_bound_s,
     }

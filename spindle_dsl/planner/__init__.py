@@ -42,11 +42,12 @@ from spindle_dsl.planner.build import (
     context,
     to_plan,
 )
+from spindle_dsl.planner.cutmatch import MATCH_NOTE
 from spindle_dsl.planner.isolate import warm_up
 from spindle_dsl.planner.levers import Levers, pass_problem
 from spindle_dsl.planner.leversearch import Fit, Judge, LeverSearch, Trial
 from spindle_dsl.planner.lossbalance import SPREAD_NOTE
-from spindle_dsl.planner.lossspread import SPREAD_LOSS_NOTE, balance_losses
+from spindle_dsl.planner.lossspread import SPREAD_LOSS_NOTE, relabel_and_spread
 from spindle_dsl.planner.lp_bound import LpBound, MemoryRoom
 from spindle_dsl.planner.lp_bound import lp_bound as lp_relaxation_bound
 from spindle_dsl.planner.memfit import memory_room, no_fit_message, overflow_message
@@ -243,7 +244,9 @@ def make_plan(
     candidates = {k: e.iteration_s for k, e in ranked.items()}
     notes = _notes(scheduler, chosen, ranked, baselines)
     notes += tuple(
-        n for n in chosen.schedule.notes if n.startswith((SPREAD_NOTE, SPREAD_LOSS_NOTE))
+        n
+        for n in chosen.schedule.notes
+        if n.startswith((MATCH_NOTE, SPREAD_NOTE, SPREAD_LOSS_NOTE))
     )
     notes += runner_up_note
     notes += _idle_workers_note(ctx, chosen)
@@ -342,7 +345,7 @@ def _tuned_baselines(search: LeverSearch | None) -> dict[str, tuple[Evaluated, P
     for name in BASELINES:
         best = search.search(_quick(name), tuple(search.explored)).best
         if best is not None and best.ctx is not None and best.fitting is not None:
-            out[name] = (balance_losses(best.ctx, best.fitting), best.ctx)
+            out[name] = (relabel_and_spread(best.ctx, best.fitting), best.ctx)
     return out
 
 

@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 
 from spindle_dsl.cost.step import PieceTime, StepModel, spread_share
-from spindle_dsl.planner.build import Evaluated, PlanContext, time_of
+from spindle_dsl.planner.build import Evaluated, PlanContext, ms_change, time_of
 from spindle_dsl.planner.placement import PlacedPiece, Placement
 from spindle_dsl.planner.problem import Piece
 
@@ -205,20 +204,18 @@ def rebalance_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
                     continue
                 trials += 1
                 pl = placed(ctx, relabeled(waves, label, cut, prefix))
-                if _over(pl.memory, cap) > _over(start.placement.memory, cap):
+                if overflow_bytes(pl.memory, cap) > overflow_bytes(start.placement.memory, cap):
                     continue  # a plan that fits keeps fitting
                 trial = Evaluated(start.schedule, pl, time_of(ctx, pl))
                 if trial.iteration_s < best.iteration_s * (1 - 1e-9):
                     best, improved = trial, True  # the round's best; the next starts there
     if best is ev:
         return ev
-    note = (
-        f"{SPREAD_NOTE}: losses {ev.timing.loss_s * 1e3:.1f} -> "
-        f"{best.timing.loss_s * 1e3:.1f} ms, iteration {ev.iteration_s * 1e3:.1f} -> "
-        f"{best.iteration_s * 1e3:.1f} ms"
-    )
-    return replace(best, schedule=replace(best.schedule, notes=(*best.schedule.notes, note)))
+    losses = ms_change(ev.timing.loss_s, best.timing.loss_s)
+    return best.with_gain_note(ev, f"{SPREAD_NOTE}: losses {losses}")
 
 
-def _over(memory: Sequence[int], cap: int) -> int:
+def overflow_bytes(memory: Sequence[int], cap: int) -> int:
+    """Bytes over ``cap``, summed over the devices: a relabeling keeps a plan that fits
+    fitting, and one that overflows no worse."""
     return sum(max(0, m - cap) for m in memory)

@@ -34,15 +34,16 @@ worse.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import replace
 
 from spindle_dsl.cost.comm import ceil_div
 from spindle_dsl.cost.step import PieceTime, StepModel, spread_shares
 from spindle_dsl.cost.step_parts import SinkLoss
-from spindle_dsl.planner.build import Evaluated, PlanContext, time_of, transfer_of
+from spindle_dsl.planner.build import Evaluated, PlanContext, ms_change, time_of, transfer_of
+from spindle_dsl.planner.cutmatch import match_cuts
 from spindle_dsl.planner.lossbalance import (
     Waves,
     loss_loads,
+    overflow_bytes,
     placed,
     rebalance_losses,
     sink_loads,
@@ -167,7 +168,7 @@ def spread_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
             if phase >= now * (1 - 1e-9):
                 break  # the loss phase alone gets no shorter: the whole step cannot gain
             pl = placed(ctx, waves, tuple(trial_groups.items()))
-            if _over(pl.memory, cap) > _over(best.placement.memory, cap):
+            if overflow_bytes(pl.memory, cap) > overflow_bytes(best.placement.memory, cap):
                 continue  # a plan that fits keeps fitting
             trial = Evaluated(best.schedule, pl, time_of(ctx, pl))
             if trial.iteration_s < best.iteration_s * (1 - 1e-9):
@@ -175,12 +176,8 @@ def spread_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
     if best is ev:
         return ev
     where = ", ".join(f"{sink} over {len(ds)}" for sink, ds in best.placement.loss_groups)
-    note = (
-        f"{SPREAD_LOSS_NOTE} ({where}): losses "
-        f"{ev.timing.loss_s * 1e3:.1f} -> {best.timing.loss_s * 1e3:.1f} ms, iteration "
-        f"{ev.iteration_s * 1e3:.1f} -> {best.iteration_s * 1e3:.1f} ms"
-    )
-    return replace(best, schedule=replace(best.schedule, notes=(*best.schedule.notes, note)))
+    losses = ms_change(ev.timing.loss_s, best.timing.loss_s)
+    return best.with_gain_note(ev, f"{SPREAD_LOSS_NOTE} ({where}): losses {losses}")
 
 
 def _loss_phase(ctx: PlanContext, waves: Waves, groups: Groups) -> float:
@@ -195,16 +192,24 @@ def _loss_phase(ctx: PlanContext, waves: Waves, groups: Groups) -> float:
     return max(step.loss_load(pieces, k, groups, moves).values(), default=0.0)
 
 
-def balance_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
-    """The loss phase evened out: devices relabeled (``rebalance_losses``), then lm losses
-    spread over their heads' devices (``planner.lossspread``), each where it pays."""
+def relabel_and_spread(ctx: PlanContext, ev: Evaluated, match: bool = True) -> Evaluated:
+    """A placed plan's devices renamed where that pays, then its loss phase evened out:
+    devices matched at wave boundaries so that pieces run where their inputs are
+    (``planner.cutmatch``; ``match`` False skips it, to measure what it buys), devices
+    relabeled for the loss phase (``rebalance_losses``), then lm losses spread over their
+    heads' devices (``planner.lossspread``), each kept where the whole step gets quicker."""
+    if match:
+        ev = match_cuts(ctx, ev)
     return spread_losses(ctx, rebalance_losses(ctx, ev))
 
 
 def spread_round(
-    ctx: PlanContext, evaluated: Mapping[str, Evaluated], always: Collection[str]
+    ctx: PlanContext,
+    evaluated: Mapping[str, Evaluated],
+    always: Collection[str],
+    match: bool = True,
 ) -> dict[str, Evaluated]:
-    """``balance_losses`` over one round's candidates, quickest first, skipping those that
+    """``relabel_and_spread`` over one round's candidates, quickest first, skipping those that
     could not become the quickest fitting plan even with their loss spread evenly
     (``_floor``: relabeling moves the same loss work between devices, so the busiest
     carries at least the mean), except the names in ``always`` (the requested scheduler and the
@@ -214,7 +219,7 @@ def spread_round(
     for name in sorted(evaluated, key=lambda n: evaluated[n].iteration_s):
         ev = evaluated[name]
         if name in always or _floor(ctx, ev) < best:
-            out[name] = ev = balance_losses(ctx, ev)
+            out[name] = ev = relabel_and_spread(ctx, ev, match)
         if ev.fits:
             best = min(best, ev.iteration_s)
     return out
@@ -228,7 +233,3 @@ def _floor(ctx: PlanContext, ev: Evaluated) -> float:
     n = ctx.topology.devices
     total = sum(float(v.sum()) for _, v in sink_loads(step, ev.placement.waves, k, n))
     return ev.iteration_s - ev.timing.loss_s + k * total / n
-
-
-def _over(memory: tuple[int, ...], cap: int) -> int:
-    return sum(max(0, m - cap) for m in memory)

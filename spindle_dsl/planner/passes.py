@@ -32,6 +32,9 @@ class PassOptions:
     ``on_cores``: where CPU workers share fewer cores, the stages run on as many workers as
     cores too, each run at half the time, and the better placed plan is kept (off: every
     worker only; GPU plans never run it).
+    ``match_cuts``: after placement, on every candidate of a round: devices renamed on one
+    side of a wave boundary so that the pieces after it run where their inputs are, kept where
+    the placed plan gets quicker (``planner.cutmatch``).
     """
 
     level_milps: bool = True
@@ -42,6 +45,7 @@ class PassOptions:
     polish: bool = True
     refill: bool = True
     on_cores: bool = True
+    match_cuts: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

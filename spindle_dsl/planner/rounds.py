@@ -78,7 +78,9 @@ def plan_round(
     # this round's (without the lever search; with it, their own tuned plans, spread there)
     reported = not (check_memory and ctx.per_part)
     always = {scheduler, *(BASELINES if reported else ())}
-    evaluated = spread_round(ctx, {k: cached(s) for k, s in schedules.items()}, always)
+    evaluated = spread_round(
+        ctx, {k: cached(s) for k, s in schedules.items()}, always, passes.match_cuts
+    )
     if scheduler == "default":
         chosen = min(evaluated.values(), key=lambda e: round_key(e, ctx, check_memory))
     else:

@@ -1,0 +1,123 @@
+"""Renaming devices at wave boundaries so that pieces run where their inputs are
+(``planner.cutmatch``): the renaming is a permutation that lands each piece after the cut on
+its source's devices, a plan whose projections were placed across the towers' devices gets
+fewer moves and a quicker step and still fits and validates, and a plan with nothing to
+gain is returned as it is."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from spindle_dsl.cost import make_cost_model
+from spindle_dsl.language import compile_text
+from spindle_dsl.plan.validate import validate_plan
+from spindle_dsl.planner.build import context, to_plan
+from spindle_dsl.planner.cutmatch import MATCH_NOTE, match_cuts, matching_label
+from spindle_dsl.planner.ledger import PartLedger
+from spindle_dsl.planner.listsched import cpa_schedule
+from spindle_dsl.planner.lossbalance import relabeled
+from spindle_dsl.planner.placement import Topology, place
+
+from .synth import random_problem
+from .test_lossbalance import _evaluated, _pp
+from .test_placement_equivalence import _slices
+
+# two nodes of two GPUs, so that a move between the towers' devices crosses the network
+SPEC = """
+cluster { devices = 4  device = "A800-80GB"  devices_per_node = 2 }
+modality image { tokens = 256 }
+modality audio { tokens = 256  features = 80 }
+modality text  { tokens = 64  vocab = 32000 }
+encoder vision  : vit(layers = 4, hidden = 1024, heads = 8, patch = 4) <- image
+encoder hearing : transformer(layers = 4, hidden = 1024, heads = 8) <- audio
+module  vision_proj : mlp(in = 1024, out = 1024)
+module  audio_proj  : mlp(in = 1024, out = 1024)
+shared  lm : transformer(layers = 4, hidden = 1024, heads = 8, causal = true, vocab = 32000)
+task caption    { image -> vision -> vision_proj -> lm   text -> lm   loss = lm }
+task transcribe { audio -> hearing -> audio_proj -> lm   text -> lm   loss = lm }
+mix default { global_batch = 256  caption = 1  transcribe = 1 }
+"""
+
+
+def _waves(vision_proj: tuple[int, ...], audio_proj: tuple[int, ...]):
+    return (
+        (_pp("caption/vision", 0, 4, (0, 1)), _pp("transcribe/hearing", 0, 4, (2, 3))),
+        (
+            _pp("caption/vision_proj", 0, 1, vision_proj),
+            _pp("transcribe/audio_proj", 0, 1, audio_proj),
+        ),
+        (_pp("caption/lm", 0, 4, (0, 1, 2, 3)),),
+        (_pp("transcribe/lm", 0, 4, (0, 1, 2, 3)),),
+    )
+
+
+# each projection placed on the other tower's node: both read their rows across the network
+CROSSED = _waves((2, 3), (0, 1))
+# each projection where its tower ran
+MATCHED = _waves((0, 1), (2, 3))
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    graph = compile_text(SPEC, path="<cutmatch>").graph
+    return context(graph, make_cost_model(graph.cluster))
+
+
+def test_the_label_puts_each_piece_after_the_cut_on_its_sources_devices(ctx):
+    after = matching_label(ctx, CROSSED, 1, prefix=False)
+    assert after == [2, 3, 0, 1]
+    assert relabeled(CROSSED, after, 1, prefix=False) == MATCHED
+    before = matching_label(ctx, CROSSED, 1, prefix=True)  # the towers renamed instead
+    renamed = relabeled(CROSSED, before, 1, prefix=True)
+    assert {p.op: p.devices for p in renamed[0]} == {
+        "caption/vision": (2, 3),
+        "transcribe/hearing": (0, 1),
+    }
+    assert matching_label(ctx, MATCHED, 1, prefix=False) is None  # nothing to rename
+
+
+def test_a_crossed_plan_moves_less_gets_quicker_and_still_fits_and_validates(ctx):
+    before = _evaluated(ctx, CROSSED)
+    after = match_cuts(ctx, before)
+    assert after.timing.wave_transfer[1] == pytest.approx(0.0, abs=1e-12)
+    assert before.timing.wave_transfer[1] > 0
+    assert after.timing.transfer_s < before.timing.transfer_s
+    assert after.iteration_s < before.iteration_s
+    assert after.fits
+    assert any(n.startswith(MATCH_NOTE) for n in after.schedule.notes)
+    sizes = [[p.n for p in w] for w in CROSSED]
+    assert [[p.n for p in w] for w in after.placement.waves] == sizes
+    others = dict.fromkeys(("sequential", "distmm", "optimus"), before.iteration_s)
+    plan = to_plan(ctx, after, lower_bound_s=0.0, baselines=others, wall_s=0.0, notes=(), extra={})
+    assert validate_plan(plan) == []
+    assert plan.iteration_s == pytest.approx(after.iteration_s)
+
+
+def test_a_matched_plan_is_returned_as_it_is(ctx):
+    ev = _evaluated(ctx, MATCHED)
+    assert match_cuts(ctx, ev) is ev
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_every_label_is_a_permutation_that_keeps_the_waves_waves(seed):
+    rng = random.Random(seed)
+    n, per_node = rng.choice([(6, 2), (12, 4), (16, 8)])
+    problem = random_problem(rng, n, rng.randint(2, 6))
+    slice_memory, partners = _slices(problem, seed)
+    weight = {o.id: rng.random() for o in problem.ops}
+    topo = Topology(n, per_node, 10**9, partners, weight)
+    waves = place(problem, cpa_schedule(problem), topo, PartLedger(n, slice_memory)).waves
+    fake = SimpleNamespace(problem=problem, topology=topo)
+    for cut in range(1, len(waves)):
+        for prefix in (False, True):
+            label = matching_label(fake, waves, cut, prefix)  # type: ignore[arg-type]
+            if label is None:
+                continue
+            assert sorted(label) == list(range(n))
+            for wave, old in zip(relabeled(waves, label, cut, prefix), waves, strict=True):
+                assert [p.n for p in wave] == [p.n for p in old]
+                ids = [d for p in wave for d in p.devices]
+                assert len(ids) == len(set(ids))
