@@ -158,6 +158,7 @@ ABLATION_ROWS = [
     ("clip10", None, 64),
     ("encdec7", None, 32),
     ("encdec7", None, 128),
+    ("ofasys_7task", None, 16),
 ]
 TABLES = ("1", "2", "3", "gap", "ablation", "order", "cores")
 
