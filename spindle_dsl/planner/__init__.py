@@ -42,17 +42,16 @@ from spindle_dsl.planner.build import (
     context,
     to_plan,
 )
-from spindle_dsl.planner.cutmatch import MATCH_NOTE
 from spindle_dsl.planner.isolate import warm_up
 from spindle_dsl.planner.levers import Levers, pass_problem
 from spindle_dsl.planner.leversearch import Fit, Judge, LeverSearch, Trial
-from spindle_dsl.planner.lossbalance import SPREAD_NOTE
 from spindle_dsl.planner.lossspread import SPREAD_LOSS_NOTE, relabel_and_spread
 from spindle_dsl.planner.lp_bound import LpBound, MemoryRoom
 from spindle_dsl.planner.lp_bound import lp_bound as lp_relaxation_bound
 from spindle_dsl.planner.memfit import memory_room, no_fit_message, overflow_message
 from spindle_dsl.planner.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.problem import Problem, Schedule
+from spindle_dsl.planner.relabel import RENAME_NOTE
 from spindle_dsl.planner.round_helper import (
     has_rounds,
     helper_count,
@@ -244,9 +243,7 @@ def make_plan(
     candidates = {k: e.iteration_s for k, e in ranked.items()}
     notes = _notes(scheduler, chosen, ranked, baselines)
     notes += tuple(
-        n
-        for n in chosen.schedule.notes
-        if n.startswith((MATCH_NOTE, SPREAD_NOTE, SPREAD_LOSS_NOTE))
+        n for n in chosen.schedule.notes if n.startswith((RENAME_NOTE, SPREAD_LOSS_NOTE))
     )
     notes += runner_up_note
     notes += _idle_workers_note(ctx, chosen)

@@ -10,31 +10,27 @@ lands elsewhere and its rows cross the boundary, often between nodes: on
 that a step model prices as waiting (``cost.step``).
 
 What. Renaming devices by one permutation in every wave from a cut on (or in every wave
-before it) keeps every wave a valid wave, as ``planner.lossbalance`` uses it for the loss
-phase, and changes only what crosses the cut (its moves, the parameter holders of modules
-run on both sides, each device's memory, which devices end which sinks). For a cut, the
-renaming here (``matching_label``) takes the pieces of the first wave after it, the one
-moving the most bytes first (``Topology.weight``), and names its devices after its source's
-(its MetaOp's previous piece, else the last piece of the producer moving the most bytes),
-pair by pair in their shard order; with ``prefix`` it names the source's devices after the
-piece's instead. Every other device keeps its id where that is free, else takes a free id
-in its own node first. Both renamings of every cut whose wave has moves the compute does not
-hide (at least ``MIN_GAIN`` of the step) are priced by the same step model as any plan
-(transfers, gradient reduction, optimizer, losses, memory) and the quickest that fits no
-worse is kept; rounds repeat from it while one gains, at most ``MAX_TRIALS`` pricings in all.
+before it) keeps every wave a valid wave and changes only what crosses the cut (module
+docstring of ``planner.relabel``, the search that prices these renamings beside the loss
+phase's). For a cut, the renaming here (``matching_label``) takes the pieces of the first
+wave after it, the one moving the most bytes first (``Topology.weight``), and names its
+devices after its source's (its MetaOp's previous piece, else the last piece of the producer
+moving the most bytes), pair by pair in their shard order; with ``prefix`` it names the
+source's devices after the piece's instead. Every other device keeps its id where that is
+free, else takes a free id in its own node first. Only the cuts whose wave shows moves the
+compute does not hide, at least ``MIN_SHOWN`` of the step, are proposed
+(``cuts_with_moves``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from spindle_dsl.planner.build import Evaluated, PlanContext, ms_change, time_of
-from spindle_dsl.planner.lossbalance import Waves, overflow_bytes, placed, relabeled
-from spindle_dsl.planner.placement import PlacedPiece, Placement
+from spindle_dsl.planner.build import Evaluated, PlanContext
+from spindle_dsl.planner.lossbalance import Waves
+from spindle_dsl.planner.placement import PlacedPiece
 
-MAX_TRIALS = 24  # full step pricings per plan, at most
-MIN_GAIN = 0.0005  # skip a boundary whose moves show less than this share of the step
-MATCH_NOTE = "devices matched at wave boundaries"  # how a matched plan's note begins
+MIN_SHOWN = 0.0005  # skip a boundary whose moves show less than this share of the step
 
 
 def source_piece(
@@ -87,49 +83,13 @@ def matching_label(ctx: PlanContext, waves: Waves, cut: int, prefix: bool) -> li
     return label
 
 
-def _cuts(ev: Evaluated, micro_batches: int) -> list[int]:
+def cuts_with_moves(ev: Evaluated, micro_batches: int) -> list[int]:
     """The boundaries worth renaming at: those whose wave shows moves worth at least
-    ``MIN_GAIN`` of the step (``Timing.wave_transfer``, one pass's; the most first), or,
+    ``MIN_SHOWN`` of the step (``Timing.wave_transfer``, one pass's; the most first), or,
     without a step model's split, every boundary."""
     shown = ev.timing.wave_transfer
     n = len(ev.placement.waves)
     if not shown:
         return list(range(1, n))
-    least = MIN_GAIN * ev.iteration_s / max(1, micro_batches)
+    least = MIN_SHOWN * ev.iteration_s / max(1, micro_batches)
     return sorted((c for c in range(1, n) if shown[c] >= least), key=lambda c: -shown[c])
-
-
-def match_cuts(ctx: PlanContext, ev: Evaluated) -> Evaluated:
-    """``ev`` with devices renamed at wave boundaries where the whole step gets quicker and
-    fits no worse (module docstring), or ``ev`` itself. A plan whose losses are already
-    spread over groups (``Placement.loss_groups``) is left as it is: the renaming would have
-    to carry its groups along."""
-    if len(ev.placement.waves) < 2 or ev.placement.loss_groups:
-        return ev
-    cap = ctx.topology.capacity
-    best, trials, improved = ev, 0, True
-    while improved and trials < MAX_TRIALS:
-        improved = False
-        start = best
-        waves = start.placement.waves
-        for cut in _cuts(start, ctx.levers.micro_batches):
-            for prefix in (False, True):
-                label = matching_label(ctx, waves, cut, prefix)
-                if label is None or trials >= MAX_TRIALS:
-                    continue
-                trials += 1
-                renamed = relabeled(waves, label, cut, prefix)
-                # timed first (the step model reads the waves alone), the memory ledger only
-                # for a renaming that is quicker: at 256 devices the ledger costs more
-                timing = time_of(ctx, Placement(renamed, (), ()))
-                if timing.iteration_s >= best.iteration_s * (1 - 1e-9):
-                    continue
-                pl = placed(ctx, renamed)
-                if overflow_bytes(pl.memory, cap) > overflow_bytes(start.placement.memory, cap):
-                    continue  # a plan that fits keeps fitting
-                best, improved = Evaluated(start.schedule, pl, timing), True  # the next round
-                # starts from the round's best
-    if best is ev:
-        return ev
-    moves = ms_change(ev.timing.transfer_s, best.timing.transfer_s)
-    return best.with_gain_note(ev, f"{MATCH_NOTE}: transfers {moves}")

@@ -18,13 +18,12 @@ memory) and which devices end which sinks. For each way of splitting the sinks b
 their last piece lies, the losses that move (``a``) are paired with those that stay (``b``):
 greedily, the busiest device exchanges with the one that lowers the pair's larger load the
 most (``spread``), which reaches the bottleneck pairing's peak (``best_peak``) while moving
-few devices. A relabeling is kept only when the whole step, priced by the same step model as
-any plan (transfers, gradient reduction, optimizer and memory included), is quicker and
-fits no worse; the best of a round is kept and the search starts again from it. Only
-relabelings whose loss phase could be at least ``MIN_GAIN`` of the step shorter are priced,
-at most ``MAX_TRIALS`` per plan, and a round of candidates spreads only those that could still
-become the quickest (``spread_round``). It changes nothing where the loss is already even
-(the sequential plan's sinks each end on every device).
+few devices. Which pairings are priced, and which kept, the search over renamings decides
+(``planner.relabel``, beside the renamings that put pieces on their inputs): only those whose
+loss phase could be at least ``MIN_GAIN`` of the step shorter are priced, and a round of
+candidates spreads only those that could still become the quickest (``spread_round``). It
+changes nothing where the loss is already even (the sequential plan's sinks each end on every
+device).
 """
 
 from __future__ import annotations
@@ -35,13 +34,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from spindle_dsl.cost.step import PieceTime, StepModel, spread_share
-from spindle_dsl.planner.build import Evaluated, PlanContext, ms_change, time_of
+from spindle_dsl.planner.build import PlanContext
 from spindle_dsl.planner.placement import PlacedPiece, Placement
 from spindle_dsl.planner.problem import Piece
 
 MIN_GAIN = 0.002  # skip a plan whose loss phase could gain less than this share of its step
-MAX_TRIALS = 12  # full step pricings per plan, at most
-SPREAD_NOTE = "loss phase spread by renaming devices"  # how a spread plan's note begins
 
 Waves = tuple[tuple[PlacedPiece, ...], ...]
 
@@ -177,42 +174,13 @@ def placed(
     return Placement(waves, memory, overflow, fullest, loss_groups)
 
 
-def rebalance_losses(ctx: PlanContext, ev: Evaluated) -> Evaluated:
-    """``ev`` with the loss phase spread by relabeling devices on one side of a cut (module
-    docstring), or ``ev`` itself when no relabeling makes the whole step quicker and fit.
-    Only relabelings whose loss phase could be at least ``MIN_GAIN`` of the step shorter are
-    priced, at most ``MAX_TRIALS`` of them."""
-    step = ctx.step
-    if step is None or not step.sinks or len(ev.placement.waves) < 2:
-        return ev
-    k = ctx.levers.micro_batches
-    cap, n = ctx.topology.capacity, ctx.topology.devices
-    best, trials = ev, 0
-    improved = True
-    while improved and trials < MAX_TRIALS:
-        improved = False
-        start = best
-        waves = start.placement.waves
-        now = float(sum(v for _, v in sink_loads(step, waves, k, n)).max(initial=0.0))
-        worth = now - MIN_GAIN * start.iteration_s / k
-        for peak, cut, prefix, a, b in candidates(step, waves, k, n):
-            if peak > worth or trials >= MAX_TRIALS:
-                break
-            for tie in ("low", "high"):
-                label = spread(a, b, tie)
-                if label is None or trials >= MAX_TRIALS:
-                    continue
-                trials += 1
-                pl = placed(ctx, relabeled(waves, label, cut, prefix))
-                if overflow_bytes(pl.memory, cap) > overflow_bytes(start.placement.memory, cap):
-                    continue  # a plan that fits keeps fitting
-                trial = Evaluated(start.schedule, pl, time_of(ctx, pl))
-                if trial.iteration_s < best.iteration_s * (1 - 1e-9):
-                    best, improved = trial, True  # the round's best; the next starts there
-    if best is ev:
-        return ev
-    losses = ms_change(ev.timing.loss_s, best.timing.loss_s)
-    return best.with_gain_note(ev, f"{SPREAD_NOTE}: losses {losses}")
+def worth_spreading(sinks: list[tuple[int, np.ndarray]], iteration_s: float, k: int) -> float:
+    """The loss peak a pairing must reach to be priced (``sink_loads``' per-sink loads): the
+    present peak less ``MIN_GAIN`` of one pass of the step."""
+    if not sinks:
+        return -np.inf
+    now = float(sum(v for _, v in sinks).max())
+    return now - MIN_GAIN * iteration_s / max(1, k)
 
 
 def overflow_bytes(memory: Sequence[int], cap: int) -> int:

@@ -39,16 +39,15 @@ from spindle_dsl.cost.comm import ceil_div
 from spindle_dsl.cost.step import PieceTime, StepModel, spread_shares
 from spindle_dsl.cost.step_parts import SinkLoss
 from spindle_dsl.planner.build import Evaluated, PlanContext, ms_change, time_of, transfer_of
-from spindle_dsl.planner.cutmatch import match_cuts
 from spindle_dsl.planner.lossbalance import (
     Waves,
     loss_loads,
     overflow_bytes,
     placed,
-    rebalance_losses,
     sink_loads,
 )
 from spindle_dsl.planner.placement import PlacedPiece, Placement
+from spindle_dsl.planner.relabel import rename_devices
 from spindle_dsl.planner.timing import loss_moves
 
 SPREAD_LOSS_NOTE = "lm losses spread over their head's devices"  # how the plan's note begins
@@ -193,14 +192,11 @@ def _loss_phase(ctx: PlanContext, waves: Waves, groups: Groups) -> float:
 
 
 def relabel_and_spread(ctx: PlanContext, ev: Evaluated, match: bool = True) -> Evaluated:
-    """A placed plan's devices renamed where that pays, then its loss phase evened out:
-    devices matched at wave boundaries so that pieces run where their inputs are
-    (``planner.cutmatch``; ``match`` False skips it, to measure what it buys), devices
-    relabeled for the loss phase (``rebalance_losses``), then lm losses spread over their
-    heads' devices (``planner.lossspread``), each kept where the whole step gets quicker."""
-    if match:
-        ev = match_cuts(ctx, ev)
-    return spread_losses(ctx, rebalance_losses(ctx, ev))
+    """A placed plan's devices renamed where that pays, pieces onto their inputs and large
+    losses beside small ones (``planner.relabel``; ``match`` False leaves the inputs' renamings
+    out, to measure what they buy), then lm losses spread over their heads' devices
+    (``planner.lossspread``), each kept where the whole step gets quicker."""
+    return spread_losses(ctx, rename_devices(ctx, ev, inputs=match))
 
 
 def spread_round(

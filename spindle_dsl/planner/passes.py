@@ -32,9 +32,10 @@ class PassOptions:
     ``on_cores``: where CPU workers share fewer cores, the stages run on as many workers as
     cores too, each run at half the time, and the better placed plan is kept (off: every
     worker only; GPU plans never run it).
-    ``match_cuts``: after placement, on every candidate of a round: devices renamed on one
-    side of a wave boundary so that the pieces after it run where their inputs are, kept where
-    the placed plan gets quicker (``planner.cutmatch``).
+    ``match_cuts``: after placement, on every candidate of a round: the renamings of devices
+    at wave boundaries that put pieces where their inputs are, in the search over renamings
+    that weighs them against the loss phase's (``planner.relabel``, ``planner.cutmatch``;
+    off: the loss phase's renamings alone).
     """
 
     level_milps: bool = True

@@ -1,8 +1,10 @@
 """Renaming devices at wave boundaries so that pieces run where their inputs are
-(``planner.cutmatch``): the renaming is a permutation that lands each piece after the cut on
-its source's devices, a plan whose projections were placed across the towers' devices gets
-fewer moves and a quicker step and still fits and validates, and a plan with nothing to
-gain is returned as it is."""
+(``planner.cutmatch``), in the one search over renamings that weighs them against the loss
+phase's (``planner.relabel``): the renaming is a permutation that lands each piece after the
+cut on its source's devices, a plan whose projections were placed across the towers' devices
+gets fewer moves and a quicker step and still fits and validates, a plan with nothing to gain
+is returned as it is, and the search over both kinds ends quicker than the loss pairings
+alone, which move pieces off their inputs."""
 
 from __future__ import annotations
 
@@ -15,11 +17,12 @@ from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner.build import context, to_plan
-from spindle_dsl.planner.cutmatch import MATCH_NOTE, match_cuts, matching_label
+from spindle_dsl.planner.cutmatch import matching_label
 from spindle_dsl.planner.ledger import PartLedger
 from spindle_dsl.planner.listsched import cpa_schedule
 from spindle_dsl.planner.lossbalance import relabeled
 from spindle_dsl.planner.placement import Topology, place
+from spindle_dsl.planner.relabel import RENAME_NOTE, rename_devices
 
 from .synth import random_problem
 from .test_lossbalance import _evaluated, _pp
@@ -81,13 +84,13 @@ def test_the_label_puts_each_piece_after_the_cut_on_its_sources_devices(ctx):
 
 def test_a_crossed_plan_moves_less_gets_quicker_and_still_fits_and_validates(ctx):
     before = _evaluated(ctx, CROSSED)
-    after = match_cuts(ctx, before)
+    after = rename_devices(ctx, before, losses=False)
     assert after.timing.wave_transfer[1] == pytest.approx(0.0, abs=1e-12)
     assert before.timing.wave_transfer[1] > 0
     assert after.timing.transfer_s < before.timing.transfer_s
     assert after.iteration_s < before.iteration_s
     assert after.fits
-    assert any(n.startswith(MATCH_NOTE) for n in after.schedule.notes)
+    assert any(n.startswith(RENAME_NOTE) and "transfers" in n for n in after.schedule.notes)
     sizes = [[p.n for p in w] for w in CROSSED]
     assert [[p.n for p in w] for w in after.placement.waves] == sizes
     others = dict.fromkeys(("sequential", "distmm", "optimus"), before.iteration_s)
@@ -98,7 +101,7 @@ def test_a_crossed_plan_moves_less_gets_quicker_and_still_fits_and_validates(ctx
 
 def test_a_matched_plan_is_returned_as_it_is(ctx):
     ev = _evaluated(ctx, MATCHED)
-    assert match_cuts(ctx, ev) is ev
+    assert rename_devices(ctx, ev, losses=False) is ev
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -121,3 +124,28 @@ def test_every_label_is_a_permutation_that_keeps_the_waves_waves(seed):
                 assert [p.n for p in wave] == [p.n for p in old]
                 ids = [d for p in wave for d in p.devices]
                 assert len(ids) == len(set(ids))
+
+
+# the projections crossed as above, and both LM sinks ending on devices 0-1
+CROSSED_AND_PILED = (
+    *CROSSED[:2],
+    (_pp("caption/lm", 0, 4, (0, 1)),),
+    (_pp("transcribe/lm", 0, 4, (0, 1)),),
+)
+
+
+def test_one_search_weighs_the_moves_and_the_losses_together(ctx):
+    ev = _evaluated(ctx, CROSSED_AND_PILED)
+    both = rename_devices(ctx, ev)
+    inputs = rename_devices(ctx, ev, losses=False)
+    losses = rename_devices(ctx, ev, inputs=False)
+    # pairing the losses alone renames the LMs' devices off their inputs: more moves
+    assert losses.timing.transfer_s > ev.timing.transfer_s
+    assert losses.timing.loss_s < ev.timing.loss_s
+    # the search over both kinds ends with no moves at all and the losses spread too
+    assert both.timing.transfer_s == pytest.approx(0.0, abs=1e-12)
+    assert both.timing.loss_s < ev.timing.loss_s
+    assert both.iteration_s <= min(inputs.iteration_s, losses.iteration_s) * (1 + 1e-9)
+    assert both.iteration_s < losses.iteration_s
+    (note,) = both.schedule.notes
+    assert note.startswith(RENAME_NOTE) and "transfers" in note and "losses" in note

@@ -17,13 +17,13 @@ from spindle_dsl.planner.lossbalance import (
     candidates,
     loss_loads,
     placed,
-    rebalance_losses,
     relabeled,
     spread,
 )
 from spindle_dsl.planner.lossspread import spread_round
 from spindle_dsl.planner.placement import PlacedPiece
 from spindle_dsl.planner.problem import Piece, Schedule
+from spindle_dsl.planner.relabel import RENAME_NOTE, rename_devices
 
 # tiny_mm's shape on GPUs of their own (no CPU cores shared between devices, which would
 # hide the balance), with a vocabulary large enough for the LM losses to matter
@@ -127,11 +127,11 @@ def test_candidates_split_the_sinks_at_their_last_waves(ctx):
 
 def test_a_piled_plan_gets_a_quicker_loss_phase_and_still_fits_and_validates(ctx):
     before = _evaluated(ctx, PILED)
-    after = rebalance_losses(ctx, before)
+    after = rename_devices(ctx, before, inputs=False)
     assert after.timing.loss_s < before.timing.loss_s * 0.9
     assert after.iteration_s < before.iteration_s
     assert after.fits
-    assert any(n.startswith("loss phase spread") for n in after.schedule.notes)
+    assert any(n.startswith(RENAME_NOTE) and "losses" in n for n in after.schedule.notes)
     assert [[p.n for p in w] for w in after.placement.waves] == [[p.n for p in w] for w in PILED]
     others = dict.fromkeys(("sequential", "distmm", "optimus"), before.iteration_s)
     plan = to_plan(ctx, after, lower_bound_s=0.0, baselines=others, wall_s=0.0, notes=(), extra={})
@@ -141,14 +141,14 @@ def test_a_piled_plan_gets_a_quicker_loss_phase_and_still_fits_and_validates(ctx
 
 def test_a_plan_whose_sinks_end_on_every_device_is_returned_as_it_is(ctx):
     ev = _evaluated(ctx, EVERYWHERE)
-    assert rebalance_losses(ctx, ev) is ev
+    assert rename_devices(ctx, ev) is ev
 
 
 def test_a_round_skips_what_cannot_win_but_always_spreads_the_named(ctx):
     piled = _evaluated(ctx, PILED)
     out = spread_round(ctx, {"slow": piled}, always=())
     assert out["slow"].iteration_s < piled.iteration_s  # nothing quicker: it is spread
-    quick = rebalance_losses(ctx, piled)
+    quick = rename_devices(ctx, piled, inputs=False)
     out = spread_round(ctx, {"a": quick, "b": piled}, always=())
     assert out["b"] is piled  # even spread evenly it could not beat "a"
     out = spread_round(ctx, {"a": quick, "b": piled}, always=("b",))
