@@ -68,7 +68,7 @@ def matching_label(ctx: PlanContext, waves: Waves, cut: int, prefix: bool) -> li
         for x, y in zip(*pairs, strict=False):
             if label[x] < 0 and not taken[y]:
                 label[x], taken[y] = y, True
-    if all(x < 0 or label[x] == x for x in label):
+    if all(y < 0 or y == x for x, y in enumerate(label)):
         return None
     rest = [x for x in range(devices) if label[x] < 0]
     for x in rest:  # keep its id where nobody took it

@@ -206,26 +206,30 @@ def spread_round(
     match: bool = True,
 ) -> dict[str, Evaluated]:
     """``relabel_and_spread`` over one round's candidates, quickest first, skipping those that
-    could not become the quickest fitting plan even with their loss spread evenly
-    (``_floor``: relabeling moves the same loss work between devices, so the busiest
-    carries at least the mean), except the names in ``always`` (the requested scheduler and the
-    baselines, whose reported times must be priced the same way as the plan's)."""
+    could not become the quickest fitting plan even with their loss spread evenly and no
+    moves left (``_floor``: relabeling moves the same loss work between devices, so the
+    busiest carries at least the mean), except the names in ``always`` (the requested
+    scheduler and the baselines, whose reported times must be priced the same way as the
+    plan's)."""
     out = dict(evaluated)
     best = float("inf")
     for name in sorted(evaluated, key=lambda n: evaluated[n].iteration_s):
         ev = evaluated[name]
-        if name in always or _floor(ctx, ev) < best:
+        if name in always or _floor(ctx, ev, match) < best:
             out[name] = ev = relabel_and_spread(ctx, ev, match)
         if ev.fits:
             best = min(best, ev.iteration_s)
     return out
 
 
-def _floor(ctx: PlanContext, ev: Evaluated) -> float:
+def _floor(ctx: PlanContext, ev: Evaluated, match: bool) -> float:
+    """What ``ev`` could come down to at best: its loss phase spread evenly over the devices
+    and, where the inputs' renamings run (``match``), no activation moves left."""
     step = ctx.step
     if step is None:
         return ev.iteration_s
     k = ctx.levers.micro_batches
     n = ctx.topology.devices
     total = sum(float(v.sum()) for _, v in sink_loads(step, ev.placement.waves, k, n))
-    return ev.iteration_s - ev.timing.loss_s + k * total / n
+    moves = ev.timing.transfer_s if match else 0.0
+    return ev.iteration_s - ev.timing.loss_s + k * total / n - moves

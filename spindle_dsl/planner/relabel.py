@@ -127,4 +127,4 @@ def rename_devices(
         )
         if abs(a - b) >= 5e-5  # what the note's 0.1 ms shows
     ]
-    return best.with_gain_note(ev, ": ".join([RENAME_NOTE, *([", ".join(terms)] if terms else [])]))
+    return best.with_gain_note(ev, f"{RENAME_NOTE}: {', '.join(terms)}" if terms else RENAME_NOTE)
