@@ -191,19 +191,19 @@ def _loss_phase(ctx: PlanContext, waves: Waves, groups: Groups) -> float:
     return max(step.loss_load(pieces, k, groups, moves).values(), default=0.0)
 
 
-def relabel_and_spread(ctx: PlanContext, ev: Evaluated, match: bool = True) -> Evaluated:
+def relabel_and_spread(ctx: PlanContext, ev: Evaluated, inputs: bool = True) -> Evaluated:
     """A placed plan's devices renamed where that pays, pieces onto their inputs and large
-    losses beside small ones (``planner.relabel``; ``match`` False leaves the inputs' renamings
+    losses beside small ones (``planner.relabel``; ``inputs`` False leaves the inputs' renamings
     out, to measure what they buy), then lm losses spread over their heads' devices
     (``planner.lossspread``), each kept where the whole step gets quicker."""
-    return spread_losses(ctx, rename_devices(ctx, ev, inputs=match))
+    return spread_losses(ctx, rename_devices(ctx, ev, inputs=inputs))
 
 
 def spread_round(
     ctx: PlanContext,
     evaluated: Mapping[str, Evaluated],
     always: Collection[str],
-    match: bool = True,
+    inputs: bool = True,
 ) -> dict[str, Evaluated]:
     """``relabel_and_spread`` over one round's candidates, quickest first, skipping those that
     could not become the quickest fitting plan even with their loss spread evenly and no
@@ -215,21 +215,21 @@ def spread_round(
     best = float("inf")
     for name in sorted(evaluated, key=lambda n: evaluated[n].iteration_s):
         ev = evaluated[name]
-        if name in always or _floor(ctx, ev, match) < best:
-            out[name] = ev = relabel_and_spread(ctx, ev, match)
+        if name in always or _floor(ctx, ev, inputs) < best:
+            out[name] = ev = relabel_and_spread(ctx, ev, inputs)
         if ev.fits:
             best = min(best, ev.iteration_s)
     return out
 
 
-def _floor(ctx: PlanContext, ev: Evaluated, match: bool) -> float:
+def _floor(ctx: PlanContext, ev: Evaluated, inputs: bool) -> float:
     """What ``ev`` could come down to at best: its loss phase spread evenly over the devices
-    and, where the inputs' renamings run (``match``), no activation moves left."""
+    and, where the inputs' renamings run (``inputs``), no activation moves left."""
     step = ctx.step
     if step is None:
         return ev.iteration_s
     k = ctx.levers.micro_batches
     n = ctx.topology.devices
     total = sum(float(v.sum()) for _, v in sink_loads(step, ev.placement.waves, k, n))
-    moves = ev.timing.transfer_s if match else 0.0
+    moves = ev.timing.transfer_s if inputs else 0.0
     return ev.iteration_s - ev.timing.loss_s + k * total / n - moves

@@ -30,6 +30,7 @@ them, 562.4 ms taking each round's quickest of both kinds, 528.5 ms with this de
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Literal
 
 from spindle_dsl.planner.build import Evaluated, PlanContext, ms_change, time_of
 from spindle_dsl.planner.cutmatch import cuts_with_moves, matching_label
@@ -47,8 +48,10 @@ from spindle_dsl.planner.placement import Placement
 MAX_TRIALS = 48  # step pricings per plan, at most
 RENAME_NOTE = "devices renamed at wave boundaries"  # how a renamed plan's note begins
 
+Kind = Literal["inputs", "losses"]  # the two kinds of renaming (module docstring)
 
-def proposals(ctx: PlanContext, ev: Evaluated, kind: str) -> Iterator[tuple[int, bool, list[int]]]:
+
+def proposals(ctx: PlanContext, ev: Evaluated, kind: Kind) -> Iterator[tuple[int, bool, list[int]]]:
     """(cut, prefix, label) of each renaming of ``kind`` worth pricing for ``ev``: for
     ``"inputs"``, the matchings at each boundary whose moves show
     (``cutmatch.cuts_with_moves``), after it and before it; for ``"losses"``, the pairings
@@ -63,7 +66,7 @@ def proposals(ctx: PlanContext, ev: Evaluated, kind: str) -> Iterator[tuple[int,
                 label = matching_label(ctx, waves, cut, prefix)
                 if label is not None:
                     yield cut, prefix, label
-    elif step is not None and step.sinks:
+    elif kind == "losses" and step is not None and step.sinks:
         n = ctx.topology.devices
         worth = worth_spreading(sink_loads(step, waves, k, n), ev.iteration_s, k)
         for peak, cut, prefix, a, b in candidates(step, waves, k, n):
@@ -75,7 +78,7 @@ def proposals(ctx: PlanContext, ev: Evaluated, kind: str) -> Iterator[tuple[int,
                     yield cut, prefix, label
 
 
-def _best_of(ctx: PlanContext, start: Evaluated, kind: str, budget: int) -> tuple[Evaluated, int]:
+def _best_of(ctx: PlanContext, start: Evaluated, kind: Kind, budget: int) -> tuple[Evaluated, int]:
     """The quickest renaming of ``kind`` of ``start`` that fits no worse (``start`` itself if
     none is quicker), pricing at most ``budget`` proposals; and how many it priced."""
     cap = ctx.topology.capacity
@@ -107,7 +110,7 @@ def rename_devices(
     carry its groups along."""
     if len(ev.placement.waves) < 2 or ev.placement.loss_groups:
         return ev
-    kinds = [kind for kind, on in (("inputs", inputs), ("losses", losses)) if on]
+    kinds: list[Kind] = [kind for kind, on in (("inputs", inputs), ("losses", losses)) if on]
     best, trials, i = ev, 0, 0
     while i < len(kinds) and trials < MAX_TRIALS:
         got, used = _best_of(ctx, best, kinds[i], MAX_TRIALS - trials)
