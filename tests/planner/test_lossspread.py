@@ -8,13 +8,19 @@ import pytest
 from test_lossbalance import EVERYWHERE, SPEC, _evaluated, _pp
 
 from spindle_dsl.cost import make_cost_model
+from spindle_dsl.cost.comm import _shard_moves
 from spindle_dsl.cost.step import PieceTime, ceil_split, spread_shares
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner.build import context, to_plan
 from spindle_dsl.planner.lossbalance import loss_loads
-from spindle_dsl.planner.lossspread import SPREAD_LOSS_NOTE, balanced_groups, spread_losses
+from spindle_dsl.planner.lossspread import (
+    SPREAD_LOSS_NOTE,
+    balanced_groups,
+    shard_order,
+    spread_losses,
+)
 
 # the sinks end on disjoint groups covering the cluster (nothing to relabel), sized for their
 # layers: transcribe's 128 rows are scored on one device, caption's on three
@@ -58,13 +64,35 @@ def test_the_greedy_groups_fill_the_least_loaded_devices_row_by_row(ctx):
     step = ctx.step
     sink = next(s for s in step.sinks if s.sink == "transcribe/lm")
     load = {0: 1.0, 1: 1.0, 2: 1.0}  # caption's loss, staying where it ends
-    groups = balanced_groups(step, [sink], (0, 1, 2, 3), load, {"transcribe/lm": 1}, 1)
+    groups = balanced_groups(step, [sink], (0, 1, 2, 3), load, {"transcribe/lm": (3,)}, 1, 4)
     group = groups["transcribe/lm"]
-    assert group[0] == 3  # the idle device first
+    assert 3 in group  # the idle device, which holds the rows
     assert len(group) == len(set(group)) and set(group) <= {0, 1, 2, 3}
     shares = spread_shares(sink, 128, 1, len(group))
     assert sum(shares) == pytest.approx(128)
     assert max(load.values()) < 1.0 + step.loss_seconds(sink, 128)
+
+
+def test_a_group_in_shard_order_keeps_rows_on_their_devices_and_inside_their_nodes():
+    # two nodes of 8; the rows on 0, 1 (node 0) and 8, 9 (node 1), spread over 8 devices that
+    # came in the order of their loads
+    source, chosen = (0, 1, 8, 9), [12, 3, 9, 2, 0, 13, 1, 8]
+    in_load_order = _shard_moves(list(source), chosen)
+    assert any(s // 8 != d // 8 for s, d in in_load_order)  # that order crosses nodes
+    group = shard_order(source, chosen, 8, keep_last=False)
+    assert sorted(group) == sorted(chosen)
+    moves = _shard_moves(list(source), list(group))
+    assert all(s // 8 == d // 8 for s, d in moves)  # nothing crosses a node
+    # each source keeps half its rows: it scores one of the two slots its shard holds
+    assert sum(moves.values()) == pytest.approx(0.5)
+    assert sum(in_load_order.values()) > 0.5
+    # the last device scores the short share the group's size was chosen with
+    assert shard_order(source, chosen, 8, keep_last=True)[-1] == chosen[-1]
+    # a source outside the group sends its rows to its own node where it can
+    assert all(
+        s // 8 == d // 8
+        for s, d in _shard_moves([0, 8], list(shard_order((0, 8), [1, 9], 8, False)))
+    )
 
 
 def test_spreading_evens_a_loss_phase_relabeling_cannot(ctx):
