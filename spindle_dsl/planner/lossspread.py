@@ -20,9 +20,9 @@ reduction and the optimizer are the same, and the sum of the shares is the same 
 How it is chosen. Per head, its sinks are spread heaviest first (loss seconds per device on
 their own group): the heaviest alone, the two heaviest, ..., all. A spread sink's group is
 chosen greedily on the loss seconds the devices already carry (``balanced_groups``): for each
-group size g from its own group's to the union's, its g least loaded devices of the union, the
-most loaded last (the runtime splits the positions ceil-wise, so the last device gets the
-short share); the g whose busiest device ends least loaded wins. The group's order is then
+group size g from its own group's to the union's, its g least loaded devices of the union (the
+runtime splits the positions ceil-wise, so the last device gets the short share: the most
+loaded of them); the g whose busiest device ends least loaded wins. The group's order is then
 its shard order (``shard_order``): each device scores positions its own rows hold or a device
 of its node holds, so that the rows move as little and as locally as the group allows (on
 ``bench/specs/ofasys_7task``'s planned groups, the busiest device's moves 5.0 -> 4.2 ms a
@@ -97,7 +97,7 @@ def balanced_groups(
             continue
         order = sorted(union, key=lambda d: (load.get(d, 0.0), d))
         loads = [load.get(d, 0.0) for d in order]
-        best: tuple[tuple[float, float], int] | None = None
+        best: tuple[tuple[float, float], int, bool] | None = None  # (key, g, short last share)
         for g in _sizes(min(len(sources[s.sink]), len(order)), min(len(order), total)):
             c = ceil_div(total, g)
             g = ceil_div(total, c)  # the devices a ceil split of c positions each uses
@@ -108,10 +108,9 @@ def balanced_groups(
             outside = loads[-1] if g < len(loads) else peak
             key = (max(peak, outside), peak)
             if best is None or key < best[0]:
-                best = (key, g)
+                best = (key, g, rest < c)
         assert best is not None
-        g = best[1]
-        short = total - (g - 1) * ceil_div(total, g) < ceil_div(total, g)
+        _, g, short = best
         group = shard_order(sources[s.sink], order[:g], per_node, keep_last=short)
         shares = spread_shares(s, step.ops[s.sink].batch, k, len(group))
         for d, held in zip(group, shares, strict=True):
