@@ -7,15 +7,16 @@ the micro-batch size, memory under stage z, allocations restricted to where each
 and places a quick set of schedules in it (the ``Judge``: the paper's plan and the baselines
 for the default scheduler). The search runs in three steps:
 
-1. without recompute, for k = 1, 2, 4, ... (``levers.micro_batch_choices``; at k = 1 with
-   ZeRO-2 as well, which costs no time there): until k is so large that even its fastest
-   plan is slower than the quickest fitting one found. A k past the first that fits is
-   still tried, since more passes can be quicker without any memory pressure (smaller
-   micro-batches scale to more devices: on qwen_val at 128 devices the MILP's plan at k=2
-   was 3.8% quicker than at k=1, which fits); usually that next k is slower and ends it;
+1. without recompute, for k = 1, 2, 4, ... (``levers.micro_batch_choices``): until k is so
+   large that even its fastest plan is slower than the quickest fitting one found. A k past
+   the first that fits is still tried, since more passes can be quicker without any memory
+   pressure (smaller micro-batches scale to more devices: on qwen_val at 128 devices the
+   MILP's plan at k=2 was 3.8% quicker than at k=1, which fits); usually that next k is
+   slower and ends it;
 2. at every k tried whose fastest plan (fitting or not) is quicker than the best found, since
-   recompute and ZeRO-2 only slow a pass down, for ZeRO-1 and ZeRO-2, the recompute set R is
-   fitted (``fit``): a prefix of the MetaOps in order of kept-activation bytes freed per
+   recompute and ZeRO-2 only slow a pass down, for ZeRO-1 and ZeRO-2 (at k = 1 ZeRO-1 alone:
+   one pass under ZeRO-2 prices the same, ``stages_at``), the recompute set R is fitted
+   (``fit``): a prefix of the MetaOps in order of kept-activation bytes freed per
    device-second of extra forward (what the cluster-wide floor needs at the least, then as
    long as lets the fastest plan fit, or any plan if it never does), its length found by
    galloping and bisection with probes that place only the schedule they test, then
@@ -405,38 +406,30 @@ class LeverSearch:
         out.last = _closer(out.last, *full)
         return None
 
-    def _stage_order(self, k: int, judge: Judge) -> tuple[int, ...]:
-        """ZeRO stages to fit at k, most promising first: at k = 1, where both cost the same
-        gradient traffic, the one whose plain plans overflow less (the other is fitted too:
-        the allocations each offers differ); above, ZeRO-1 (ZeRO-2 reduce-scatters every
-        pass), then ZeRO-2 only if ZeRO-1 needs recompute."""
-        if k != 1 or len(self.stages) == 1:
-            return self.stages
-
-        def over(z: int) -> float:
-            t = self.trial(Levers(k, z), judge)
-            ev = t.least_over()
-            return ev.key(t.ctx.topology.capacity)[0] if ev is not None and t.ctx else 1e300
-
-        return tuple(sorted(self.stages, key=over))
+    def stages_at(self, k: int) -> tuple[int, ...]:
+        """ZeRO stages to fit at k: ZeRO-1 (ZeRO-2 reduce-scatters every pass), then ZeRO-2
+        only if ZeRO-1 needs recompute; at k = 1 the first alone, since one pass under ZeRO-2
+        is ZeRO-1 in every figure the planner prices: the same one reduce-scatter
+        (``cost.step.reductions_per_step``), gradients alive as long
+        (``cost.memory.gradient_life``), the same parameter layout (``cost.memory.staged``),
+        so the same allocations offered, the same plans and the same memory on every device.
+        Fitting it too repeated every probe (on qwen_val/audio_heavy at 64 devices, 0.7 of the
+        search's 2.4 s)."""
+        return self.stages[:1] if k == 1 else self.stages
 
     def _plain(self, judge: Judge, k: int, plain: dict[int, Trial], out: Fit) -> None:
-        """Phase 1 at one k: no recompute, ZeRO-1 (ZeRO-2 too at k = 1, where it is free)."""
-        for z in self.stages if k == 1 else self.stages[:1]:
-            t = self.trial(Levers(k, z), judge)
-            plain[k] = plain.get(k) or t
-            out.record(k, t)
-            if t.fitting is not None and t.time_s < _time(out):
-                out.best = t
-            f = t.fastest
-            if f is not None and f.fits:
-                break
+        """Phase 1 at one k: no recompute, the first ZeRO stage (ZeRO-1 unless forced)."""
+        t = self.trial(Levers(k, self.stages[0]), judge)
+        plain[k] = plain.get(k) or t
+        out.record(k, t)
+        if t.fitting is not None and t.time_s < _time(out):
+            out.best = t
 
     def _fit_stages(self, judge: Judge, k: int, plain: dict[int, Trial], out: Fit) -> None:
         """Phase 2 at one k: recompute and ZeRO-2, where they could win."""
         if plain_floor(plain[k]) >= _time(out) * SLOWER:
             return
-        for z in self._stage_order(k, judge):
+        for z in self.stages_at(k):
             t = self.fit(judge, k, z, out)
             if t is not None:
                 out.record(k, t)

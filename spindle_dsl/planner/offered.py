@@ -1,7 +1,7 @@
 """The allocations the lever search can offer each MetaOp at k micro-batches, for the LP bound.
 
 Why. With memory enforced, every plan the planner makes is scheduled in a context of its lever
-search (``LeverSearch.context``: k, a ZeRO stage of ``search.stages``, a recompute set), and a
+search (``LeverSearch.context``: k, a ZeRO stage it tries at k, a recompute set), and a
 context offers the schedulers each MetaOp's spec under those levers only
 (``build.offered_spec``: the allocations on which one layer, and where any does the whole
 MetaOp, fits alone on one device). That spec reads the levers only through k, the stage and
@@ -72,7 +72,8 @@ def offered(search: LeverSearch, op: MetaOp, quick: Levers) -> tuple[OpSpec | No
     None where none offers any allocation."""
     whole = whole_curve(search, op, quick)
     specs = []
-    for z in sorted(search.stages, key=lambda z: z != 1):  # ZeRO-1 first
+    # ZeRO-1 first; the stages the search tries at this k (``LeverSearch.stages_at``)
+    for z in sorted(search.stages_at(quick.micro_batches), key=lambda z: z != 1):
         levers = replace(quick, zero_stage=z)
         curves = pass_curves(search.graph, search.cost, levers, search.pricing)
         try:

@@ -92,6 +92,31 @@ def _one_by_one(problem) -> Schedule:
     return Schedule("slow", tuple((Piece(o.id, 0, o.layers, o.ns[0]),) for o in problem.ops))
 
 
+def test_one_pass_under_zero2_prices_as_zero1_so_the_search_fits_it_once(graph) -> None:
+    # at k = 1 ZeRO-2 is ZeRO-1 in every figure priced: the same allocations offered, the
+    # same plans, the same memory on every device, with or without recompute ...
+    g = with_memory(graph, 300)  # fits at k = 1 with recompute
+    judge = Judge(("paper",), lambda name, problem: paper_schedule(problem))
+    search = LeverSearch(g, make_cost_model(g.cluster))
+    order = [c.op for c in search.candidates(1)]
+    assert order
+    for j in (0, len(order) // 2, len(order)):
+        rc = frozenset(order[:j])
+        one, two = search.trial(Levers(1, 1, rc), judge), search.trial(Levers(1, 2, rc), judge)
+        assert (one.ctx is None) == (two.ctx is None)
+        if one.ctx is None or two.ctx is None:
+            continue
+        assert one.ctx.problem.ops == two.ctx.problem.ops
+        priced = [[(e.iteration_s, e.placement.memory) for e in t.judged] for t in (one, two)]
+        assert priced[0] == priced[1]
+    # ... so the search fits recompute at k = 1 under ZeRO-1 alone
+    fresh = LeverSearch(g, make_cost_model(g.cluster))
+    fresh.search(judge)
+    tried = set(fresh._contexts)
+    assert any(lv.micro_batches == 1 and lv.recompute for lv in tried)
+    assert not any(lv.micro_batches == 1 and lv.zero_stage == 2 for lv in tried)
+
+
 def test_the_judge_places_no_schedule_that_cannot_beat_a_plan_that_fits(graph) -> None:
     """Once a judged plan fits, a schedule whose compute alone is no quicker is not placed
     (it could change neither the quickest plan nor the quickest or closest to fitting one);
