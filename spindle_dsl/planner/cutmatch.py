@@ -28,6 +28,7 @@ from collections.abc import Mapping
 
 from spindle_dsl.planner.build import Evaluated, PlanContext
 from spindle_dsl.planner.lossbalance import Waves
+from spindle_dsl.planner.nodepool import NodePool
 from spindle_dsl.planner.placement import PlacedPiece
 
 MIN_SHOWN = 0.0005  # skip a boundary whose moves show less than this share of the step
@@ -74,12 +75,10 @@ def matching_label(ctx: PlanContext, waves: Waves, cut: int, prefix: bool) -> li
     for x in rest:  # keep its id where nobody took it
         if not taken[x]:
             label[x], taken[x] = x, True
-    free = [y for y in range(devices) if not taken[y]]
+    free = NodePool((y for y in range(devices) if not taken[y]), per_node)
     for x in rest:
         if label[x] < 0:  # a free id in its own node first
-            y = next((y for y in free if y // per_node == x // per_node), free[0])
-            free.remove(y)
-            label[x] = y
+            label[x] = free.take(x // per_node)
     return label
 
 

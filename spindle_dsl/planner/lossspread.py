@@ -37,7 +37,6 @@ step is quicker and fits no worse.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 
 from spindle_dsl.cost.comm import ceil_div
@@ -51,6 +50,7 @@ from spindle_dsl.planner.lossbalance import (
     placed,
     sink_loads,
 )
+from spindle_dsl.planner.nodepool import NodePool
 from spindle_dsl.planner.placement import PlacedPiece, Placement
 from spindle_dsl.planner.relabel import rename_devices
 from spindle_dsl.planner.timing import loss_moves
@@ -153,22 +153,10 @@ def shard_order(
         if d in left and mine:
             slots[mine[len(mine) // 2]] = d
             left.discard(d)
-    by_node: dict[int, deque[int]] = {}
-    for d in free:
-        if d in left:
-            by_node.setdefault(d // per_node, deque()).append(d)
-    anywhere = deque(d for d in free if d in left)
+    pool = NodePool((d for d in free if d in left), per_node)
     for j in range(g):
-        if slots[j] >= 0:
-            continue
-        near = by_node.get(source[home[j]] // per_node)
-        while near and near[0] not in left:
-            near.popleft()
-        pool = near if near else anywhere
-        while pool[0] not in left:
-            pool.popleft()
-        slots[j] = pool.popleft()
-        left.discard(slots[j])
+        if slots[j] < 0:
+            slots[j] = pool.take(source[home[j]] // per_node)
     return tuple(slots)
 
 
