@@ -71,8 +71,9 @@ def hierarchical_allreduce_seconds(
     largest shards, so it bounds the network phase: with m members there and q nodes,
     ``2 (m-1)/m B / intra + 2 (q-1)/q (B / m) / inter`` plus each phase's step latencies."""
     members: dict[int, int] = {}
+    per = cluster.devices_per_node  # (``Cluster.node_of``)
     for d in set(devices):
-        members[cluster.node_of(d)] = members.get(cluster.node_of(d), 0) + 1
+        members[d // per] = members.get(d // per, 0) + 1
     if nbytes <= 0 or len(devices) <= 1:
         return 0.0
     nodes = len(members)

@@ -556,9 +556,12 @@ class StepModel:
         owned = np.zeros(self.devices)
         per_part = np.zeros(self.devices)
         holds = np.zeros(self.devices, dtype=bool)
+        ids: dict[int, np.ndarray] = {}  # parts share their holder sets (``_holders``)
         for key, h in held.items():
             share = h.nbytes / len(h.devices) if zero_stage >= 1 else h.nbytes
-            idx = np.fromiter(h.devices, dtype=np.int64, count=len(h.devices))
+            idx = ids.get(id(h.devices))
+            if idx is None:
+                idx = ids[id(h.devices)] = np.fromiter(h.devices, np.int64, len(h.devices))
             owned[idx] += share  # a set: no device twice
             if zero_stage == 0:
                 # replicated: AdamW over the part's own tensors on every holder, which with

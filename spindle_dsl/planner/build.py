@@ -58,12 +58,17 @@ class PlanContext:
     topology: Topology
     levers: Levers = NO_LEVERS
     micro: MetaGraph | None = None  # the micro-batch view (None: the graph itself, k = 1)
-    memo: dict = field(default_factory=dict, compare=False, repr=False)  # slice memory cache
+    # slice memory, shared by every context of one lever search (``PricingCache.slices``) and
+    # keyed by what it reads of the levers, so a probe that changes one MetaOp's recompute
+    # prices only that MetaOp's slices
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
     evaluated: dict = field(default_factory=dict, compare=False, repr=False)  # waves -> Evaluated
     step: StepModel | None = None  # the runtime's whole step (cost.step), when the model has one
     # (bytes, source devices, destination devices) -> seconds: shared by every context of one
     # lever search (``PricingCache.moves``), since a move's price does not depend on levers
     moves: dict = field(default_factory=dict, compare=False, repr=False)
+    # (bytes, devices) -> seconds of an all-reduce, shared alike (``PricingCache.reductions``)
+    reductions: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def recompute(self) -> frozenset[str]:
@@ -82,11 +87,13 @@ class PlanContext:
 
     def slice_memory(self, op_id: str, n: int, first: int, end: int) -> SliceMemory:
         """Bytes per device of layers ``[first, end)`` of an op on ``n`` devices (cached)."""
-        key = (op_id, n, first, end)
-        if key not in self.memo:
+        lv = self.levers
+        key = (op_id, n, first, end, lv.micro_batches, lv.zero_stage, op_id in lv.recompute)
+        got = self.memo.get(key)
+        if got is None:
             g = self.pass_graph
-            self.memo[key] = slice_memory_of(self.cost, g, g.op(op_id), n, first, end, self.levers)
-        return self.memo[key]
+            got = self.memo[key] = slice_memory_of(self.cost, g, g.op(op_id), n, first, end, lv)
+        return got
 
     def ledger(self) -> Ledger:
         """An empty ledger for one placement."""
@@ -322,7 +329,9 @@ def context(
     weight = dict(flows.carry_bytes)
     for _src, dst, nbytes in flows.edges:  # a MetaOp's first piece pulls its inputs
         weight[dst] = max(weight[dst], nbytes)
-    topo = Topology(c.devices, c.devices_per_node, c.device.memory_bytes, partners, weight)
+    topo = Topology(
+        c.devices, c.devices_per_node, c.device.memory_bytes, partners, weight, cache.orders
+    )
     view = micro if micro is not graph else None
     return PlanContext(
         graph,
@@ -333,8 +342,10 @@ def context(
         topo,
         levers,
         view,
+        memo=cache.slices,
         step=step,
         moves=cache.moves,
+        reductions=cache.reductions,
     )
 
 
@@ -385,18 +396,33 @@ def transfer_of(ctx: PlanContext) -> Callable[[float, Sequence[int], Sequence[in
     return transfer
 
 
+def allreduce_of(ctx: PlanContext) -> Callable[[float, Sequence[int]], float]:
+    """The cost model's all-reduce time, each (bytes, device tuple) priced once per context
+    family (``ctx.reductions``): a plan's shared modules ask about 40 of them, the same
+    holder sets in every candidate, and one across nodes counts each node's members."""
+    cost, cluster, known = ctx.cost, ctx.graph.cluster, ctx.reductions
+
+    def allreduce(nbytes: float, devices: Sequence[int]) -> float:
+        key = (nbytes, tuple(devices))
+        got = known.get(key)
+        if got is None:
+            got = known[key] = cost.allreduce_seconds(nbytes, devices, cluster)
+        return got
+
+    return allreduce
+
+
 def time_of(ctx: PlanContext, placement: Placement) -> Timing:
     """The iteration time of ``placement`` under ``ctx``'s levers (the step model's). Moves
-    are priced once per (bytes, source, destination) and context family (``moves``): the
-    candidates a search places repeat most of them, and pricing a re-shard walks both
+    and all-reduces are priced once per context family (``transfer_of``, ``allreduce_of``):
+    the candidates a search places repeat most of them, and pricing a re-shard walks both
     splits."""
-    cost, cluster = ctx.cost, ctx.graph.cluster
     return time_placement(
         placement,
         lambda op, n: ctx.problem.op(op).t(n),
         ctx.flows,
         transfer_of(ctx),
-        lambda b, ds: cost.allreduce_seconds(b, ds, cluster),
+        allreduce_of(ctx),
         ctx.step,
         micro_batches=ctx.levers.micro_batches,
         zero_stage=ctx.levers.zero_stage,

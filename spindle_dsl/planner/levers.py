@@ -133,6 +133,9 @@ class PricingCache:
         self.source = "analytic"  # where the cost model's curves come from
         self.step: StepModel | None = None  # the step model of the graph (``build.step_of``)
         self.moves: dict = {}  # priced activation moves (``build.time_of``)
+        self.slices: dict = {}  # slice memory under the levers it reads (``PlanContext``)
+        self.reductions: dict = {}  # priced all-reduces (``build.allreduce_of``)
+        self.orders: dict = {}  # groups in shard order (``placement.Topology.orders``)
 
     def view(self, k: int, bare: bool = False) -> MetaGraph:
         """The micro-batch view at k (``bare``: without gradient bytes to all-reduce)."""
