@@ -313,9 +313,18 @@ def context(
     problem = Problem(tuple(ops), graph.cluster.devices)
     n_star: dict[str, float] = {}
     for level in problem.levels:
-        n_star.update(level_optimum([problem.op(i) for i in level], problem.devices).n_star)
+        specs = [problem.op(i) for i in level]
+        # a level's optimum once per its specs: a probe changing one MetaOp's recompute
+        # changes one level's (the specs are the cache's own objects, alive as long as it)
+        key = (tuple(map(id, specs)), problem.devices)
+        got = cache.optima.get(key)
+        if got is None:
+            got = cache.optima[key] = level_optimum(specs, problem.devices).n_star
+        n_star.update(got)
     problem = Problem(
-        tuple(replace(o, switch_s=_switch_s(graph, cost, flows, o, n_star[o.id])) for o in ops),
+        tuple(
+            replace(o, switch_s=_switch_s(graph, cost, flows, o, n_star[o.id], cache)) for o in ops
+        ),
         graph.cluster.devices,
         lanes,
     )
@@ -363,15 +372,22 @@ def step_of(
     return step
 
 
-def _switch_s(graph: MetaGraph, cost: CostModel, flows: Flows, op: OpSpec, n_star: float) -> float:
+def _switch_s(
+    graph: MetaGraph, cost: CostModel, flows: Flows, op: OpSpec, n_star: float, cache: PricingCache
+) -> float:
     """What changing an op's allocation mid-way roughly costs: re-sharding its activations
     from a group of its continuous-optimum size to one a device larger (forward, and
-    backward if it trains)."""
+    backward if it trains); each (bytes, size) priced once in ``cache``."""
     N = graph.cluster.devices
     if N == 1:
         return 0.0
     n = max(1, min(N - 1, round(n_star)))
-    t = cost.transfer_seconds(flows.carry_bytes[op.id], range(n), range(n + 1), graph.cluster)
+    key = (flows.carry_bytes[op.id], n)
+    t = cache.switches.get(key)
+    if t is None:
+        t = cache.switches[key] = cost.transfer_seconds(
+            key[0], range(n), range(n + 1), graph.cluster
+        )
     return t * (2 if flows.backward[op.id] else 1)
 
 

@@ -136,6 +136,8 @@ class PricingCache:
         self.slices: dict = {}  # slice memory under the levers it reads (``PlanContext``)
         self.reductions: dict = {}  # priced all-reduces (``build.allreduce_of``)
         self.orders: dict = {}  # groups in shard order (``placement.Topology.orders``)
+        self.optima: dict = {}  # each level's continuous optimum (``build.context``)
+        self.switches: dict = {}  # re-shard prices of a group one device larger (``build``)
 
     def view(self, k: int, bare: bool = False) -> MetaGraph:
         """The micro-batch view at k (``bare``: without gradient bytes to all-reduce)."""
