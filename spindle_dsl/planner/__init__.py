@@ -201,7 +201,18 @@ def make_plan(
         return plan_round(rival_ctx, scheduler, limit, check_memory, choice, passes)
 
     requests = [
-        RoundRequest(graph, cost, r.levers, scheduler, limit, check_memory, choice, passes, kinds)
+        RoundRequest(
+            graph,
+            cost,
+            r.levers,
+            scheduler,
+            limit,
+            check_memory,
+            choice,
+            passes,
+            kinds,
+            tuple(r.ctx.evaluated.values()) if r.ctx is not None else (),
+        )
         for r in rivals
     ]
     # what the plan needs whatever the rounds find, done while the helpers plan rounds

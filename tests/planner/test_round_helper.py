@@ -14,6 +14,7 @@ import standins
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_file
 from spindle_dsl.planner import isolate, make_plan, round_helper
+from spindle_dsl.planner import rounds as rounds_module
 from spindle_dsl.planner.build import context
 from spindle_dsl.planner.levers import Levers
 from spindle_dsl.planner.rounds import RoundRequest, plan_round, remote_round
@@ -160,3 +161,31 @@ def test_kinds_from_a_module_the_helper_cannot_import_keep_the_round_here(graph)
         warnings.simplefilter("error")
         _, rounds = round_helper.side_by_side(lambda: None, [r], lambda i: ("here", i), helpers)
     assert rounds == [("here", 0)]
+
+
+def test_a_round_reuses_the_plans_the_search_placed_and_finds_the_same(graph, monkeypatch) -> None:
+    """``RoundRequest.placed``: the plans the lever search placed under the round's levers
+    seed the round's context, which then places only the others, and the round is the one it
+    would be without them."""
+    r = request(graph, 8)
+    ctx = context(r.graph, r.cost, r.levers, enforce=True)
+    plan_round(ctx, r.scheduler, r.time_limit_s, r.check_memory, r.solver)  # as the search
+    placed = tuple(ctx.evaluated.values())
+    assert placed
+    calls = []
+    real = rounds_module.evaluate_cached
+
+    def counting(c, s):
+        calls.append(s.waves not in c.evaluated)
+        return real(c, s)
+
+    monkeypatch.setattr(rounds_module, "evaluate_cached", counting)
+    (alone, alone_chosen), _ = remote_round(r)
+    fresh = sum(calls)
+    calls.clear()
+    (again, again_chosen), _ = remote_round(replace(r, placed=placed))
+    assert sum(calls) == 0 < fresh  # every plan the round asked about was placed already
+    assert again_chosen.iteration_s == alone_chosen.iteration_s
+    assert {k: e.iteration_s for k, e in again.items()} == {
+        k: e.iteration_s for k, e in alone.items()
+    }
