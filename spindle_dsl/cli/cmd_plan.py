@@ -278,13 +278,16 @@ def run(args: argparse.Namespace) -> int:
     from spindle_dsl.planner.solver import choose_solver
 
     solver = choose_solver(args.solver)  # a bad name or setting fails before any work
+    helpers: tuple[str, ...] = ()
+    if has_rounds(args.scheduler, not args.no_memory_check):
+        # the helpers start while the spec compiles, so that their imports (0.45 s) are done
+        # before the search starts beside them; then the solver process (``warm_up``)
+        helpers = start_helpers(helper_count(args.jobs, RUNNERS_UP))
     if solver.isolated and args.scheduler in ("default", "milp"):
-        warm_up()  # the solver process starts while the spec compiles
+        warm_up(after=helpers)
     compiled = load_compiled(args)
     if compiled.schedule is not None:
         return run_scheduled(args, compiled.schedule)
-    if has_rounds(args.scheduler, not args.no_memory_check):
-        start_helpers(helper_count(args.jobs, RUNNERS_UP))  # they start while the costs load
     graph = compiled.graph
     cost = load_cost_model(args, graph)
     with warnings.catch_warnings(record=True) as caught:

@@ -152,8 +152,6 @@ def make_plan(
         raise PlanError(f"unknown scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})")
     _check_levers(micro_batches, zero_stage)
     choice = choose_solver(solver)
-    if choice.isolated:
-        warm_up()  # the LP bound's solver process starts while the curves are priced
     t0 = time.perf_counter()
     search: LeverSearch | None = None
     fit = Fit()
@@ -164,6 +162,8 @@ def make_plan(
         found = kind_modules(graph) if count else None
         if found is not None:
             helpers, kinds = start_helpers(count), found  # they start while the search runs
+    if choice.isolated:  # the solver process too, once the helpers are up (``warm_up``)
+        warm_up(after=helpers)
     if check_memory and has_slice_memory(cost):
         search = LeverSearch(graph, cost, micro_batches=micro_batches, zero_stage=zero_stage)
         fit = search.search(_quick(scheduler))

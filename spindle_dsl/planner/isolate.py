@@ -11,8 +11,10 @@ Why a plain ``subprocess`` rather than ``multiprocessing``: a ``spawn`` child re
 caller's ``__main__``, which runs the top-level code of user scripts without a main guard,
 and ``fork`` copies a parent's threads' locks (a notebook kernel, a HiGHS thread pool) into
 a child that may then deadlock. A fresh interpreter running only ``_serve`` has neither
-problem. One worker is kept per process and reused, so its start-up (importing python-mip,
-about 0.2 s) is paid once, and ``warm_up()`` lets the CLI start it while the spec compiles.
+problem. One worker is kept per process and reused, so its start-up (importing this package,
+python-mip and HiGHS' library, about 0.45 s on this project's 2-core machine) is paid once,
+and ``warm_up()`` lets the CLI start it while the spec compiles (``after=``: once the
+planner's helpers have started, so that one child at a time imports beside the planner).
 
 Channels: each name (``SOLVER`` by default) has its own worker, lock and crash count, so a
 caller can keep a second worker busy beside the first: ``planner.round_helper`` plans the lever
@@ -189,6 +191,8 @@ _guard = threading.Lock()  # over the two tables below
 _locks: dict[str, threading.Lock] = {}  # one per channel: a worker answers one call at a time
 _workers: dict[str, _Worker] = {}
 _crashes: dict[str, int] = {}
+_deferred: dict[str, threading.Thread] = {}  # warm-ups waiting for other workers to start
+POLL_S = 0.02  # how often a deferred warm-up looks whether the workers it waits for are up
 
 
 def crash_count(channel: str = SOLVER) -> int:
@@ -215,12 +219,55 @@ def _get(channel: str, prepare: str | None = None) -> _Worker:
     return worker
 
 
-def warm_up(channel: str = SOLVER, prepare: str | None = None) -> None:
+def warm_up(channel: str = SOLVER, prepare: str | None = None, after: tuple[str, ...] = ()) -> None:
     """Start ``channel``'s worker now (it imports while the caller does other work), running
     ``prepare`` (``module:function``) before it says ready; idempotent. A worker that cannot
-    start is reported by the first ``call``, as a ``SolverCrash``."""
+    start is reported by the first ``call``, as a ``SolverCrash``.
+
+    ``after``: channels whose workers are starting too; this one starts once they are up
+    (from a thread, so the caller goes on at once), so that no more than one child imports
+    beside the caller at a time: on a 2-core machine the planner's helper and the solver
+    process, each importing for about 0.45 s, slowed the lever search beside them by 0.13
+    s. A call that needs the worker before then starts it itself."""
+    if after:
+        with _guard:
+            if channel in _deferred or alive(channel):
+                return
+            _deferred[channel] = threading.Thread(
+                target=_warm_after, args=(channel, prepare, after), daemon=True
+            )
+        _deferred[channel].start()
+        return
     with _lock(channel), contextlib.suppress(SolverCrash):
         _get(channel, prepare)
+
+
+def _warm_after(channel: str, prepare: str | None, after: tuple[str, ...]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    for other in after:
+        while not _up(other) and time.monotonic() < deadline:
+            time.sleep(POLL_S)  # (not holding its lock: a caller may want it meanwhile)
+    warm_up(channel, prepare)
+    with _guard:
+        _deferred.pop(channel, None)
+
+
+def _up(channel: str) -> bool:
+    """Whether ``channel``'s worker has finished starting (or is in a call, or there is
+    none to wait for)."""
+    lock = _lock(channel)
+    if not lock.acquire(blocking=False):
+        return True  # a call holds it: the worker has started, or the call waits for it
+    try:
+        worker = _workers.get(channel)
+        if worker is None or not worker.alive():
+            return True
+        try:
+            return worker.handshake(0.0)
+        except (EOFError, OSError):
+            return True
+    finally:
+        lock.release()
 
 
 def alive(channel: str) -> bool:
@@ -292,7 +339,12 @@ def _serve(req_fd: int, res_fd: int, prepare: str | None = None) -> None:
     """The child's loop: answer ``(fn, args)`` requests until the parent closes the pipe."""
     requests = Connection(req_fd, writable=False)
     results = Connection(res_fd, readable=False)
-    import mip  # noqa: F401  (import the solver before saying ready: calls then start at once)
+    # import the solver before saying ready, so that calls start at once: python-mip, and
+    # HiGHS' module, which loads its library (0.08 s) where python-mip would on a first model
+    import mip
+
+    with contextlib.suppress(ImportError):
+        import mip.highs  # noqa: F401
 
     if prepare:  # a failure here ends the child before it says ready: the call reports it
         module, _, function = prepare.partition(":")

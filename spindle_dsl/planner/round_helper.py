@@ -22,10 +22,13 @@ make). Starting one costs the search beside it a little (its imports take a core
 about 0.25 s longer), and planning the rounds side by side saves more where there are
 runner-ups (its rounds 1.8-2.0 s -> 1.2-1.35 s; the whole plan 3.35-3.73 s -> 2.76-3.04 s,
 ``spindle plan examples/qwen_val.spindle --mix audio_heavy --devices 64 --jobs 0`` against
-``--jobs 1``, three runs each, the same plan, with the helper started by ``make_plan``; the
-CLI now starts it before, while the cost model loads). A graph whose layer kinds are
-registered by a script (``__main__``) or by a module a fresh interpreter cannot import cannot
-be rebuilt in a helper, nor a cost model whose class it cannot import: their rounds run here.
+``--jobs 1``, three runs each, the same plan, with the helper started by ``make_plan``). The
+CLI starts it first, while the spec compiles, and the solver process only once it is up
+(``isolate.warm_up``'s ``after``): both starting beside the search had slowed it by 0.13 s
+(1.65-1.68 s against 1.51-1.53 s with ``--jobs 0``); so started, 1.53-1.58 s. A graph whose
+layer kinds are registered by a script (``__main__``) or by a module a fresh interpreter
+cannot import cannot be rebuilt in a helper, nor a cost model whose class it cannot import:
+their rounds run here.
 A helper that dies, hangs or fails a round costs only that: the round runs here, with a
 warning.
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import warnings
 
 import pytest
@@ -155,3 +156,20 @@ def test_a_worker_that_cannot_start_is_a_solver_crash(monkeypatch):
         isolate.call(standins.worker_pid, (), 30)
     monkeypatch.undo()
     assert isolate.call(standins.worker_pid, (), 30) != os.getpid()
+
+
+def test_a_warm_up_after_other_workers_waits_until_they_are_up(monkeypatch):
+    """``warm_up(after=...)`` returns at once and starts its worker only once the workers it
+    waits for have started (so that two children do not import beside the planner at once)."""
+    channel = "deferred test"
+    up = threading.Event()
+    monkeypatch.setattr(isolate, "_up", lambda other: up.is_set())
+    isolate.warm_up(channel, after=("another",))
+    waiting = isolate._deferred[channel]
+    waiting.join(0.2)
+    assert waiting.is_alive() and not isolate.alive(channel)  # still waiting: nothing started
+    up.set()
+    waiting.join(30)
+    assert not waiting.is_alive() and isolate.alive(channel)
+    assert isolate.call(standins.worker_pid, (), 30, channel) != os.getpid()
+    isolate.shutdown()
