@@ -46,6 +46,8 @@ from spindle_dsl.planner.problem import OpSpec, Problem, Schedule
 from spindle_dsl.planner.timing import Flows, SharedModule, Timing, time_placement
 
 GiB = 2**30
+# all-reduce groups up to this many devices are priced once per search (``allreduce_of``)
+REDUCTIONS_KEPT = 512
 
 
 @dataclass(frozen=True)
@@ -415,10 +417,14 @@ def transfer_of(ctx: PlanContext) -> Callable[[float, Sequence[int], Sequence[in
 def allreduce_of(ctx: PlanContext) -> Callable[[float, Sequence[int]], float]:
     """The cost model's all-reduce time, each (bytes, device tuple) priced once per context
     family (``ctx.reductions``): a plan's shared modules ask about 40 of them, the same
-    holder sets in every candidate, and one across nodes counts each node's members."""
+    holder sets in every candidate, and one across nodes counts each node's members. Groups
+    over ``REDUCTIONS_KEPT`` devices are priced each time: their key costs as much as the
+    price, and at 65,536 devices the keys would hold gigabytes."""
     cost, cluster, known = ctx.cost, ctx.graph.cluster, ctx.reductions
 
     def allreduce(nbytes: float, devices: Sequence[int]) -> float:
+        if len(devices) > REDUCTIONS_KEPT:
+            return cost.allreduce_seconds(nbytes, devices, cluster)
         key = (nbytes, tuple(devices))
         got = known.get(key)
         if got is None:

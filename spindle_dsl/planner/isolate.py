@@ -233,10 +233,10 @@ def warm_up(channel: str = SOLVER, prepare: str | None = None, after: tuple[str,
         with _guard:
             if channel in _deferred or alive(channel):
                 return
-            _deferred[channel] = threading.Thread(
+            waiting = _deferred[channel] = threading.Thread(
                 target=_warm_after, args=(channel, prepare, after), daemon=True
             )
-        _deferred[channel].start()
+        waiting.start()
         return
     with _lock(channel), contextlib.suppress(SolverCrash):
         _get(channel, prepare)

@@ -26,7 +26,7 @@ import numpy as np
 
 from spindle_dsl.planner.ledger import DeviceBreakdown, Ledger
 from spindle_dsl.planner.problem import Piece, Problem, Schedule
-from spindle_dsl.planner.shard_order import order_like
+from spindle_dsl.planner.shard_order import SMALL_GROUPS, order_like
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,11 @@ class _Placer:
 
     def order(self, group: np.ndarray, source: np.ndarray) -> np.ndarray:
         """``order_like(group, source)``, once per pair in ``Topology.orders`` (read-only:
-        the same array may stand for several pieces)."""
+        the same array may stand for several pieces). Only groups ordered pair by pair are
+        kept: larger ones order in numpy at about the cost of their key, and at 65,536
+        devices their keys alone would fill gigabytes."""
+        if len(group) + len(source) > SMALL_GROUPS:
+            return order_like(group, source, self.topo.per_node)
         key = (group.dtype.str, group.tobytes(), source.dtype.str, source.tobytes())
         got = self.topo.orders.get(key)
         if got is None:
