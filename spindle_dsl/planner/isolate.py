@@ -253,21 +253,9 @@ def _warm_after(channel: str, prepare: str | None, after: tuple[str, ...]) -> No
 
 
 def _up(channel: str) -> bool:
-    """Whether ``channel``'s worker has finished starting (or is in a call, or there is
-    none to wait for)."""
-    lock = _lock(channel)
-    if not lock.acquire(blocking=False):
-        return True  # a call holds it: the worker has started, or the call waits for it
-    try:
-        worker = _workers.get(channel)
-        if worker is None or not worker.alive():
-            return True
-        try:
-            return worker.handshake(0.0)
-        except (EOFError, OSError):
-            return True
-    finally:
-        lock.release()
+    """Whether ``channel``'s worker has finished starting (``ready``), or is in a call (it
+    has started, or the call waits for it), or there is none to wait for."""
+    return not alive(channel) or ready(channel, 0.0) or _lock(channel).locked()
 
 
 def alive(channel: str) -> bool:
