@@ -8,6 +8,7 @@ tests, so the fixture skips the test instead of failing it.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,11 @@ from spindle_dsl.cluster import CORES_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = (REPO / ".." / "shared").resolve()
+
+# helpers every test folder imports by name (``benchload``): importlib mode adds no folder
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 
 # Plans for cpu clusters price the machine's cores (``Cluster.shared_cores``); pin a count
 # larger than any test cluster so that plans and predictions do not depend on the machine

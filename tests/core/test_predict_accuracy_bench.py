@@ -3,18 +3,9 @@ sequential is the median of each case's pairs of runs, a cycle's turns each a pa
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from benchload import load_bench
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "bench_predict_accuracy", REPO / "bench" / "predict_accuracy.py"
-)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_predict_accuracy"] = bench
-_spec.loader.exec_module(bench)
+bench = load_bench("predict_accuracy")
 
 
 def _row(plan: str, cycle: int, turn: int, measured: float) -> dict:

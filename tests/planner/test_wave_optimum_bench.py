@@ -4,18 +4,9 @@ bound is below every one of them (each a schedule of the same problem)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from benchload import load_bench
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "bench_wave_optimum", REPO / "bench" / "wave_optimum.py"
-)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_wave_optimum"] = bench
-_spec.loader.exec_module(bench)
+bench = load_bench("wave_optimum")
 
 
 def test_the_solve_never_ends_above_its_start_nor_below_the_lp() -> None:
