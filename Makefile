@@ -11,7 +11,7 @@ OUT    := out
 # works, see pyproject.toml.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint fmt system-deps clean
+.PHONY: demo test lint fmt docs system-deps clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -57,6 +57,11 @@ test: $(STAMP) system-deps
 
 lint:
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
+
+# docs/cli.md is generated from the argument parsers, and tests/core/test_docs.py fails when it
+# is out of date: run this after changing a command's options.
+docs:
+	$(BIN)/python -m spindle_dsl.cli.docs --out docs/cli.md
 
 clean:
 	rm -rf $(VENV) $(OUT) build *.egg-info .pytest_cache .hypothesis
