@@ -68,16 +68,16 @@ SCHEDULERS: tuple[str, ...] = ("default", "milp", "paper", *BASELINES)
 DEFAULT_TIME_LIMIT_S = 1.5
 # The lever search judges a setting by the quick plans (the paper's and the baselines'), not
 # by the MILP's, and the two can rank close settings differently: on qwen_val at 32 devices the
-# quick plans put k=8 1.2% behind k=4, and the MILP's plan at k=8 was 4.7% quicker than at k=4.
+# quick plans put k=8 just behind k=4, and the MILP's plan at k=8 is quicker than at k=4.
 # So the quickest setting at another k that the quick plans judge within this margin of the
 # best is planned with the MILP too, and the quickest fitting plan wins (``_runners_up``).
 RUNNER_UP_MARGIN = 0.05
 # ... and at most this many such settings where memory binds, the MILP's time limit shared
 # evenly between them and the best: with the k between the powers of two tried, several come
-# that close (qwen_val at 32 devices: k=6, 4 and 8 within 5% of k=7 as the quick plans judge,
-# and the MILP's plan at k=8 the quickest; its plans there were as quick at a third of the time
-# limit as at all of it). Where k = 1 fits, one: each round also polishes and places its
-# candidates, 5-9 s at 1,024 devices x 50 tasks, where two more rounds gained nothing.
+# that close (qwen_val at 32 devices: k=6, 4 and 8 within the margin of k=7 as the quick plans
+# judge, and the MILP's plan at k=8 the quickest, as quick with a share of the time limit as
+# with all of it). Where k = 1 fits, one: each round also polishes and places its candidates,
+# which takes seconds at 1,024 devices x 50 tasks, where more rounds gain nothing.
 RUNNERS_UP = 3
 
 
@@ -297,8 +297,8 @@ def make_plan(
 def _runners_up(fit: Fit, ctx: PlanContext) -> tuple[Trial, ...]:
     """The settings the MILP plans besides ``ctx``'s: where the search refined k, the best
     over the powers of two first (the quick plans can misjudge the refined pick: on qwen_val
-    audio_heavy at 64 devices they put k=3 6.9% ahead of k=4, and the MILP's plan at k=4 was
-    0.7% quicker), then the quickest fitting settings at other k that the quick plans judge
+    audio_heavy at 64 devices they put k=3 ahead of k=4, and the MILP's plan at k=4 is the
+    quicker), then the quickest fitting settings at other k that the quick plans judge
     within ``RUNNER_UP_MARGIN`` of the search's best; at most ``RUNNERS_UP`` where memory
     binds (``Fit.memory_binds``), else one."""
     best = fit.best

@@ -44,7 +44,8 @@ def inverse_time(op: OpSpec, per_layer_s: float) -> float:
     if per_layer_s >= ts[0]:
         return pts[0] * ts[0] / per_layer_s
     # the first pareto point at least this quick (times strictly fall along them); the
-    # bisection's demand asks this ~10^5 times a plan, so no linear walk
+    # bisection's demand asks this for every op at every step, many levels a plan, so no
+    # linear walk
     i = bisect_left(op.pareto_negated, -per_layer_s)
     if i < len(pts):
         lo, hi, t_lo, t_hi = pts[i - 1], pts[i], ts[i - 1], ts[i]

@@ -109,7 +109,7 @@ class PlanContext:
 
 def _lever_kwargs(levers: Levers) -> dict[str, int]:
     """The memory levers a ``SliceMemoryModel`` takes, only where they differ from the
-    protocol's defaults (one pass, ZeRO-1), so a model written before them still plans."""
+    protocol's defaults (one pass, ZeRO-1), so a model that does not take them still plans."""
     kw = {}
     if levers.zero_stage != 1:
         kw["zero_stage"] = levers.zero_stage

@@ -3,10 +3,10 @@
 Why. Where one task's chain of MetaOps spans the MetaLevels and sets the iteration (a vision
 tower, its resampler, then the language model it feeds), the best waves a long exact solve
 finds run the chain's head alone on all the devices it can use, then its last MetaOp beside
-the other tasks (``bench/wave_optimum.py``: flamingo_like on 16 devices, a 60 s solve of the
-wave MILP over every allocation, 67.3 ms of compute against the plan's 71.0 and the LP
-bound's 65.4). The head scales well, so running it wide costs few device-seconds and starts
-the long tail early; the other tasks fill the devices beside the tail. No other start has
+the other tasks (``bench/wave_optimum.py`` on flamingo_like at 16 devices: a 60 s solve of
+the wave MILP over every allocation). The head scales well, so running it wide costs few
+device-seconds and starts the long tail early; the other tasks fill the devices beside the
+tail. No other start has
 that shape: the level starts share the first level's devices among every task's encoders,
 and the task layouts give the chain one group from start to end.
 

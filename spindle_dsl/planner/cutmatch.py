@@ -5,9 +5,9 @@ Why. Placement goes wave by wave (``planner.placement``): a piece claims its pre
 devices (its own previous devices, else its producers') among what the wave's other pieces
 left, and no later wave can change what an earlier one chose. Where several pieces of a wave
 want the same devices, or a MetaOp resumes after a wave away from its devices, the loser
-lands elsewhere and its rows cross the boundary, often between nodes: on
-``bench/specs/ofasys_7task`` at 16 devices, 41-48 ms of a 568 ms step were activation moves
-that a step model prices as waiting (``cost.step``).
+lands elsewhere and its rows cross the boundary, often between nodes, as activation moves that
+a step model prices as waiting (``cost.step``; ``bench/specs/ofasys_7task`` at 16 devices has
+such moves).
 
 What. Renaming devices by one permutation in every wave from a cut on (or in every wave
 before it) keeps every wave a valid wave and changes only what crosses the cut (module

@@ -12,9 +12,9 @@ caller's ``__main__``, which runs the top-level code of user scripts without a m
 and ``fork`` copies a parent's threads' locks (a notebook kernel, a HiGHS thread pool) into
 a child that may then deadlock. A fresh interpreter running only ``_serve`` has neither
 problem. One worker is kept per process and reused, so its start-up (importing this package,
-python-mip and HiGHS' library, about 0.45 s on this project's 2-core machine) is paid once,
-and ``warm_up()`` lets the CLI start it while the spec compiles (``after=``: once the
-planner's helpers have started, so that one child at a time imports beside the planner).
+python-mip and HiGHS' library) is paid once, and ``warm_up()`` lets the CLI start it while
+the spec compiles (``after=``: once the planner's helpers have started, so that one child at
+a time imports beside the planner).
 
 Channels: each name (``SOLVER`` by default) has its own worker, lock and crash count, so a
 caller can keep a second worker busy beside the first: ``planner.round_helper`` plans the lever
@@ -227,8 +227,8 @@ def warm_up(channel: str = SOLVER, prepare: str | None = None, after: tuple[str,
     ``after``: channels whose workers are starting too; this one starts once they are up
     (from a thread, so the caller goes on at once), so that no more than one child imports
     beside the caller at a time: on a 2-core machine the planner's helper and the solver
-    process, each importing for about 0.45 s, slowed the lever search beside them by 0.13
-    s. A call that needs the worker before then starts it itself."""
+    process importing at once slow the lever search beside them more than one after the
+    other. A call that needs the worker before then starts it itself."""
     if after:
         with _guard:
             if channel in _deferred or alive(channel):
@@ -328,7 +328,7 @@ def _serve(req_fd: int, res_fd: int, prepare: str | None = None) -> None:
     requests = Connection(req_fd, writable=False)
     results = Connection(res_fd, readable=False)
     # import the solver before saying ready, so that calls start at once: python-mip, and
-    # HiGHS' module, which loads its library (0.08 s) where python-mip would on a first model
+    # HiGHS' module, which loads its library where python-mip would on a first model
     import mip
 
     with contextlib.suppress(ImportError):

@@ -261,8 +261,8 @@ class PartLedger:
 
     def _rows(self, s: _Slice) -> _Rows:
         """The rows a slice covers and what it holds of each, per layer (kept while its
-        families' tilings stay as they were: placing a plan asks this about three times a
-        piece, and most pieces repeat a slice already tiled)."""
+        families' tilings stay as they are: placing a plan asks this several times a piece,
+        and most pieces repeat a slice already tiled)."""
         kept = self.rows_of.get(id(s))
         if kept is not None and kept[0] == self._stamp(s):
             return kept[1]

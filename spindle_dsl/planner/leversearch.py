@@ -11,8 +11,8 @@ for the default scheduler). The search runs in three steps:
    large that even its fastest plan is slower than the quickest fitting one found. A k past
    the first that fits is still tried, since more passes can be quicker without any memory
    pressure (smaller micro-batches scale to more devices: on qwen_val at 128 devices the
-   MILP's plan at k=2 was 3.8% quicker than at k=1, which fits); usually that next k is
-   slower and ends it;
+   MILP's plan at k=2 is quicker than at k=1, which fits); usually that next k is slower and
+   ends it;
 2. at every k tried whose fastest plan (fitting or not) is quicker than the best found, since
    recompute and ZeRO-2 only slow a pass down, for ZeRO-1 and ZeRO-2 (at k = 1 ZeRO-1 alone:
    one pass under ZeRO-2 prices the same, ``stages_at``), the recompute set R is fitted
@@ -26,8 +26,8 @@ for the default scheduler). The search runs in three steps:
    of two (``LeverSearch.between``): up to ``REFINE_ROUNDS`` times, steps 1 and 2 at the
    whole midpoints between the best k and its nearest tried neighbours, as the iteration
    time is then far from smooth in k (how the micro-batches round, which other levers each k
-   needs): on qwen_val at 16 devices the quick plans judge k=8 21.38 s (ZeRO-2, 4 MetaOps
-   recomputing), k=16 21.96 s and k=13 18.74 s (neither lever);
+   needs): on qwen_val at 16 devices k=8 needs ZeRO-2 and recompute, k=16 is slower, and
+   k=13, with neither lever, is quicker than both;
 3. at the best setting found, the optimizer state replicated instead (ZeRO-0): kept if it
    fits and is quicker (no all-gather of the weights after the update; every holder updates
    its whole parts), as for a small job on CPU ranks.
@@ -85,8 +85,8 @@ class Judge:
     (k passes of its waves, ``Schedule.compute_s``, which the step model's iteration is never
     below) is no quicker than it can change none of the three, so it is not placed. A
     baseline judged so is placed by its own tuning where that needs it (``evaluate_cached``):
-    at 1,024 devices x 50 tasks the task-level baseline's 2,000-piece plans took ~0.5 s each
-    at the k values only the joint search tries."""
+    at 1,024 devices x 50 tasks the task-level baseline's plans of thousands of pieces are
+    slow to place at the k values only the joint search tries."""
 
     names: tuple[str, ...]
     make: Callable[[str, Problem], Schedule]  # schedule name -> its schedule of a problem
@@ -413,8 +413,7 @@ class LeverSearch:
         (``cost.step.reductions_per_step``), gradients alive as long
         (``cost.memory.gradient_life``), the same parameter layout (``cost.memory.staged``),
         so the same allocations offered, the same plans and the same memory on every device.
-        Fitting it too repeated every probe (on qwen_val/audio_heavy at 64 devices, 0.7 of the
-        search's 2.4 s)."""
+        Fitting it too would repeat every probe for no other plan."""
         return self.stages[:1] if k == 1 else self.stages
 
     def _plain(self, judge: Judge, k: int, plain: dict[int, Trial], out: Fit) -> None:
@@ -470,8 +469,8 @@ class LeverSearch:
         out.memory_binds = one is not None and one.fitting is None
         for k in sorted(plain):  # phase 2
             self._fit_stages(judge, k, plain, out)
-        # the k between the powers of two, where memory binds (where it does not, at 1,024
-        # devices x 50 tasks, the three k tried cost 4.7 s of planning and none was quicker)
+        # the k between the powers of two, where memory binds (where it does not, the
+        # iteration is smooth in k, so they would cost planning time for no quicker plan)
         if refine and out.memory_binds:
             out.coarse = out.best
         for _ in range(REFINE_ROUNDS if out.coarse is not None else 0):

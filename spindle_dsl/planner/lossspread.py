@@ -5,9 +5,8 @@ Why. The runtime computes an lm sink's loss (vocabulary head and cross-entropy, 
 backward) after the last forward wave on the devices of the sink's last piece (``cost.step``,
 ``loss_s``), and the loss phase lasts as long as its busiest device. The sink's group was sized
 for its layers, not for its loss: a task with long text has few rows per layer-second but many
-tokens to score, so its devices score twice the mean while the other sinks' devices wait
-(qwen_val at 128 devices: the text task's 36 devices score 5.8k tokens each per pass, the
-mean is 2.9k, and the phase is 8.5% of the step). Relabeling devices (``planner.lossbalance``)
+tokens to score, so its devices score well above the mean while the other sinks' devices wait
+(qwen_val's text task at 128 devices is such a sink). Relabeling devices (``planner.lossbalance``)
 cannot help when the sinks already end on disjoint groups that cover the cluster.
 
 What. The devices that end any sink of one LM head all hold that head (and a tied embedding
@@ -24,9 +23,8 @@ group size g from its own group's to the union's, its g least loaded devices of 
 runtime splits the positions ceil-wise, so the last device gets the short share: the most
 loaded of them); the g whose busiest device ends least loaded wins. The group's order is then
 its shard order (``shard_order``): each device scores positions its own rows hold or a device
-of its node holds, so that the rows move as little and as locally as the group allows (on
-``bench/specs/ofasys_7task``'s planned groups, the busiest device's moves 5.0 -> 4.2 ms a
-pass at 16 devices and 1.8 -> 1.4 ms at 64 against the same groups in the order of loads).
+of its node holds, so that the rows move as little and as locally as the group allows: the
+busiest device moves less than with the same groups in the order of their loads.
 The runtime moves positions, not rows, so a long-text row may be scored on two devices and a
 pass with fewer rows than devices still spreads over all of them. The candidates are judged
 by their loss phase alone (moves included), and the ``PRICED`` best whose phase is shorter

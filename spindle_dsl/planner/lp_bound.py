@@ -21,7 +21,7 @@ l layers on n devices for ``l T(n) <= D``, so N D >= the device-seconds of its e
 summed over waves ``N C >= sum_m a_m``. So compute_s >= the LP optimum; the plan's
 iteration_s is at least k times its one-pass compute (transfers and gradient sync only add
 time, and ``validate`` checks ``iteration_s >= micro_batches * compute``), hence the bound.
-It is at least the old area / critical-path bound (``bounds.py``): ``a_m >= L_m min_n n T(n)``
+It is at least the simpler area / critical-path bound (``bounds.py``): ``a_m >= L_m min_n n T(n)``
 and ``d_m >= L_m min_n T(n)`` for any x.
 
 Only the lower convex hull matters. Each op's point set P = {(T(n), n T(n))} enters the LP
@@ -30,8 +30,8 @@ constraint (a smaller d_m or a_m keeps every constraint satisfied with the same 
 point of conv(P) is dominated componentwise by a point of its lower-left frontier (the part
 of the boundary of conv(P) + R^2_+ ), a convex combination of two neighbouring vertices of
 that frontier, which are points of P. So restricting x to those vertices (``frontier``)
-leaves the optimum unchanged: on the 1,024-device, 50-task bench spec they are 6 to 28
-points per op (14 on average), not 1,024.
+leaves the optimum unchanged: on the 1,024-device, 50-task bench spec they are a few dozen
+points per op at most, not 1,024.
 
 A certified value, whatever the solver's tolerances. The LP's dual gives weights: mu >= 0
 on the area constraint, g_m >= 0 on ``C >= s_m + d_m`` and f_pm >= 0 on each precedence
@@ -76,7 +76,7 @@ Solving: python-mip with the planner's solver (HiGHS by default), in the isolate
 process when the choice says so (``isolate``), since a native crash must not take planning
 down; if the solve fails, ``lp_bound`` returns the area / critical-path bound with a note.
 
-Micro-batches and memory levers (issue 10). ``lp_bound(problem, micro_batches=k)`` bounds
+Micro-batches and memory levers. ``lp_bound(problem, micro_batches=k)`` bounds
 plans made with ``problem``'s curves (priced at the micro-batch size ceil(B/k), recompute
 as the plan has it, allocations those on which a layer fits) and k passes: it is the bound
 for *that plan's* levers, which is what ``lower_bound_s <= iteration_s`` needs. A bound on
@@ -119,8 +119,8 @@ at a time, never quicker than the fair share), so a phase lasts at least its wor
 cluster's cores, and ``lanes C >= sum_m a_m`` holds with ``lanes`` (the cores, node by node,
 each node at most its devices) in place of N: the area constraint and the holder work divide
 by it, and so does the certificate. The memory room stays N devices' bytes. On 4 gloo workers
-over 2 cores (``examples/tiny_mm.spindle``) the bound with N called the plan 2.2x off and its
-devices idle half the time, where they share the cores.
+over 2 cores (``examples/tiny_mm.spindle``) the bound with N would call the plan far off and
+its devices idle half the time, where they only share the cores.
 
 One device (``MemoryRoom.plain``). The planner offers a MetaOp only the allocations on which
 one device can hold it under the plan's levers (``build.offered_spec``), which depend on the
@@ -271,8 +271,8 @@ class LpSolution:
 @dataclass(frozen=True)
 class LpBound:
     """``seconds``: the certified LP bound (times k), None if the LP was not solved;
-    ``primal_s``: the solver's LP value (times k), for comparison; ``area_path_s``: the old
-    bound (times k); ``note``: why the LP was not used, or None."""
+    ``primal_s``: the solver's LP value (times k), for comparison; ``area_path_s``: the area /
+    critical-path bound (times k, ``bounds.py``); ``note``: why the LP was not used, or None."""
 
     seconds: float | None
     primal_s: float | None

@@ -23,13 +23,12 @@ Where CPU workers share fewer cores (``Problem.lanes``), the stages run twice, a
 time each: on every worker, and on as many workers as cores (``on_the_cores``), the others
 idle; the better placed plan is kept. The fewer workers take no turns on the cores and reduce
 gradients over smaller groups, which only the placed plan prices: over 2 cores, the plan on 2
-of tiny_mm's 4 workers was 7.3% quicker than the plan on all 4 (67.1 against 72.3 ms with a
-profile of this machine, 38.2 against 39.2 ms analytic), wide_adapters' on 2 of 8 3.7% (230.3
-against 239.1 ms), and the run on every worker at half its time lost at most 0.01% (cpu_medium
-on 4, 1016.65 against 1016.55 ms) on the eight CPU cases tried.
+of tiny_mm's 4 workers is quicker than the plan on all 4 (with a profile of a 2-core machine
+and with the analytic model alike), and so is wide_adapters' on 2 of 8; where the plan on
+every worker wins (cpu_medium on 4), half the time costs it next to nothing.
 
 Candidates are ranked by memory overflow, then by whether their compute exceeds
-``COMPUTE_SLACK`` x the sum of MetaLevel continuous optima (the issue's quality bar: polish
+``COMPUTE_SLACK`` x the sum of MetaLevel continuous optima (the planner's quality bar: polish
 may trade compute for less communication, but not past that), then by iteration time.
 Solves run through ``solver`` (HiGHS or CBC, isolated in a worker process); a crash turns
 into a warning and the stages after it go on without a solver. The solver status and gap
@@ -62,7 +61,7 @@ from spindle_dsl.planner.wavefront import paper_schedule, schedule_level
 
 COMPUTE_SLACK = 1.05  # compute may exceed the level reference by this much (see below)
 MAX_BINARIES = 2500  # above this a MILP is skipped: it would not finish in the budget
-# Shares of the time limit (measured on the bench, see the README): the level MILPs rarely
+# Shares of the time limit (set on ``bench/plan_quality.py``'s cases): the level MILPs rarely
 # beat the paper's waves and the global MILP rarely beats its start, while the layer re-splits
 # of ``improve`` and the polishing of several starts decide the plan; so they get the time.
 LEVEL_SHARE = 0.10  # all level MILPs together

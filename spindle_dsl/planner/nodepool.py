@@ -4,7 +4,7 @@ Why. Where a renaming (``planner.cutmatch``) or a spread loss group's order
 (``planner.lossspread.shard_order``) has no device that holds a piece's rows, the next best
 is a device of the same node (a link inside a node is ~12x faster than across), else any:
 the first free one in the order given, so that the choice is deterministic. Searching a list
-for each request made the renaming quadratic in the devices; the pool answers each in
+for each request would make the renaming quadratic in the devices; the pool answers each in
 amortised constant time.
 """
 

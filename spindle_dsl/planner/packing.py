@@ -3,10 +3,10 @@ on shared devices, where the level's continuous optimum gives them less than one
 
 The continuous optimum of a MetaLevel gives every MetaOp n* devices so that all end together
 at C*. Many-task jobs have MetaOps with n* well under 1: a small text or IMU encoder that one
-device runs in a third of C* (bench/specs/clip10 at 64 devices: 10 of its 20 encoders are at
-n* = 0.2-0.53, C* = 83.9 ms). An integer layout that gives each its own device
+device runs in a third of C* (bench/specs/clip10 at 64 devices: half of its encoders are
+given well under one device). An integer layout that gives each its own device
 (``baselines.balanced``) leaves that device idle for the rest of the level, and the level
-MILP, at the size of such a level, does not find better in seconds (113 ms after 8 s). The
+MILP, at the size of such a level, does not find better in seconds. The
 LP bound's solution (``lp_bound``) runs them from the start beside the large encoders, on
 one device each, for about half the level: this layout gives that shape whole devices by
 running two or three of them in turn on one.

@@ -2,7 +2,7 @@
 
 The ``milp`` scheduler (``milp_scheduler``) chains several passes, each kept only where it
 improves the plan. ``bench/plan_quality.py --ablation`` plans with each switched off in turn
-and prints the iteration and planning time, so that a pass that no longer pays can be seen
+and prints the iteration and planning time, so that a pass that does not pay can be seen
 (and dropped). Planning uses ``ALL_PASSES`` unless a caller asks otherwise; the switches
 are for measurement, not a user-facing option.
 """

@@ -1,9 +1,9 @@
 """Plan every phase of a schedule: one plan per distinct MetaGraph, several at once.
 
 Where the time goes (measured with ``bench/schedule_bench.py``): curves and planning contexts
-cost milliseconds, the MILP and the placement of candidates cost the rest (about a second a
-phase at the default time limit). So sharing curves between phases buys nothing worth its
-complexity, while two things do pay:
+cost milliseconds, the MILP and the placement of candidates cost the rest (most of a phase's
+planning time, bounded by the time limit). So sharing curves between phases buys nothing
+worth its complexity, while two things do pay:
 
 * phases whose graphs are equal (the same mix twice, or two mixes that give every task the
   same batch) are planned once and share the plan;
@@ -12,12 +12,11 @@ complexity, while two things do pay:
   (``python -c``), not a ``multiprocessing`` child, for the reasons ``planner.isolate``
   gives: a fork would share the parent's solver process and locks, and a spawn would re-run
   a user script's top-level code. Each worker starts its own solver process, so a solver
-  crash in one phase is a warning there, as in a single plan. A worker costs about half a
-  second to start (imports, its solver process), and it needs a core of its own: side by
-  side paid on two cores that were otherwise idle (qwen_val's two phases: 2.7 s one after the
-  other, 1.9 s side by side; tiny_schedule's three: 1.56 s and 1.32 s) and cost a lot on the
-  same two cores with a dozen other processes running (tiny_schedule 2.2 s and 5.4 s). So by
-  default a worker is started only for a core the load average says is idle.
+  crash in one phase is a warning there, as in a single plan. A worker costs its start
+  (imports, its solver process), and it needs a core of its own: side by side pays on cores
+  that are otherwise idle and costs a lot on cores a dozen other processes keep busy
+  (``bench/schedule_bench.py`` times both ways). So by default a worker is started only for a
+  core the load average says is idle.
 
 With one distinct graph, or ``jobs=0``, everything runs in this process. The plans made side
 by side start no helpers of their own for their runner-up rounds (``planner.round_helper``):

@@ -232,9 +232,9 @@ def _split_align(
     number, but whose predecessors ran in different waves on devices they may share). A
     piece with no predecessor keeps its allocation in the wave with the most room. Where
     the wave is a set of one-layer pieces (each task's heads after its encoders) an extra
-    short wave costs less than the moves: on clip10 at 64 devices the heads, 71 devices'
-    worth aligned, moved 4.0 ms of activations a step; as two waves they move none, and
-    multitask_clip at 64 devices went from 336.8 to 329.8 ms without merging."""
+    short wave costs less than the moves: on clip10 at 64 devices the heads, more devices'
+    worth aligned than the cluster has, move activations every step in one wave and none as
+    two, and multitask_clip at 64 devices plans a quicker step without merging."""
     groups: dict[tuple[int, int], list[Piece]] = {}
     fed: dict[tuple[int, int], set[str]] = {}
     loose: list[Piece] = []
@@ -281,8 +281,8 @@ def _partial_align(
     MetaOp's own activations, a starting one's producers'), and the rest side by side
     min-max on the devices left (None where nothing moves or the rest do not fit). Pieces
     on their predecessors' allocations already keep them with ``hold``; without it they
-    share the devices left with the rest (on clip10 at 64 devices that was the quicker of
-    the two: 100.9 against 101.7 ms). Where a wave of small pieces (a task's heads after
+    share the devices left with the rest (on clip10 at 64 devices the quicker of the two).
+    Where a wave of small pieces (a task's heads after
     wide encoders) cannot keep every input in place, keeping the largest inputs in place
     removes most of the moves."""
 

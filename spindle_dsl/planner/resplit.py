@@ -257,7 +257,7 @@ def _covers(problem: Problem, sched: Schedule, split: Split) -> bool:
 def _reduced(problem: Problem, sched: Schedule) -> Problem:
     """Just what a re-split reads: each op's layers and T(n) at the allocations ``sched``
     uses. What the worker process is sent: full curves of 1,024 allocations for 200 ops
-    pickle to 5 MB, this to a few kB."""
+    pickle to megabytes, this to a few kB."""
     used: dict[str, set[int]] = {}
     for wave in sched.waves:
         for p in wave:

@@ -2,33 +2,30 @@
 
 Where the lever search leaves runner-up settings (``planner.RUNNER_UP_MARGIN``), ``make_plan``
 runs one MILP round per setting, the time limit shared between them: on qwen_val at 32 and 64
-devices, three or four rounds of about half a second each, most of a plan's time after the
-search. The rounds are independent (each reads only its own context) and each keeps a core
+devices, several rounds that take most of a plan's time after the search. The rounds are
+independent (each reads only its own context) and each keeps a core
 busy (Python placing candidates, and its solves), so a helper process plans the runner-ups
 while this one plans the search's best: a fresh interpreter started at the beginning of
 planning (``isolate.warm_up`` on a channel of its own: it imports the planner while the search
 runs) and kept for later plans. Its solves run in it (``rounds.remote_round``): it is already
 isolated from this process. A helper takes the next round waiting; this process, once its own
 round is done and the work that does not wait on the rounds (the baselines' own levers, the
-lower bound), takes what is left. Each round gets the same time limit as before, so the
-plans are those of rounds one after another (up to what time-limited solves vary from run to
-run); only the wall time changes.
+lower bound), takes what is left. Each round gets the same time limit as it would one after
+another, so the plans are those of rounds one after another (up to what time-limited solves
+vary from run to run); only the wall time changes.
 
 A helper needs a core no one else uses: by default one is started for each core the others
 running leave idle beside this process (``spare_cores``), up to one per runner-up round;
 ``jobs`` sets how many (0: none, as ``planner.phases`` asks of the plans its own workers
-make). Starting one costs the search beside it a little (its imports take a core for about
-0.4 s; on this project's 2-core machine the search of qwen_val audio_heavy at 64 devices took
-about 0.25 s longer), and planning the rounds side by side saves more where there are
-runner-ups (its rounds 1.8-2.0 s -> 1.2-1.35 s; the whole plan 3.35-3.73 s -> 2.76-3.04 s,
+make). Starting one costs the search beside it a little (its imports take a core for a
+moment), and planning the rounds side by side saves more where there are runner-ups (compare
 ``spindle plan examples/qwen_val.spindle --mix audio_heavy --devices 64 --jobs 0`` against
-``--jobs 1``, three runs each, the same plan, with the helper started by ``make_plan``). The
-CLI starts it first, while the spec compiles, and the solver process only once it is up
-(``isolate.warm_up``'s ``after``): both starting beside the search had slowed it by 0.13 s
-(1.65-1.68 s against 1.51-1.53 s with ``--jobs 0``); so started, 1.53-1.58 s. A graph whose
-layer kinds are registered by a script (``__main__``) or by a module a fresh interpreter
-cannot import cannot be rebuilt in a helper, nor a cost model whose class it cannot import:
-their rounds run here.
+``--jobs 1``: the same plan, in less wall time). The CLI starts it first, while the spec
+compiles, and the solver process only once it is up (``isolate.warm_up``'s ``after``): the
+two importing at once beside the search slow it more than the two one after the other. A
+graph whose layer kinds are registered by a script (``__main__``) or by a module a fresh
+interpreter cannot import cannot be rebuilt in a helper, nor a cost model whose class it
+cannot import: their rounds run here.
 A helper that dies, hangs or fails a round costs only that: the round runs here, with a
 warning.
 """

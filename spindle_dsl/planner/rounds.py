@@ -93,7 +93,7 @@ class RoundRequest:
     """A round at ``levers`` as another process runs it (picklable). ``kind_modules``: the
     modules that register the graph's layer kinds, imported there first. ``placed``: plans
     the lever search already placed and timed under these levers (the paper's and the
-    baselines'), which the round would otherwise place again (about 50 ms of a rival round
+    baselines'), which the round would otherwise place again (a good part of a rival round
     at 64 devices; each is the same there, the context being the same)."""
 
     graph: MetaGraph

@@ -12,8 +12,8 @@ or ``SPINDLE_SOLVER=cbc``).
 
 Independently of the solver, MILPs run in a separate worker process by default (``isolate``):
 a native crash or hang then costs one solve, and planning goes on with the best plan found
-so far plus a warning. The worker starts once per process (about 0.2 s, overlapped with
-compiling the spec in the CLI) and costs about 10 ms per plan in transfers.
+so far plus a warning. The worker starts once per process (overlapped with compiling the
+spec in the CLI), and after that a plan pays only for its transfers to and from it.
 ``SPINDLE_SOLVER_ISOLATE=0`` solves in-process instead (for profiling).
 """
 

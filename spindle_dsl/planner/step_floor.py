@@ -5,8 +5,8 @@ Why. The LP bound (``lp_bound``) bounds the waves' compute. A step priced by a s
 (``cost.step``) adds, as plain terms of ``iteration_s`` that nothing overlaps, the loss phase
 (k passes), the optimizer (once) and the closing all-reduce of the losses (once), besides
 wave overheads, transfers and the gradient reduction (which a plan can make small, so they get
-no floor here). On a job whose LM heads are heavy the loss phase alone is a tenth of the
-iteration, and a bound that ignores it calls an optimal plan 10% off. Each floor below holds
+no floor here). On a job whose LM heads are heavy the loss phase alone can be a tenth of the
+iteration, and a bound that ignores it then calls an optimal plan 10% off. Each floor below holds
 for every placement of every plan of that step model at k passes, whatever its waves and
 ZeRO stage, so ``k * (LP(k) + loss_floor(k)) + optimizer_floor + closing`` is still below
 every plan made with k micro-batches (``planner._lower_bound`` takes the least over the k).
@@ -52,8 +52,8 @@ holders summed over those parts are at least ``sum_p max_m n_m(p) >= max_m sum_p
 the work is at least ``w max_m L sum_n x[m,n] n`` with w the least per-part work of the parts,
 undivided: the LP takes it as a variable above each member's ``L sum_n x[m,n] n``
 (``lp_bound(holder_groups=...)``), never below the average, and the groups' ops leave
-``holder_work``. On the issue-15 specs, each task's copy of the shared text tower, encoder or
-decoder is such a group.
+``holder_work``. On the specs of ``bench/plan_quality.py``'s gap table, each task's copy of
+the shared text tower, encoder or decoder is such a group.
 
 Holders (``_holder_lines``). A part's per-part work is not one price per holder: its only
 holder steps it in place (``part_alone_seconds``), but each of h >= 2 holders also copies it

@@ -3,11 +3,12 @@
 The ``optimus`` layout (``baselines.optimus_schedule``) gives every task a device group and
 runs the task's MetaOps one after another on it, and sizes the groups by greedy marginal
 gain. Two things keep it from the LP bound's shape on many-task jobs (``lp_bound``; encdec7
-at 128 devices, issue 15): a task with independent branches (doc_vqa's vision and text
-encoders, which only meet in the decoder) runs them in turn on its whole group, where the LP
-runs them at once on a few devices each; and devices go where they save the most seconds, not
-to the task that ends last, so the critical chain (transcribe's speech encoder, 24 layers on
-1,500 tokens) gets 42 devices where the LP gives it 46-52.
+at 128 devices, a row of ``bench/plan_quality.py``'s gap table): a task with independent
+branches (doc_vqa's vision and text encoders, which only meet in the decoder) runs them in
+turn on its whole group, where the LP runs them at once on a few devices each; and devices go
+where they save the most seconds, not to the task that ends last, so the critical chain
+(transcribe's speech encoder, 24 layers on 1,500 tokens) gets fewer devices than the LP gives
+it.
 
 This layout fixes both and stays a simple layout: each task's MetaOps are cut into task
 levels (an op's level is one more than its deepest dep inside the task), each level's ops run
@@ -18,8 +19,7 @@ the task that ends last. The spans are cut into waves at every boundary
 (``listsched.waveify``) and, as every start, improved and polished by the scheduler.
 
 Cost: bisections over pareto allocations only, so 50 tasks on 65,536 devices take about as
-long as the ``optimus`` layout (a first version that handed out devices one at a time took
-125 s there).
+long as the ``optimus`` layout (handing out devices one at a time takes far longer there).
 """
 
 from __future__ import annotations
