@@ -1,9 +1,9 @@
 """A schedule of mixes as the later stages see it: phases, each a MetaGraph from a step on.
 
-The MetaGraph stays what it always was, one mix frozen into numbers; a schedule is a sequence
-of them. Phase ``k`` applies from ``first_step`` completed optimizer steps on (0-based step
-index ``first_step`` is its first step) until the next phase's ``first_step``; the last phase
-runs to the end of training. Every phase's graph comes from the same spec, with the same
+A MetaGraph is one mix frozen into numbers; a schedule is a sequence of them. Phase ``k``
+applies from ``first_step`` completed optimizer steps on (0-based step index ``first_step``
+is its first step) until the next phase's ``first_step``; the last phase runs to the end of
+training. Every phase's graph comes from the same spec, with the same
 parameters (input stages are sized for every phase), so a run can move from one to the next.
 
 Data positions live here too because the runtime and the single-process reference must agree

@@ -280,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
     solver = choose_solver(args.solver)  # a bad name or setting fails before any work
     helpers: tuple[str, ...] = ()
     if has_rounds(args.scheduler, not args.no_memory_check):
-        # the helpers start while the spec compiles, so that their imports (0.45 s) are done
+        # the helpers start while the spec compiles, so that their imports are done
         # before the search starts beside them; then the solver process (``warm_up``)
         helpers = start_helpers(helper_count(args.jobs, RUNNERS_UP))
     if solver.isolated and args.scheduler in ("default", "milp"):

@@ -8,10 +8,9 @@ rank's stage strays (a shared machine's cores do not run at one speed, and a pro
 a mean), and the latest of several stages that each stray is later on average than any of
 their expected ends: for two equal stages of standard deviation sigma, by sigma / sqrt(pi)
 (0.56 sigma). So a wave lasts, in expectation, until its latest rank, whether its ranks run
-one piece or several side by side. (Charging only groups side by side, as the step model did
-before, priced no wait at all for a plan whose waves each run one data-parallel group: on
-tiny_mm's sequential plan over 2 ranks the run's trace showed 3-6 ms per step of one rank
-waiting for the other's gradients, which the model then put at zero.)
+one piece or several side by side. (Charging only groups side by side would price no wait at
+all for a plan whose waves each run one data-parallel group, yet there too one rank waits for
+the other's gradients every step, as a trace of tiny_mm's sequential plan over 2 ranks shows.)
 
 The expected maximum of independent normal variables is Clark's (1961) moment-matching
 approximation: the maximum of two normals has an exact mean and variance, is taken as normal,

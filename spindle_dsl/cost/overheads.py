@@ -123,8 +123,8 @@ class StepOverheads:
     part_s: float = 0.0  # fixed seconds per part held, for parts not in ``parts``
     # per part class: the per-part work where a rank is the part's only holder: no flat buffer
     # and no copies (the part steps in place), but AdamW over each of its tensors, each with
-    # its own cost beyond what the bytes take (measured: one fused call over 40 tensors took
-    # 2.4x one over a single tensor of the same bytes, ~12-25 us a tensor on a CPU core)
+    # its own cost beyond what the bytes take (a call over many tensors costs well over one
+    # over a single tensor of the same bytes; ``spindle profile`` measures it per part class)
     parts_alone: tuple[tuple[str, float], ...] = ()
     cores: int | None = None  # cores of the machine it was measured on (None: not a CPU)
     # how much slower work runs, beyond its fair share, when more workers than cores take
@@ -164,8 +164,9 @@ class StepOverheads:
 
     def part_alone_seconds(self, key: str, nbytes: float) -> float:
         """The same on the part's only holder (``parts_alone``). Where not measured: a profile
-        that measured the part as one of several holders' (older profiles) keeps that figure;
-        otherwise the fixed ``part_s`` without the copies, which an only holder does not make."""
+        that measured the part only as one of several holders' (no ``parts_alone`` entry for
+        it) keeps that figure; otherwise the fixed ``part_s`` without the copies, which an only
+        holder does not make."""
         cls = part_class(key)
         got = self._alone.get(cls)
         if got is not None:

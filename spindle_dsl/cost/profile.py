@@ -30,7 +30,7 @@ the two timed in turns. Such a MetaOp's first layer skips only the input gradien
 layer's first matmul, not a third of the layer: an mlp layer of two matmuls skips one of its
 four backward matmuls (5/6 of the layer left), a transformer block far less. The curve of
 that MetaOp is its layers' mean, ``((L - 1) + ratio) / L`` times the profiled time; a
-profile without the measurement (an older one) prices no saving.
+profile without the measurement prices no saving.
 
 A profile made on N worker processes (``spindle profile --nproc N``) times the layers on as
 many processes at once as the machine has cores for (so they contend for memory and caches as

@@ -138,7 +138,7 @@ def turn_times(
     """Each of ``steps`` timed in ``rounds`` turns, one after another in every round: a
     machine whose speed drifts over seconds then slows every point alike, so the points keep
     their ratios (timed one after the other, each in its own burst, two shapes a planner
-    balances against each other could be measured in a fast and a slow second, 20-50% apart on
+    balances against each other could be measured in a fast and a slow second, far apart on
     a shared machine). ``budget``'s repeats and seconds are the totals per step, spread over
     the rounds; ``before_each(i)`` runs before step i's turn (the workers line up there).
     Returns every step's repeats, turn by turn."""

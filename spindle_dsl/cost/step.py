@@ -10,10 +10,10 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   losses, then every wave's backward in reverse, so a wave has two phases apart, each lasting
   as long as its slowest device in that phase: a wave's layers take the slowest forward plus
   the slowest backward, not the slowest forward+backward. The two differ where pieces side by
-  side split their time differently: a frozen tower's layers run forward only (measured,
-  frozen_towers on 2 ranks: a tower's 23 ms forward beside an LM layer's 8 ms forward and
-  15 ms backward made the LM's rank wait 15 ms in the forward and the tower's in the backward,
-  about 35 ms of waiting per step that a wave priced as its slowest forward+backward missed).
+  side split their time differently: a frozen tower's layers run forward only (frozen_towers
+  on 2 ranks: beside a tower's long forward, an LM layer's rank waits in the forward, and the
+  tower's rank waits through the LM's backward, waiting that a wave priced as its slowest
+  forward+backward would miss).
   A piece's layers split by its MetaOp's backward share (``OpStep.backward_share``: 2/3 when
   training weights, 1/2 for input gradients only, 0 without a backward). On a CPU node whose
   computing devices outnumber its cores, they share the cores
@@ -62,8 +62,8 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   GPU's communication kernels, or on a CPU node a core that no device computes on (gloo's
   threads copy, sum and wait on sockets on the CPU). On a CPU
   node with no spare core (``spare_core``) the collectives issued during the backward make
-  little progress until it ends (measured: tiny_mm on 2 ranks over 2 cores waits 14-20 ms
-  for gradients after a backward that issued them early), so they are priced after it.
+  little progress until it ends (tiny_mm on 2 ranks over 2 cores waits for its gradients
+  after a backward that issued them early), so they are priced after it.
 - ``optimizer_s``: AdamW over what each rank owns (its ZeRO shard of every part it holds) plus
   the per-part work of every part it holds: with other holders, gradients into the flat
   buffer and weights out again, tensor by tensor; as its only holder, AdamW over each of the

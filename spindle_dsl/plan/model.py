@@ -12,7 +12,7 @@ only each layer's input from the forward pass and runs the layer's forward again
 backward (``torch.utils.checkpoint`` per layer); ``seconds_per_layer`` of such a MetaOp is
 already its curve with that extra forward, and the plan's ``notes`` say why it was chosen.
 
-Top-level ``"micro_batches"`` (k, required by the format from this release; 1 when absent) and
+Top-level ``"micro_batches"`` (k, always written; read as 1 when absent) and
 ``"zero_stage"`` (1 when absent: each parameter part's optimizer state is sharded over the
 devices that hold the part; 2: its gradients are sharded too, ZeRO-2; 0: nothing sharded) are
 the memory levers the runtime carries out as the plan says.
@@ -251,7 +251,7 @@ class Plan:
         negative term, what the bound holds beyond the LP and those floors (the LP weighing
         the optimizer's per-part work). The terms sum to ``iteration_s - lower_bound_s``, so a
         user sees which of them a better plan would have to shrink. None for a plan whose
-        bound does not record its floors (plans written before it did) or without a
+        bound does not record its floors (no ``floors`` under ``extra["bounds"]``) or without a
         breakdown."""
         bounds = self.extra.get("bounds") or {}
         floors = bounds.get("floors")

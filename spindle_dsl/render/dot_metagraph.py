@@ -4,8 +4,8 @@ Each MetaOp is a box in its task's cluster, labelled with its module, kind, L, b
 and forward FLOPs for all its layers; frozen MetaOps have a dashed border and say so. A module
 that several tasks run (and whose parameters they therefore share) is marked on every copy: a
 double border, a "shared by N MetaOps" line with the parameter size, and a dashed gold chain
-linking the copies across the task clusters, so the sharing is seen at once. (A separate node
-per shared module was tried; its spokes crossed every cluster and hid the data flow.)
+linking the copies across the task clusters, so the sharing is seen at once. (Not a separate
+node per shared module: its spokes would cross every cluster and hide the data flow.)
 
 It draws a ``MetaGraph`` (everything known) or a ``Plan`` (a plan file carries its MetaOps but
 not modalities or frozen flags), through one small view type, so ``spindle render plan.json

@@ -2,7 +2,7 @@
 
 Why. "1.25x the bound" says a plan may be improvable, not where: the gap can sit in the
 compute (wave barriers, allocations the LP mixes), in the optimizer's per-part work, in the
-activation moves or in the loss phase, and each calls for another change (issue 15). The plan
+activation moves or in the loss phase, and each calls for another change. The plan
 splits it (``Plan.gap_split``); this module words the split the same way for the CLI summary,
 the HTML report and the widget.
 """

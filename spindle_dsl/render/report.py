@@ -95,7 +95,7 @@ def _dot_picture(graph, title: str, caption: str, warnings: list[str]) -> str:
 
 def _cards(plan: Plan) -> str:
     seq = dict(plan.baselines).get("sequential_s")
-    lp = (plan.extra.get("bounds") or {}).get("lp_s") is not None  # older plans: area bound
+    lp = (plan.extra.get("bounds") or {}).get("lp_s") is not None  # else: area bound only
     over_lp = plan.over_lp()
     cards = [
         (fmt_seconds(plan.iteration_s), "predicted iteration"),

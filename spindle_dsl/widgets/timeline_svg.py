@@ -1,9 +1,10 @@
 """A plan's timeline as hand-written SVG: devices down, time across, one bar per entry.
 
 ``spindle_dsl.render.timeline`` draws the publication-quality timeline with matplotlib, which
-costs 0.2-0.5 s per figure on a laptop CPU; the widget redraws on every slider move and must
-stay under half a second in all, so it draws this lighter version instead. It takes its facts
-(entry start times) and its colours from ``spindle_dsl.render`` so both timelines agree.
+costs a good part of a second per figure on a laptop CPU (``bench/render_bench.py`` times it);
+the widget redraws on every slider move and must stay under half a second in all, so it draws
+this lighter version instead. It takes its facts (entry start times) and its colours from
+``spindle_dsl.render`` so both timelines agree.
 """
 
 from __future__ import annotations
