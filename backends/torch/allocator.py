@@ -3,12 +3,12 @@
 glibc's malloc serves large blocks (above 128 KiB at first) with fresh ``mmap`` pages and
 returns the freed top of the heap to the system; a CPU training step frees and allocates the
 same activations and gradients every step, so each step pays the kernel to map and zero those
-pages again: tiny_mm on 2 ranks took ~1,370 minor page faults per rank per step (``/usr/bin/time``
-over 4 and 14 steps of `spindle train`), about 170 in ten steps with the blocks kept. The
-profile's tight loops reuse their blocks and never see this cost, so the run paid what the
-plan did not price. Raising the mmap threshold to its ceiling and keeping freed memory (no
-trimming) makes the run allocate as the profile measured. Peak memory is unchanged: the
-process keeps what it freed for reuse, it does not hold more at once.
+pages again (``/usr/bin/time`` over two runs of `spindle train` that differ only in their
+step count shows the minor page faults each step adds, and how few are left with the blocks
+kept). The profile's tight loops reuse their blocks and never see this cost, so the run would
+pay what the plan does not price. Raising the mmap threshold to its ceiling and keeping freed
+memory (no trimming) makes the run allocate as the profile measured. Peak memory stays the
+same: the process keeps what it freed for reuse, it does not hold more at once.
 """
 
 from __future__ import annotations

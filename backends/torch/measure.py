@@ -49,9 +49,9 @@ Beat = Callable[[str], None]
 # Every rank of a collective must run it as often as the others: a fixed count, never "until
 # enough time has passed", which each rank would judge by its own clock. The median: a
 # collective's time includes the skew with which the ranks leave the barrier before it, and
-# one rank descheduled at that moment (seen here: the same 2-rank reduce-scatter's fitted
-# latency at 0.24, 0.89 and 1.09 ms in three profiles a minute apart, means of 7) moves a mean
-# of a few repeats far more than what a run's step pays for it.
+# one rank descheduled at that moment moves a mean of a few repeats far more than what a
+# run's step pays for it (fitted from such means, the same 2-rank reduce-scatter's latency can
+# differ severalfold between profiles a minute apart).
 COMM_BUDGET = TimingBudget(
     warmup=1, min_repeats=11, max_repeats=11, min_seconds=0.0, statistic="median"
 )
@@ -190,8 +190,9 @@ def sharing_slowdown(probe: Probe, op: MetaOp, mode: str, batch: int) -> float |
     active`` times the first. Each block is timed whole, from the barrier to the last rank's
     end: a rank descheduled between two calls loses that time as a run's stage does (timing
     each call alone would miss it, calls shorter than the OS's time slice often running whole
-    between two switches: tiny_mm on 4 ranks read 1.0 so, and its crowded stages ran 2.4-3.1x
-    their one-core time where fair sharing gives 2x). Rank 0 gets the ratio (at least 1).
+    between two switches: so timed, tiny_mm on 4 ranks over 2 cores reads no slowdown while
+    its crowded stages run well past the 2x of fair sharing). Rank 0 gets the ratio (at least
+    1).
     Each pair of blocks is timed back to back (a ratio wants one state of a machine whose
     speed drifts), and the median of ``SHARING_PAIRS`` pairs is kept."""
     where = str(probe.device)
