@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/fuzz.py --minutes 6 [--seed S] [--slow 30] [SPEC...]
 
-Issue 12's recipe: each case takes a seed spec and applies one to three mutations: a number
+The recipe: each case takes a seed spec and applies one to three mutations: a number
 set to one of 0, 1, -1, 2, 3, 7, 65536, 1000000, 99999999999, 0.5 or 1e9 (the digits of a size
 such as ``80GB`` too), or a token deleted, duplicated or swapped with another; and, since most
 of those end at the checker, a number scaled by a power of two from 1/8 to 1024 (mostly still

@@ -1,4 +1,4 @@
-"""What the rows above 1.10x their lower bound hinge on (issue 15).
+"""What the plans above 1.10x their lower bound hinge on: the search's time or a GPU figure.
 
 Table 4 of ``bench/plan_quality.py`` leaves some rows above 1.10x the lower bound. Two things
 outside the plan's own structure could put them there: the planner's search, cut short by its

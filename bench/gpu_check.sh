@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 11 as one prepared run, for a session lent a GPU machine (the device
-# tool: one H200, 15 minutes of device time in all, a bare machine with PyTorch but without
-# this project's other dependencies and without a package index).
+# The GPU checks (the CUDA memory path, NCCL training against its prediction) as one prepared
+# run, for a GPU machine lent for a short time (the device tool: one H200, 15 minutes of device
+# time in all, a bare machine with PyTorch but without this project's other dependencies and
+# without a package index).
 #
 #   here:   bench/gpu_wheels.sh                       # once: the wheels, into .whl (ignored)
 #   there:  run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=540)

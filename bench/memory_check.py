@@ -9,9 +9,9 @@ of every part the rank holds and its share of the optimizer state; the gradients
 peak; the activations kept for backward summed over its slices; the loss phase's tensors; the
 largest working set of one slice), the measurement as the meter found it at the moment of the
 peak (parameters, gradients, optimizer state, activations, communication buffers).
-``--micro-batches`` / ``--zero-stage`` plan with that lever and run it. Issue 10's target is
-predicted within 20% of measured on every rank for cpu_medium with 2 ranks, default and
-sequential plans.
+``--micro-batches`` / ``--zero-stage`` plan with that lever and run it. The target: predicted
+within 20% of measured on every rank for cpu_medium with 2 ranks, default and sequential
+plans.
 
     .venv/bin/python bench/memory_check.py [SPEC] [--nproc 2] [--steps 3] [--stages]
                                           [--scheduler default sequential]

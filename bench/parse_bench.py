@@ -4,7 +4,7 @@
 
 Prints one row per spec: its lines and the median milliseconds of each stage over N runs in
 a warm process (the grammar's LALR tables are built once per process and cached; that one-off
-cost is printed on its own line). Targets from the issue: under 50 ms per fixture and under
+cost is printed on its own line). Targets: under 50 ms per fixture and under
 1 s for the generated 50-task, 1,000-line spec; the last column says whether each row meets
 its target. Specs come from ../shared/spec when it exists, else from examples/.
 """

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/plan_quality.py [--time-limit S] [--solver highs|cbc] [--skip-sweep]
     .venv/bin/python bench/plan_quality.py --solvers highs,cbc [--repeat K] [--skip-sweep]
-    .venv/bin/python bench/plan_quality.py --tables gap,ablation   # issue 15's tables only
+    .venv/bin/python bench/plan_quality.py --tables gap,ablation   # Tables 4 and 5 only
 
 Every table prints ``it/LP``: the plan's iteration time over its LP lower bound
 (``planner.lp_bound``; 1.00 would be provably optimal).
@@ -13,7 +13,7 @@ included) of the default plan and of every candidate, the default's speed-ups, i
 (sum of wave durations) over the sum of MetaLevel continuous optima, whether it fits in
 memory, and the planning time. Memory is not enforced here (``check_memory=False``: the
 point is to compare schedules); the column says which plans fit. The checks column holds
-the issue's targets: never slower than a baseline or the paper's plan, compute at most
+the planner's targets: never slower than a baseline or the paper's plan, compute at most
 1.05 x the continuous reference, planning under 3 s.
 
 ``--solvers a,b``: the same rows side by side for each MILP solver instead (default plan's
@@ -34,34 +34,33 @@ sequential baseline tuned with the same levers, its ratio to the lower bound (th
 plus the step floors, least over the micro-batch counts tried), the levers it pulls (k, ZeRO
 stage, MetaOps recomputing), its peak memory per device and the planning time. The check
 column flags FALLBACK where the memory-blind plan was concurrent (some wave runs MetaOps side
-by side) but the enforced one is not (the issue's target: never), and for the large jobs
+by side) but the enforced one is not (the target: never), and for the large jobs
 whether the plan is at least 3x faster than sequential and at most 3x its lower bound.
 
-Table 4 (``gap``): issue 15's rows, planned as ``spindle plan`` plans them (memory enforced):
-iteration, the area / critical-path bound, the LP bound, iteration / LP bound, ``floors``: what
-the step terms the LP does not count add to the plan's lower bound at least (``step_floor``:
-the loss phase, the optimizer, the closing all-reduce), ``it/bnd``: iteration over the plan's
-lower bound (LP plus floors, least over the k tried, each k's LP with its memory room: what
-recompute costs where the MetaOps' kept bytes must shrink to fit the cluster, and no k at
-which nothing fits; the issue's 1.10x check), the plan's
-compute (its waves, all passes) over the LP bound (what the LP bounds; the rest of ``it/LP`` is
-transfers, sync, overheads, losses and the optimizer, which it does not count), and where that
-compute goes (``busy/LP``: the device-seconds its entries run, over N x the LP bound, which
-only allocations quicker per device-second would lower; ``idle``: the device-seconds idle
-inside its waves, a share of N x its compute, which the waves' barriers leave and the LP,
-which has none, does not: comp/LP is busy/LP plus idle over N x the LP), the gradient
-sync not hidden by the backward (``breakdown.grad_sync_s``: shared modules' extra reduction
-past the end of the backward, and the step's closing all-reduce of the losses) and its share,
-``after-bwd``: what the shared modules' extra reduction of the same plan would cost run after
-the whole backward, none of it hidden (how it was priced before), the LP's own solving time
-and the planning time; the bundled workloads at 16 to 128 devices, two more multi-task
-specs written for it and the project's other two multi-task GPU specs (``bench/specs``:
-flamingo_like, the OFASys-like ofasys_7task). The check column holds the issue's targets: within
-1.10x the lower bound (``it/bnd``), unhidden sync at most 5% of the iteration. Under it, the
-same plans' gaps (iteration - bound) split term by term (``Plan.gap_split``: the compute over
-the LP at the k that sets the bound, the loss phase and the optimizer over their floors, the
-transfers, the sync past the closing all-reduce, the waves' fixed costs, and, subtracted, what
-the bound holds beyond the LP and those floors), each with its share of the gap.
+Table 4 (``gap``): the gap to the lower bound (``GAP_ROWS``), each plan made as ``spindle plan``
+makes it (memory enforced): iteration, the area / critical-path bound, the LP bound, iteration / LP
+bound, ``floors``: what the step terms the LP does not count add to the plan's lower bound at least
+(``step_floor``: the loss phase, the optimizer, the closing all-reduce), ``it/bnd``: iteration over
+the plan's lower bound (LP plus floors, least over the k tried, each k's LP with its memory room:
+what recompute costs where the MetaOps' kept bytes must shrink to fit the cluster, and no k at which
+nothing fits; the 1.10x check, ``GAP_TARGET``), the plan's compute (its waves, all passes) over the
+LP bound (what the LP bounds; the rest of ``it/LP`` is transfers, sync, overheads, losses and the
+optimizer, which it does not count), and where that compute goes (``busy/LP``: the device-seconds
+its entries run, over N x the LP bound, which only allocations quicker per device-second would
+lower; ``idle``: the device-seconds idle inside its waves, a share of N x its compute, which the
+waves' barriers leave and the LP, which has none, does not: comp/LP is busy/LP plus idle over N x
+the LP), the gradient sync not hidden by the backward (``breakdown.grad_sync_s``: shared modules'
+extra reduction past the end of the backward, and the step's closing all-reduce of the losses) and
+its share, ``after-bwd``: what the shared modules' extra reduction of the same plan would cost run
+after the whole backward, none of it hidden (beside ``sync ms``: what the overlap with the backward
+saves), the LP's own solving time and the planning time; the bundled workloads at 16 to 128 devices,
+two more multi-task specs written for it and the project's other two multi-task GPU specs
+(``bench/specs``: flamingo_like, the OFASys-like ofasys_7task). The check column holds the targets:
+within 1.10x the lower bound (``it/bnd``), unhidden sync at most 5% of the iteration. Under it, the
+same plans' gaps (iteration - bound) split term by term (``Plan.gap_split``: the compute over the LP
+at the k that sets the bound, the loss phase and the optimizer over their floors, the transfers, the
+sync past the closing all-reduce, the waves' fixed costs, and, subtracted, what the bound holds
+beyond the LP and those floors), each with its share of the gap.
 
 Planning times (``plan s``, ``make_plan``'s wall time) are as a user's plans take them in a
 long-lived process (a notebook, a service): where the lever search leaves runner-up settings,
@@ -76,7 +75,7 @@ the planning time.
 Table 6 (``order``): what the shard order of placement (``planner.shard_order``) buys: Table
 4's plans, their activation moves priced with each piece's devices in the order placement
 gave them (the order decides which shard of the batch each device holds, so which rows stay
-put) and with the same devices sorted, as placement listed them before.
+put) and with the same devices sorted (no shard order).
 
 Table 7 (``cores``): CPU specs planned for 4 and 8 worker processes over 2 shared cores (the
 cluster's ``cores`` pinned, so the rows do not depend on this machine): iteration, its lower
@@ -139,15 +138,16 @@ CORES_ROWS = [
     ("long_text", 4),
 ]
 SHARED_CORES = 2
-GAP_TARGET = 1.10  # issue 15: the default plan within 1.10 x the LP bound
-SYNC_TARGET = 0.05  # issue 15: gradient sync not hidden by compute <= 5% of the iteration
-# issue 15's table (workload, mix, devices), planned with memory enforced
+GAP_TARGET = 1.10  # the default plan within 1.10 x its lower bound (Table 4's check)
+SYNC_TARGET = 0.05  # gradient sync not hidden by compute <= 5% of the iteration (Table 4)
+# Table 4's rows (workload, mix, devices), planned with memory enforced: the bundled
+# workloads, two multi-task specs written for it (clip10, encdec7) and the others below
 GAP_ROWS = [
     *(("multitask_clip", None, n) for n in (16, 32, 64, 128)),
     *(("qwen_val", "pretrain", n) for n in (16, 32, 64, 128)),
     *(("clip10", None, n) for n in (16, 64)),
     *(("encdec7", None, n) for n in (32, 128)),
-    # the project's other multi-task GPU specs (issue 15: "other multi-task specs")
+    # the project's other multi-task GPU specs
     *(("flamingo_like", None, n) for n in (16, 64)),
     *(("ofasys_7task", None, n) for n in (16, 64)),
 ]
@@ -201,7 +201,7 @@ def concurrent(plan) -> bool:
 
 
 def checks(r: dict) -> list[str]:
-    """The issue's targets for one default plan (see the module docstring)."""
+    """Table 1's targets for one default plan (see the module docstring)."""
     never_slower = all(r["it"] <= v * (1 + 1e-9) for v in r["cands"].values())
     return [
         "<=all" if never_slower else "SLOWER",
@@ -408,8 +408,8 @@ def _enforced_rows(rows, time_limit: float, solver: str | None):
 
 def shared_sync_after_backward(graph, plan) -> float:
     """What the plan's shared modules' extra gradient sync would cost run after the whole
-    backward, one reduction after another per device (none of it hidden): the pricing the
-    planner's ``grad_sync_s`` had before it overlapped them with the backward (issue 15)."""
+    backward, one reduction after another per device (none of it hidden), as against the
+    planner's ``grad_sync_s``, which overlaps them with the backward."""
     placement = Placement(
         tuple(
             tuple(PlacedPiece(e.metaop, e.first, e.end, e.devices) for e in w.entries)
@@ -428,7 +428,7 @@ def shared_sync_after_backward(graph, plan) -> float:
 
 
 def table_gap(time_limit: float, solver: str | None) -> None:
-    print("\nTable 4: gap to the LP bound (issue 15; memory enforced, as `spindle plan` plans)")
+    print("\nTable 4: gap to the LP bound (memory enforced, as `spindle plan` plans)")
     print(
         f"{'workload':<26} {'N':>4} {'iter ms':>9} {'area/path':>10} {'LP ms':>9} {'it/LP':>6}"
         f" {'floors':>8} {'it/bnd':>6} {'comp/LP':>7} {'busy/LP':>7} {'idle':>6}"

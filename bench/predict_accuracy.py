@@ -10,26 +10,26 @@ and prints each plan's predicted step time (the plan's ``iteration_s``), the mea
 median of steps 2..S), their ratio, whether it is within the target (25%; 35% with more
 processes than cores), predicted over measured peak memory per rank (the lowest and highest
 ratio), and the step term that misses most (``spindle compare``); then, per case, the default
-plan's measured step over the sequential plan's (issue 11: never more than 10% slower). The
+plan's measured step over the sequential plan's (the target: never more than 10% slower). The
 machine's load average is printed when the case was profiled and after each run: on a shared
 machine the figures move with it, and a profile made under another load than the run predicts
 another machine.
 
-A virtual machine's speed also drifts by itself (seen here: the same layer 3.2 ms one second
-and 5.3 ms a few seconds later, with nothing else running). So the bench times a fixed
-single-threaded matrix product just before each profile and each run (``speed_probe``) and
-prints the run's probe over the profile's (``drift``: 1.20 = the machine was 20% slower when
-the run started than when it was profiled), and ``--repeat R`` runs every case R times, profile
-included, and adds a table of each row's median ratio over the repeats with its spread: the
-figure to judge a target by on such a machine. The two plans of a case take turns going first
-from one repeat to the next, so that a drift within a cycle does not always favour one.
+A virtual machine's speed also drifts by itself (the same layer's time can move by tens of percent
+within seconds, with nothing else running). So the bench times a fixed single-threaded matrix
+product just before each profile and each run (``speed_probe``) and prints the run's probe over the
+profile's (``drift``: 1.20 = the machine was 20% slower when the run started than when it was
+profiled), and ``--repeat R`` runs every case R times, profile included, and adds a table of each
+row's median ratio over the repeats with its spread: the figure to judge a target by on such a
+machine. The two plans of a case take turns going first from one repeat to the next, so that a drift
+within a cycle does not always favour one.
 
-Whether the default plan beats the sequential one is a comparison of two runs, and a drift of
-20-30% between them decides it on its own (tiny_mm on 2 ranks read default/sequential 1.23 in
-two cycles of one run, and 0.81-1.01, median 0.86, over five pairs of the same two plans run
-A B A B right after). ``--turns T`` runs each cycle's two plans T times each, alternating
-(A B, then B A, ...), from one profile: every turn is a pair of runs a few seconds apart, and the
-default/sequential figure of a case is the median of its pairs' ratios.
+Whether the default plan beats the sequential one is a comparison of two runs, and such a drift
+between them decides it on its own (two cycles of one run and pairs of the same two plans run in
+alternation right after can disagree on which is quicker). ``--turns T`` runs each cycle's two
+plans T times each, alternating (A B, then B A, ...), from one profile: every turn is a pair of
+runs a few seconds apart, and the default/sequential figure of a case is the median of its
+pairs' ratios.
 
     .venv/bin/python bench/predict_accuracy.py [--steps 8] [--repeat 3] [--turns 2]
         [--cases tiny_mm@2 ...]

@@ -2,25 +2,23 @@
 the losses, per rank, read from the run's measured Chrome trace.
 
 Trains ``SPEC`` with ``spindle train --nproc N --trace`` for each scheduler asked (each its own
-run), then sums the trace's spans per rank and category over steps 2..S (step 1 pays for
-warm-up): forward, backward and loss are the work the plan prices; exchange (activation and
-gradient transfers between waves, including the wait for the producing rank), reduce (issuing
-and waiting for gradient collectives, and the optimizer's all-gather), optimizer (the AdamW
-update) and other (the rest of the step: the executor's own Python, the end-of-step loss
-all-reduce that lines the ranks up, heartbeats) are overhead. The last column is the share of
-the step outside forward, backward and loss: issue 11's target is at most 15% on cpu_medium
-with 2 ranks. Waiting for a slower rank counts as overhead there (it is time the rank spends
-outside its own work), so a plan whose ranks are unbalanced on this machine shows it: the
-same 512x512 matmul loop pinned to each of this machine's two cores, side by side, took 0.89
-to 1.21 times as long on core 0 as on core 1 from one minute to the next, and tiny_mm's LM
-layer, forward and backward, 1.7 times as long in another minute (2026-12-02), so one run's
-waits say as much about the machine as about the runtime. Hence a second
-figure, ``beyond``: the share of the step that no rank's own forward, backward and loss
-explain, the step less the busiest rank's work. No runtime could run these ranks, at the
-speeds they ran, in less than that rank's work, so ``beyond`` is what the runtime itself adds
-to the step (every rank's waits, copies and bookkeeping that the busiest rank pays); the
-worst rank's ``outside`` adds the imbalance on top. ``--repeat R`` trains each
-plan R times in turns and prints the median; ``--profile`` plans with measured curves, as
+run), then sums the trace's spans per rank and category over steps 2..S (step 1 pays for warm-up):
+forward, backward and loss are the work the plan prices; exchange (activation and gradient transfers
+between waves, including the wait for the producing rank), reduce (issuing and waiting for gradient
+collectives, and the optimizer's all-gather), optimizer (the AdamW update) and other (the rest of
+the step: the executor's own Python, the end-of-step loss all-reduce that lines the ranks up,
+heartbeats) are overhead. The last column is the share of the step outside forward, backward and
+loss: the target is at most 15% on cpu_medium with 2 ranks. Waiting for a slower rank counts as
+overhead there (it is time the rank spends outside its own work), so a plan whose ranks are
+unbalanced on this machine shows it: on a shared virtual machine the same matmul loop pinned to each
+of two cores, side by side, can run slower on one core than on the other, by a ratio that changes
+from one minute to the next, and a layer's time moves the same way, so one run's waits say as much
+about the machine as about the runtime. Hence a second figure, ``beyond``: the share of the step
+that no rank's own forward, backward and loss explain, the step less the busiest rank's work. No
+runtime could run these ranks, at the speeds they ran, in less than that rank's work, so ``beyond``
+is what the runtime itself adds to the step (every rank's waits, copies and bookkeeping that the
+busiest rank pays); the worst rank's ``outside`` adds the imbalance on top. ``--repeat R`` trains
+each plan R times in turns and prints the median; ``--profile`` plans with measured curves, as
 ``spindle train --profile`` does.
 
     .venv/bin/python bench/runtime_overhead.py [SPEC] [--nproc 2] [--steps 10]

@@ -1,4 +1,4 @@
-"""Planning time and peak memory at scale (issue 12's targets), each case in a fresh process.
+"""Planning time and peak memory at scale, against their targets, each case in a fresh process.
 
     .venv/bin/python bench/scale.py [--quick]
 
@@ -10,7 +10,7 @@ tasks (``synthetic_spec.py``, global batch 16 per device) at 1,024 (target: unde
 ``spindle plan`` as a user runs it (default scheduler and time limit, memory enforced) in its
 own interpreter, so the peak resident memory is that plan's alone, and in that one process
 (``jobs=0``: no planning helpers for the runner-up rounds, ``planner.round_helper``, whose
-memory its peak would not count; the rows stay comparable with the earlier runs).
+memory its peak would not count, and whose number would depend on the cores left spare).
 ``--quick`` keeps the rows at 1,024 and 65,536 devices.
 """
 

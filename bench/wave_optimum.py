@@ -1,4 +1,4 @@
-"""How far a plan's waves are from the best waves a long exact solve finds (issue 15).
+"""How far a plan's waves are from the best waves a long exact solve finds.
 
 A plan above its lower bound is there for one of two reasons: the planner's search stopped
 short of better waves, or no waves come closer (the bound, a relaxation, is below every
