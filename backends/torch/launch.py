@@ -3,7 +3,9 @@
 The parent hosts the rendezvous store on a free loopback port (the OS picks it, so two runs on
 one machine never race for a port), pickles the job into a private run folder and starts the
 workers (``worker_command``: the parent's own ``spindle_dsl``, whatever the current directory
-holds). Then it watches:
+holds). Nothing a local run opens listens beyond loopback: torch.distributed authenticates no
+peer, so the store's socket is bound to 127.0.0.1 here (``loopback_store``) and the workers'
+gloo and NCCL sockets are pinned to the loopback interface (``_worker_env``). Then it watches:
 
 - a worker that exits non-zero has failed; the parent waits a moment for the others' exits,
   picks the root cause (a rank killed by a signal, or one whose error is not merely "my peer
@@ -23,6 +25,7 @@ import os
 import pickle
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +34,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from spindle_dsl.atomic import write_atomic
 from spindle_dsl.errors import ExecutionError, SpindleError
@@ -122,7 +126,50 @@ def worker_command(run_dir: Path) -> list[str]:
     return [sys.executable, "-c", _BOOT, str(run_dir)]
 
 
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback interface (``lo`` on Linux, ``lo0`` on macOS), or
+    None where none is found (the backends then pick their interface themselves)."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def loopback_store() -> Any:
+    """The run's rendezvous store: a ``TCPStore`` server listening on 127.0.0.1 alone.
+
+    Given a host, TCPStore's server still binds every interface (IPv4 and IPv6), and the store
+    authenticates nobody while the run trusts what it holds (the rendezvous, the process
+    groups' addresses). The workers of a local run are all on this machine, so the socket is
+    bound to loopback here and handed over as ``master_listen_fd``; the store then owns it."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    port, fd = sock.getsockname()[1], sock.detach()  # the store closes it: Python must not
+    ours = os.fstat(fd).st_ino
+    try:
+        return dist.TCPStore(
+            "127.0.0.1", port, None, True, wait_for_workers=False, master_listen_fd=fd
+        )
+    except BaseException:
+        # a failed store may or may not have closed it (it depends on the server's backend)
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_ino == ours:
+                os.close(fd)
+        raise
+
+
 def _worker_env(rank: int, world: int, port: int, run_dir: Path) -> dict[str, str]:
+    """A spawned worker's environment: the parent's, with its rank, the store's address and
+    the loopback interface for gloo's and NCCL's sockets (set whatever the parent's
+    environment says: every peer of a local run is on this machine)."""
     env = dict(os.environ)
     path = [p for p in sys.path if p]
     if env.get("PYTHONPATH"):
@@ -139,6 +186,9 @@ def _worker_env(rank: int, world: int, port: int, run_dir: Path) -> dict[str, st
         SPINDLE_SYS_PATH=json.dumps(sys.path),
         SPINDLE_RUN_DIR=str(run_dir),
     )
+    loopback = loopback_interface()
+    if loopback is not None:
+        env.update(GLOO_SOCKET_IFNAME=loopback, NCCL_SOCKET_IFNAME=loopback)
     return env
 
 
@@ -172,8 +222,6 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 def spawn(job, nproc: int, *, hang_timeout_s: float, poll_s: float = 0.1) -> RunResult:
     """Run ``job`` on ``nproc`` local worker processes and return rank 0's result."""
-    import torch.distributed as dist  # the parent hosts the store; workers import torch anyway
-
     if nproc < 1:
         raise ExecutionError(f"--nproc must be at least 1, got {nproc}")
     run_dir = Path(tempfile.mkdtemp(prefix="spindle-run-"))
@@ -186,7 +234,7 @@ def spawn(job, nproc: int, *, hang_timeout_s: float, poll_s: float = 0.1) -> Run
                 f"cannot hand the job to worker processes: {exc} (datasets must be picklable: "
                 f"define their classes in an importable module)"
             ) from None
-        store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+        store = loopback_store()  # the parent hosts it; workers import torch anyway
         beats = [run_dir / f"heartbeat-{r}" for r in range(nproc)]
         for r in range(nproc):
             beats[r].write_text("starting")
