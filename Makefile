@@ -7,8 +7,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    := out
-# torch is pinned to the release this workplace keeps on disk (a CPU build); any torch >= 2.3
-# works, see pyproject.toml.
+# torch is pinned to the release the suite is tested with (override with TORCH=...); any
+# torch >= 2.3 works, see pyproject.toml.
 TORCH  ?= torch==2.13.0
 
 .PHONY: demo test lint fmt docs system-deps clean
