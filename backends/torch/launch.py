@@ -188,7 +188,8 @@ def _worker_env(rank: int, world: int, port: int, run_dir: Path) -> dict[str, st
     )
     loopback = loopback_interface()
     if loopback is not None:
-        env.update(GLOO_SOCKET_IFNAME=loopback, NCCL_SOCKET_IFNAME=loopback)
+        # gloo takes an interface's name; NCCL a prefix, unless it starts with '='
+        env.update(GLOO_SOCKET_IFNAME=loopback, NCCL_SOCKET_IFNAME=f"={loopback}")
     return env
 
 
