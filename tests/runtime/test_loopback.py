@@ -2,17 +2,17 @@
 loopback alone.
 
 torch.distributed authenticates no peer: its store and gloo's sockets trust whoever connects.
-The run is started as a separate process, and while it runs the test reads the listening TCP
+The slow tests start a run as a separate process, and while it runs read the listening TCP
 sockets of every process of its tree from /proc (each process's socket inodes in
 /proc/PID/fd, matched to the LISTEN entries of /proc/PID/net/tcp and tcp6); any listener on
-another address than 127.0.0.1 or ::1 fails it. The runs' environment points gloo and NCCL at
-a network interface where the machine has one, as a user's shell set up for multi-node runs
-would: a local run must keep to loopback all the same.
+another address than 127.0.0.1 or ::1 fails them. The runs' environment points gloo and NCCL
+at a network interface where the machine has one, as a shell set up for multi-node runs
+would: a local run must keep to loopback all the same. Two quick tests check the parent's
+store alone and the environment the workers are given.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 import struct
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from spindle_dsl.backends.torch import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = {"127.0.0.1", "::1"}
@@ -107,6 +107,8 @@ def listeners(root: int) -> dict[int, set[str]]:
 
 def _network_interface() -> str | None:
     """A non-loopback interface with an IPv4 address, or None where the machine has none."""
+    import fcntl  # Linux, as /proc is
+
     for _, name in socket.if_nameindex():
         if name.startswith("lo"):
             continue
@@ -161,6 +163,34 @@ def _skip_without_proc() -> None:
         pytest.skip("reads listening sockets through /proc (Linux)")
 
 
+def _bound_to(port: int) -> set[str]:
+    """The addresses this process listens on at ``port``."""
+    mine = listeners(os.getpid()).get(os.getpid(), set())
+    return {a for a in mine if a.endswith(f":{port}")}
+
+
+def test_the_store_listens_on_loopback_only_and_closes_its_socket() -> None:
+    _skip_without_proc()
+    store = launch.loopback_store()
+    port = store.port
+    assert _bound_to(port) == {f"127.0.0.1:{port}"}
+    del store
+    assert _bound_to(port) == set()
+
+
+def test_workers_use_the_loopback_interface_whatever_the_environment_says(monkeypatch) -> None:
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth0")
+    loopback = launch.loopback_interface()
+    if loopback is None:
+        pytest.skip("this machine names no loopback interface")
+    env = launch._worker_env(1, 2, 29500, Path("run"))
+    assert env["GLOO_SOCKET_IFNAME"] == loopback
+    assert env["NCCL_SOCKET_IFNAME"] == f"={loopback}"
+    assert env["MASTER_ADDR"] == "127.0.0.1"
+
+
+@pytest.mark.slow
 def test_a_local_training_run_listens_on_loopback_only(tmp_path):
     _skip_without_proc()
     spec = tmp_path / "s.spindle"
@@ -169,6 +199,7 @@ def test_a_local_training_run_listens_on_loopback_only(tmp_path):
     _check(*_watch(args, tmp_path))
 
 
+@pytest.mark.slow
 def test_profiling_on_local_workers_listens_on_loopback_only(tmp_path):
     _skip_without_proc()
     spec = str(ROOT / "examples" / "tiny_mm.spindle")
