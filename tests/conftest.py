@@ -1,8 +1,9 @@
 """Fixtures every test folder may use.
 
-``shared_dir`` is the project's shared folder (``../shared`` beside the repository) with the
-spec fixtures and docs. A checkout without it (a release tarball, a fork) must still pass its
-tests, so the fixture skips the test instead of failing it.
+``spec_dir`` is the folder of reference specs the suite carries (``tests/fixtures/spec``, see
+``tests/specfixtures.py``): the workloads at its top, ``broken/`` and ``next/``. Every test
+reads its specs from there, so a clone of the repository on its own runs the whole suite (only
+tests that need a GPU, Graphviz or a browser skip where those are missing).
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import pytest
 
 from spindle_dsl.cluster import CORES_ENV
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = (REPO / ".." / "shared").resolve()
-
-# helpers every test folder imports by name (``benchload``): importlib mode adds no folder
+# helpers every test folder imports by name (``benchload``, ``specfixtures``): importlib mode
+# adds no folder to the path
 HERE = str(Path(__file__).resolve().parent)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+
+from specfixtures import SPEC_DIR  # noqa: E402
 
 # Plans for cpu clusters price the machine's cores (``Cluster.shared_cores``); pin a count
 # larger than any test cluster so that plans and predictions do not depend on the machine
@@ -31,11 +32,10 @@ os.environ[CORES_ENV] = "1024"
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """``../shared``; skips the test when it is absent."""
-    if not (SHARED / "spec").is_dir():
-        pytest.skip(f"{SHARED} is absent (the shared spec fixtures live there)")
-    return SHARED
+def spec_dir() -> Path:
+    """``tests/fixtures/spec``, the reference specs (``spec_dir / "tiny_mm.spindle"``)."""
+    assert (SPEC_DIR / "tiny_mm.spindle").is_file(), f"{SPEC_DIR} lacks its reference specs"
+    return SPEC_DIR
 
 
 # A GPU spec with everything the memory model distinguishes: a shared causal LM with an

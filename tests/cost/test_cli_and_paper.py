@@ -1,4 +1,4 @@
-"""The curves/profile commands end to end on the shared fixtures, and the analytic model's
+"""The curves/profile commands end to end on the reference specs, and the analytic model's
 plausibility at paper scale."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-def test_curves_table_and_json(shared_dir, capsys) -> None:
-    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+def test_curves_table_and_json(spec_dir, capsys) -> None:
+    spec = str(spec_dir / "tiny_mm.spindle")
     code, out, _ = run_cli(capsys, "curves", spec)
     assert code == 0
     assert "caption/lm" in out and "T(4)" in out and "speedup" in out
@@ -41,8 +41,8 @@ def test_curves_table_and_json(shared_dir, capsys) -> None:
     assert code == 0 and "T(999)" in out and "-: not an allocation the planner lists" in out
 
 
-def test_profile_then_use_it_everywhere(shared_dir, tmp_path, capsys) -> None:
-    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+def test_profile_then_use_it_everywhere(spec_dir, tmp_path, capsys) -> None:
+    spec = str(spec_dir / "tiny_mm.spindle")
     out_file = tmp_path / "profile.json"
     code, out, err = run_cli(capsys, "profile", spec, "--out", str(out_file), "--points", "2")
     assert code == 0, err
@@ -52,13 +52,13 @@ def test_profile_then_use_it_everywhere(shared_dir, tmp_path, capsys) -> None:
     code, out, _ = run_cli(capsys, "check", spec, "--profile", str(out_file))
     assert code == 0 and "T(1)/layer" in out and "speedup" in out
     # A profile of another spec lacks these MetaOps: a clear error, not a traceback.
-    other = str(shared_dir / "spec" / "multitask_clip.spindle")
+    other = str(spec_dir / "multitask_clip.spindle")
     code, _, err = run_cli(capsys, "curves", other, "--profile", str(out_file))
     assert code == 1 and "no measurement for" in err and "spindle profile" in err
 
 
-def test_check_json_has_curve_fields(shared_dir, capsys) -> None:
-    code, out, _ = run_cli(capsys, "check", str(shared_dir / "spec" / "tiny_mm.spindle"), "--json")
+def test_check_json_has_curve_fields(spec_dir, capsys) -> None:
+    code, out, _ = run_cli(capsys, "check", str(spec_dir / "tiny_mm.spindle"), "--json")
     assert code == 0
     data = json.loads(out)
     assert data["curves"] == {"source": "analytic", "devices": 4}
@@ -67,13 +67,13 @@ def test_check_json_has_curve_fields(shared_dir, capsys) -> None:
 
 
 @pytest.mark.parametrize("name", ["multitask_clip", "qwen_val"])
-def test_paper_workloads_are_physically_plausible(shared_dir, name) -> None:
+def test_paper_workloads_are_physically_plausible(spec_dir, name) -> None:
     from spindle_dsl.language import compile_file
 
     sequential = {}
     for devices in (8, 64):
         graph = compile_file(
-            shared_dir / "spec" / f"{name}.spindle", cluster_overrides={"devices": devices}
+            spec_dir / f"{name}.spindle", cluster_overrides={"devices": devices}
         ).graph
         curves = make_cost_model(graph.cluster).curves(graph)
         peak = graph.cluster.device.peak_flops

@@ -5,10 +5,9 @@ relative, GQA matches torch's own grouped attention, RMSNorm matches torch's).""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from specfixtures import SPEC_DIR
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -246,7 +245,7 @@ module llm : transformer(layers = 28, hidden = 3584, heads = 28, kv_heads = 4, f
                          pos = "rotary", causal = true, vocab = 152064)
 task pretrain { text -> llm; loss = lm; batch = 64 }
 """
-LLAMA2_7B = Path(__file__).resolve().parents[2].parent / "shared/spec/next/llama2_7b.spindle"
+LLAMA2_7B = SPEC_DIR / "next" / "llama2_7b.spindle"
 
 
 def _meta_count(graph) -> int:
@@ -267,14 +266,12 @@ def test_qwen2_7b_shape_counts_exactly() -> None:
     assert _meta_count(graph) == 7_615_616_512
 
 
-@pytest.mark.skipif(not LLAMA2_7B.exists(), reason="../shared/spec/next is not beside the repo")
 def test_llama2_7b_counts_exactly() -> None:
     graph = compile_text(LLAMA2_7B.read_text(), str(LLAMA2_7B)).graph
     assert graph.modules[0].params == 6_738_415_616
     assert _meta_count(graph) == 6_738_415_616
 
 
-@pytest.mark.skipif(not LLAMA2_7B.exists(), reason="../shared/spec/next is not beside the repo")
 def test_spindle_check_json_totals(capsys) -> None:
     import json
 

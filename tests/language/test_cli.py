@@ -93,8 +93,8 @@ def test_fmt_stdin_to_stdout(monkeypatch, capsys):
     assert capsys.readouterr().out.endswith("\ntask t { text -> lm; batch = 2 }\n")
 
 
-def test_check_on_a_scheduled_spec_is_clean_and_lists_its_phases(shared_dir, capsys):
-    spec = shared_dir / "spec" / "next" / "tiny_schedule.spindle"
+def test_check_on_a_scheduled_spec_is_clean_and_lists_its_phases(spec_dir, capsys):
+    spec = spec_dir / "next" / "tiny_schedule.spindle"
     assert main(["check", str(spec)]) == 0
     out, err = capsys.readouterr()
     assert err == ""  # no warning: caption_only leaving transcribe out is the schedule's plan

@@ -34,7 +34,7 @@ mix m { global_batch = 8; caption = 1; chat = 1 }
 
 
 @pytest.fixture
-def spec_dir(tmp_path):
+def spec_file(tmp_path):
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "v.safetensors").write_bytes(b"")
     (tmp_path / "lm.safetensors").write_bytes(b"")
@@ -44,8 +44,8 @@ def spec_dir(tmp_path):
     return path
 
 
-def test_from_and_data_parse_into_the_ast(spec_dir):
-    spec = parse(spec_dir.read_text())
+def test_from_and_data_parse_into_the_ast(spec_file):
+    spec = parse(spec_file.read_text())
     vision, _, lm = spec.modules
     assert vision.frozen and vision.weights.value == "w/v.safetensors"
     assert vision.modality.name == "image"
@@ -56,8 +56,8 @@ def test_from_and_data_parse_into_the_ast(spec_dir):
     assert data.value.kind == "string" and data.value.value == "data/caption"
 
 
-def test_fmt_keeps_from_and_data_and_comments(spec_dir):
-    text = spec_dir.read_text()
+def test_fmt_keeps_from_and_data_and_comments(spec_file):
+    text = spec_file.read_text()
     once = format_spec(parse(text))
     assert parse(once) == parse(text)
     assert format_spec(parse(once)) == once
@@ -66,10 +66,10 @@ def test_fmt_keeps_from_and_data_and_comments(spec_dir):
     assert 'data = "data/caption"  # folder' in once
 
 
-def test_paths_resolve_against_the_spec_file(spec_dir, monkeypatch):
+def test_paths_resolve_against_the_spec_file(spec_file, monkeypatch):
     monkeypatch.chdir("/")  # the working directory does not matter
-    graph = compile_file(spec_dir).graph
-    folder = spec_dir.parent
+    graph = compile_file(spec_file).graph
+    folder = spec_file.parent
     assert graph.module("vision").weights == str(folder / "w" / "v.safetensors")
     assert graph.module("lm").weights == str(folder / "lm.safetensors")
     assert graph.module("proj").weights is None
@@ -83,25 +83,25 @@ def _errors(text: str, path: str) -> list:
     return info.value.errors
 
 
-def test_missing_files_are_errors_at_their_strings(spec_dir):
-    text = spec_dir.read_text()
-    os.remove(spec_dir.parent / "w" / "v.safetensors")
-    (spec_dir.parent / "data" / "caption").rmdir()
-    errors = _errors(text, str(spec_dir))
+def test_missing_files_are_errors_at_their_strings(spec_file):
+    text = spec_file.read_text()
+    os.remove(spec_file.parent / "w" / "v.safetensors")
+    (spec_file.parent / "data" / "caption").rmdir()
+    errors = _errors(text, str(spec_file))
     assert len(errors) == 2
     weights, data = errors
     line5 = text.splitlines()[4]
     assert (weights.span.line, weights.span.column) == (5, line5.index('"w/v') + 1)
     assert "weights file" in weights.message and "not found" in weights.message
-    assert str(spec_dir.parent / "w" / "v.safetensors") in weights.message
+    assert str(spec_file.parent / "w" / "v.safetensors") in weights.message
     assert (data.span.line, data.span.column) == (12, text.splitlines()[11].index('"data') + 1)
     assert "data of task 'caption'" in data.message and "not found" in data.message
 
 
-def test_a_folder_is_not_a_weights_file_and_data_must_be_a_string(spec_dir):
-    text = spec_dir.read_text().replace('"w/v.safetensors"', '"w"')
+def test_a_folder_is_not_a_weights_file_and_data_must_be_a_string(spec_file):
+    text = spec_file.read_text().replace('"w/v.safetensors"', '"w"')
     text = text.replace('data = "my_pkg.datasets:chat"', "data = 3")
-    messages = [e.message for e in _errors(text, str(spec_dir))]
+    messages = [e.message for e in _errors(text, str(spec_file))]
     assert any("a folder" in m for m in messages), messages
     assert any('quoted path or "package.module:function"' in m for m in messages), messages
 

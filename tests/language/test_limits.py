@@ -205,10 +205,10 @@ def test_the_readme_documents_every_bound():
         ("layers = 32, hidden = 1280", "layers = 99999999999, hidden = 1280", ["layers"]),
     ],
 )
-def test_the_issues_reproductions_are_errors_at_their_place(shared_dir, old, new, words):
+def test_the_issues_reproductions_are_errors_at_their_place(spec_dir, old, new, words):
     """Issue 12's edits of multitask_clip that used to end in a KeyError, a MemoryError, an
     OverflowError or a plan that never finished."""
-    text = (shared_dir / "spec" / "multitask_clip.spindle").read_text()
+    text = (spec_dir / "multitask_clip.spindle").read_text()
     assert old in text
     error = h.first_error(text.replace(old, new, 1))
     line = next(i for i, row in enumerate(text.replace(old, new, 1).splitlines(), 1) if new in row)

@@ -12,23 +12,23 @@ pytest.importorskip("spindle_dsl.language")
 
 
 @pytest.fixture(scope="module")
-def plan_file(tmp_path_factory, shared_dir):
+def plan_file(tmp_path_factory, spec_dir):
     out = tmp_path_factory.mktemp("plan") / "plan.json"
-    spec = shared_dir / "spec" / "tiny_mm.spindle"
+    spec = spec_dir / "tiny_mm.spindle"
     assert main(["plan", str(spec), "--out", str(out), "--time-limit", "0.5"]) == 0
     return out
 
 
-def test_plan_prints_table_and_summary(shared_dir, capsys):
-    spec = shared_dir / "spec" / "tiny_mm.spindle"
+def test_plan_prints_table_and_summary(spec_dir, capsys):
+    spec = spec_dir / "tiny_mm.spindle"
     assert main(["plan", str(spec), "--scheduler", "paper"]) == 0
     out = capsys.readouterr().out
     assert "wave" in out and "caption/lm" in out
     assert "speed-up" in out and "lower bound" in out and "planning time" in out
 
 
-def test_plan_json_summary(shared_dir, capsys):
-    spec = shared_dir / "spec" / "tiny_mm.spindle"
+def test_plan_json_summary(spec_dir, capsys):
+    spec = spec_dir / "tiny_mm.spindle"
     assert main(["plan", str(spec), "--json", "--scheduler", "sequential"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["chosen"] == "sequential"
@@ -62,20 +62,20 @@ def test_unreadable_plans_are_errors_not_tracebacks(tmp_path, capsys):
     assert "cannot read plan" in err and "invalid JSON" in err and "not a spindle-plan" in err
 
 
-def test_bad_scheduler_is_a_usage_error(shared_dir):
-    spec = shared_dir / "spec" / "tiny_mm.spindle"
+def test_bad_scheduler_is_a_usage_error(spec_dir):
+    spec = spec_dir / "tiny_mm.spindle"
     assert main(["plan", str(spec), "--scheduler", "magic"]) == 2
 
 
-def test_plan_that_does_not_fit_exits_1(shared_dir, capsys):
-    spec = shared_dir / "spec" / "qwen_val.spindle"
+def test_plan_that_does_not_fit_exits_1(spec_dir, capsys):
+    spec = spec_dir / "qwen_val.spindle"
     # one GPU cannot hold QWen-VAL's parameters and optimizer state, whatever the levers
     assert main(["plan", str(spec), "--scheduler", "sequential", "--devices", "1"]) == 1
     assert "do not fit" in capsys.readouterr().err
 
 
-def test_forced_micro_batches_and_the_memory_summary(shared_dir, tmp_path, capsys):
-    spec = shared_dir / "spec" / "tiny_mm.spindle"
+def test_forced_micro_batches_and_the_memory_summary(spec_dir, tmp_path, capsys):
+    spec = spec_dir / "tiny_mm.spindle"
     out = tmp_path / "plan.json"
     args = ["plan", str(spec), "--micro-batches", "2", "--zero-stage", "2", "--out", str(out)]
     assert main([*args, "--time-limit", "0.3", "--quiet"]) == 0
@@ -92,14 +92,14 @@ def test_forced_micro_batches_and_the_memory_summary(shared_dir, tmp_path, capsy
 
 
 @pytest.mark.parametrize("value", ["0", "two"])
-def test_bad_micro_batches_is_a_usage_error(shared_dir, value, capsys):
-    spec = shared_dir / "spec" / "tiny_mm.spindle"
+def test_bad_micro_batches_is_a_usage_error(spec_dir, value, capsys):
+    spec = spec_dir / "tiny_mm.spindle"
     assert main(["plan", str(spec), "--micro-batches", value]) == 2
     assert "--micro-batches" in capsys.readouterr().err
 
 
-def test_summary_says_where_the_compute_over_the_lp_goes(shared_dir, capsys):
-    spec = shared_dir / "spec" / "tiny_mm.spindle"
+def test_summary_says_where_the_compute_over_the_lp_goes(spec_dir, capsys):
+    spec = spec_dir / "tiny_mm.spindle"
     assert main(["plan", str(spec), "--json", "--scheduler", "paper"]) == 0
     s = json.loads(capsys.readouterr().out)
     compute, lp = s["compute_s"], s["bounds"]["lp_s"]

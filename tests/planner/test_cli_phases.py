@@ -9,8 +9,8 @@ from spindle_dsl.cli import main
 from spindle_dsl.render.trace import check_trace
 
 
-def test_plan_writes_a_bundle_that_validates(tmp_path, shared_dir, capsys):
-    spec = shared_dir / "spec" / "next" / "tiny_schedule.spindle"
+def test_plan_writes_a_bundle_that_validates(tmp_path, spec_dir, capsys):
+    spec = spec_dir / "next" / "tiny_schedule.spindle"
     out, trace = tmp_path / "bundle.json", tmp_path / "t.json"
     args = ["plan", str(spec), "--scheduler", "paper", "--out", str(out), "--trace", str(trace)]
     assert main(args) == 0

@@ -27,17 +27,17 @@ CASES = {
 }
 
 
-def compile_case(shared_dir, name, **overrides):
+def compile_case(spec_dir, name, **overrides):
     path, mix, _ = CASES[name]
     graph = language.compile_file(
-        shared_dir / "spec" / path, mix=mix, cluster_overrides=overrides or None
+        spec_dir / path, mix=mix, cluster_overrides=overrides or None
     ).graph
     return graph, cost_models.make_cost_model(graph.cluster)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
-def planned(request, shared_dir):
-    graph, cost = compile_case(shared_dir, request.param)
+def planned(request, spec_dir):
+    graph, cost = compile_case(spec_dir, request.param)
     fits = CASES[request.param][2]
     t0 = time.process_time()  # this process's CPU: the shared machine's load does not count
     plan = make_plan(graph, cost, check_memory=fits)
@@ -74,10 +74,10 @@ def test_planning_is_quick(planned):
     assert seconds < 10  # CPU seconds (the MILP worker aside); bench/plan_quality.py times it
 
 
-def test_qwen_val_with_memory_checked_says_what_does_not_fit(shared_dir):
+def test_qwen_val_with_memory_checked_says_what_does_not_fit(spec_dir):
     # one GPU holds 80 GiB; QWen-VAL's parameters with their gradients and optimizer state
     # alone take more, whatever the levers
-    graph, cost = compile_case(shared_dir, "qwen_val-pretrain", devices=1)
+    graph, cost = compile_case(spec_dir, "qwen_val-pretrain", devices=1)
     with pytest.raises(PlanError, match=r"do not fit.*devices of this kind") as err:
         make_plan(graph, cost, scheduler="paper")
     assert "every memory lever is at its limit" in str(err.value)

@@ -1,11 +1,12 @@
 """Property: whatever numbers and tokens of a fixture are mutated into, compiling and planning
 ends in a plan or a ``SpindleError``, never another exception, and never hangs.
 
-The mutations are ``bench/fuzz.py``'s (issue 12's recipe: numbers set to 0, 1, -1, 2, 3, 7,
-65536, 1000000, 99999999999, 0.5 or 1e9; tokens deleted, duplicated or swapped), on every
-fixture: the shared specs (with ``next/``), ``examples/``, ``bench/specs/`` and a generated
-spec. Here a short MILP time limit keeps the suite quick; ``bench/fuzz.py --minutes 6`` runs
-the same with the planner's defaults.
+The mutations are ``bench/fuzz.py``'s (numbers set to 0, 1, -1, 2, 3, 7, 65536, 1000000,
+99999999999, 0.5 or 1e9, the values at and past the language's bounds; tokens deleted,
+duplicated or swapped), on every fixture: the suite's reference specs (``tests/fixtures/spec``
+with ``next/``, plus any spec a shared folder beside the checkout adds), ``examples/``,
+``bench/specs/`` and a generated spec. Here a short MILP time limit keeps the suite quick;
+``bench/fuzz.py --minutes 6`` runs the same with the planner's defaults.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import signal
 import sys
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from specfixtures import SPEC_DIR, extra_shared_specs
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_fuzz", REPO / "bench" / "fuzz.py")
@@ -30,14 +31,19 @@ HANG_S = 120  # far beyond any case's planning time: only a hang gets here
 
 
 def _corpus() -> dict[str, str]:
+    """``bench/fuzz.py``'s seeds with the suite's reference specs in place of the shared
+    folder's (the bench reads ``../shared/spec``; a clone on its own has none)."""
+    fuzz.SHARED = SPEC_DIR
     seeds = fuzz.seeds([])
     seeds.pop("synthetic 1024x50")  # seconds per case: the bench fuzzes it
-    if not any(name.startswith("spec/") for name in seeds):
-        pytest.skip("the shared spec fixtures are absent")
+    for sub in ("", "next"):
+        for path in extra_shared_specs(sub):
+            seeds[f"shared/{sub + '/' if sub else ''}{path.name}"] = path.read_text()
+    assert "spec/tiny_mm.spindle" in seeds and "next/llama2_7b.spindle" in seeds, sorted(seeds)
     return seeds
 
 
-CORPUS = _corpus() if (REPO.parent / "shared" / "spec").is_dir() else {}
+CORPUS = _corpus()
 
 
 class Hang(Exception):
@@ -48,7 +54,6 @@ def _alarm(signum, frame):
     raise Hang(f"no answer within {HANG_S} s")
 
 
-@pytest.mark.skipif(not CORPUS, reason="the shared spec fixtures are absent")
 @settings(
     max_examples=200,
     deadline=None,

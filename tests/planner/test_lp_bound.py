@@ -434,20 +434,20 @@ def test_shared_cores_bound_the_area_by_the_cores():
     assert lower_bound_s(p, 2) == pytest.approx(16.0)
 
 
-def _tiny(shared_dir, **overrides):
+def _tiny(spec_dir, **overrides):
     from spindle_dsl.language import compile_file
 
-    path = shared_dir / "spec" / "tiny_mm.spindle"
+    path = spec_dir / "tiny_mm.spindle"
     return compile_file(path, cluster_overrides=overrides).graph
 
 
-def test_lanes_count_each_nodes_cores(shared_dir):
+def test_lanes_count_each_nodes_cores(spec_dir):
     from spindle_dsl.cost import make_cost_model
     from spindle_dsl.planner.build import context
     from spindle_dsl.planner.levers import Levers
 
     def lanes(**overrides) -> int:
-        graph = _tiny(shared_dir, **overrides)
+        graph = _tiny(spec_dir, **overrides)
         step = context(graph, make_cost_model(graph.cluster), Levers(1), enforce=False).step
         assert step is not None
         return step.lanes
@@ -458,7 +458,7 @@ def test_lanes_count_each_nodes_cores(shared_dir):
 
 
 @pytest.mark.parametrize("scheduler", ["default", "paper", *BASELINES])
-def test_a_plan_on_shared_cores_stays_above_its_tighter_bound(shared_dir, scheduler):
+def test_a_plan_on_shared_cores_stays_above_its_tighter_bound(spec_dir, scheduler):
     """4 CPU workers over 2 cores: the bound divides the work by the cores, stays below every
     scheduler's plan, and is tighter than the bound of the same job on a core each; the
     summary counts idle cores, not devices waiting for one."""
@@ -466,7 +466,7 @@ def test_a_plan_on_shared_cores_stays_above_its_tighter_bound(shared_dir, schedu
 
     plans = {}
     for cores in (2, 4):
-        graph = _tiny(shared_dir, devices=4, cores=cores)
+        graph = _tiny(spec_dir, devices=4, cores=cores)
         plans[cores] = make_plan(
             graph, make_cost_model(graph.cluster), scheduler=scheduler, time_limit_s=0.3
         )
@@ -479,13 +479,13 @@ def test_a_plan_on_shared_cores_stays_above_its_tighter_bound(shared_dir, schedu
     assert "shared by 2 cores" in text and "the cores sit idle inside waves" in text
 
 
-def test_the_default_plan_on_shared_cores_runs_near_the_lp(shared_dir):
+def test_the_default_plan_on_shared_cores_runs_near_the_lp(spec_dir):
     """tiny_mm on 4 workers over 2 cores: a scheduler blind to the sharing gave each LM
     three workers (compute 1.27x the LP bound, the entries' device-seconds 1.27x its);
     weighing each wave's work over the cores, the plan's compute stays within 1.10x."""
     from spindle_dsl.cost import make_cost_model
 
-    graph = _tiny(shared_dir, devices=4, cores=2)
+    graph = _tiny(spec_dir, devices=4, cores=2)
     plan = make_plan(graph, make_cost_model(graph.cluster), time_limit_s=0.3)
     over = plan.over_lp()
     assert over is not None
@@ -493,15 +493,15 @@ def test_the_default_plan_on_shared_cores_runs_near_the_lp(shared_dir):
     assert compute <= 1.10 and busy <= 1.10
 
 
-def test_a_plan_says_why_workers_beyond_the_cores_run_nothing(shared_dir):
+def test_a_plan_says_why_workers_beyond_the_cores_run_nothing(spec_dir):
     """tiny_mm on 8 workers over 2 cores runs on a few of them; the plan says why."""
     from spindle_dsl.cost import make_cost_model
 
-    graph = _tiny(shared_dir, devices=8, cores=2)
+    graph = _tiny(spec_dir, devices=8, cores=2)
     plan = make_plan(graph, make_cost_model(graph.cluster), time_limit_s=0.3)
     used = {d for w in plan.waves for e in w.entries for d in e.devices}
     assert len(used) < 8
     note = next(n for n in plan.notes if "no MetaOp" in n)
     assert f"{8 - len(used)} of 8 workers" in note and "share 2 cores" in note
-    own = _tiny(shared_dir, devices=2, cores=2)
+    own = _tiny(spec_dir, devices=2, cores=2)
     assert not any("no MetaOp" in n for n in make_plan(own, make_cost_model(own.cluster)).notes)

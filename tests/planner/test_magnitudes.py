@@ -65,9 +65,9 @@ def test_every_number_at_its_limit_ends_in_a_plan_error_not_an_overflow():
             make_plan(graph, make_cost_model(graph.cluster), time_limit_s=0.2)
 
 
-def test_four_thousand_layers_plan_in_a_few_waves(shared_dir):
+def test_four_thousand_layers_plan_in_a_few_waves(spec_dir):
     """A MetaOp of 4,096 layers costs the planner what one of 4 does: waves, not layers."""
-    text = (shared_dir / "spec" / "multitask_clip.spindle").read_text()
+    text = (spec_dir / "multitask_clip.spindle").read_text()
     text = text.replace("layers = 24, hidden = 1024", "layers = 4096, hidden = 1024")
     graph = compile_text(text, cluster_overrides={"devices": 1024}).graph
     plan = make_plan(graph, make_cost_model(graph.cluster), time_limit_s=0.2)
@@ -77,11 +77,11 @@ def test_four_thousand_layers_plan_in_a_few_waves(shared_dir):
 
 
 @pytest.mark.parametrize("scheduler", ["default", "paper", "sequential", "distmm", "optimus"])
-def test_on_a_large_cluster_every_entry_uses_a_listed_allocation(shared_dir, scheduler):
+def test_on_a_large_cluster_every_entry_uses_a_listed_allocation(spec_dir, scheduler):
     """Curves list a few hundred of the 4,096 allocations; every scheduler allocates only
     those (``validate_plan`` checks each entry's device count against its curve)."""
     graph = compile_file(
-        shared_dir / "spec" / "multitask_clip.spindle", cluster_overrides={"devices": 4096}
+        spec_dir / "multitask_clip.spindle", cluster_overrides={"devices": 4096}
     ).graph
     plan = make_plan(graph, make_cost_model(graph.cluster), scheduler=scheduler, time_limit_s=0.3)
     assert validate_plan(plan) == []

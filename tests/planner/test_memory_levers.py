@@ -443,8 +443,8 @@ def test_levers_round_trip_through_the_plan_file(graph, tmp_path) -> None:
         Plan.from_dict(data)
 
 
-def test_paper_scale_fixtures_fit_with_levers(shared_dir) -> None:
-    spec = shared_dir / "spec"
+def test_paper_scale_fixtures_fit_with_levers(spec_dir) -> None:
+    spec = spec_dir
     for name, devices in [("qwen_val", 16), ("multitask_clip", 8)]:
         g = compile_file(spec / f"{name}.spindle", cluster_overrides={"devices": devices}).graph
         plan = make_plan(g, make_cost_model(g.cluster), time_limit_s=0.3)

@@ -22,8 +22,8 @@ from spindle_dsl.planner.solver import choose_solver
 
 
 @pytest.fixture(scope="module")
-def graph(shared_dir):
-    path = shared_dir / "spec" / "qwen_val.spindle"
+def graph(spec_dir):
+    path = spec_dir / "qwen_val.spindle"
     return compile_file(path, mix="pretrain", cluster_overrides={"devices": 16}).graph
 
 

@@ -71,8 +71,8 @@ def test_no_runner_up_beyond_the_margin_or_without_a_fitting_plan() -> None:
 
 
 @pytest.fixture(scope="module")
-def qwen_128(shared_dir):
-    path = shared_dir / "spec" / "qwen_val.spindle"
+def qwen_128(spec_dir):
+    path = spec_dir / "qwen_val.spindle"
     return compile_file(path, mix="pretrain", cluster_overrides={"devices": 128}).graph
 
 
@@ -112,11 +112,11 @@ def test_refine_ks_bisects_the_bracket_around_the_best() -> None:
     assert refine_ks((1, 2, 4, 8, 16), 16) == (12,)
 
 
-def test_a_k_that_only_adds_passes_of_the_same_sizes_is_not_tried(shared_dir) -> None:
+def test_a_k_that_only_adds_passes_of_the_same_sizes_is_not_tried(spec_dir) -> None:
     """tiny_mm's MetaOps carry 24 and 8 samples: k=12 splits them as k=16 does (2 and 1) in
     fewer passes, so it is worth trying; k=7 splits them as k=6 does (4 and 2) in one pass
     more, so it is not."""
-    tiny = compile_file(shared_dir / "spec" / "tiny_mm.spindle").graph
+    tiny = compile_file(spec_dir / "tiny_mm.spindle").graph
     assert micro_sizes(tiny, 12) == micro_sizes(tiny, 16)
     assert micro_sizes(tiny, 7) == micro_sizes(tiny, 6)
     search = LeverSearch(tiny, make_cost_model(tiny.cluster))
@@ -133,8 +133,8 @@ def test_a_k_that_only_adds_passes_of_the_same_sizes_is_not_tried(shared_dir) ->
 
 
 @pytest.fixture(scope="module")
-def qwen_16(shared_dir):
-    path = shared_dir / "spec" / "qwen_val.spindle"
+def qwen_16(spec_dir):
+    path = spec_dir / "qwen_val.spindle"
     return compile_file(path, mix="pretrain", cluster_overrides={"devices": 16}).graph
 
 

@@ -125,24 +125,24 @@ def test_highs_missing_falls_back_to_cbc_with_a_note(monkeypatch):
         solver_mod.choose_solver("highs")
 
 
-def test_spindle_plan_prints_a_warning_not_a_core_dump(shared_dir, monkeypatch, capsys):
+def test_spindle_plan_prints_a_warning_not_a_core_dump(spec_dir, monkeypatch, capsys):
     from spindle_dsl.cli import main
 
     pytest.importorskip("spindle_dsl.language")
     monkeypatch.setattr(milp, "solve_local", standins.segfault)
     monkeypatch.setattr(resplit, "best_split", standins.segfault)
-    spec = shared_dir / "spec" / "tiny_mm.spindle"
+    spec = spec_dir / "tiny_mm.spindle"
     assert main(["plan", str(spec), "--solver", "cbc", "--time-limit", "0.5", "--quiet"]) == 0
     out = capsys.readouterr()
     assert "warning: solver failure" in out.err and "SIGSEGV" in out.err
     assert "MILP solver cbc" in out.out and "iteration:" in out.out
 
 
-def test_spindle_plan_rejects_a_bad_solver_setting(shared_dir, monkeypatch, capsys):
+def test_spindle_plan_rejects_a_bad_solver_setting(spec_dir, monkeypatch, capsys):
     from spindle_dsl.cli import main
 
     pytest.importorskip("spindle_dsl.language")
-    spec = shared_dir / "spec" / "tiny_mm.spindle"
+    spec = spec_dir / "tiny_mm.spindle"
     monkeypatch.setenv(SOLVER_ENV, "simplex")
     assert main(["plan", str(spec), "--quiet"]) == 1
     assert "unknown solver 'simplex'" in capsys.readouterr().err

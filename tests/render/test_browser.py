@@ -100,9 +100,9 @@ def test_hand_built_report_in_chromium(chromium_exe, plan, graph, tmp_path):
     assert_readable_screenshot(shot, ["caption", "transcribe"])
 
 
-def test_qwen_val_report_at_64_devices_in_chromium(chromium_exe, shared_dir, tmp_path):
+def test_qwen_val_report_at_64_devices_in_chromium(chromium_exe, spec_dir, tmp_path):
     page = tmp_path / "report.html"
-    spec = shared_dir / "spec" / "qwen_val.spindle"
+    spec = spec_dir / "qwen_val.spindle"
     # The analytic memory model keeps every activation of a 1024-sample batch (no recomputation,
     # no micro-batches), so no qwen_val plan fits 64 x 80 GiB under it; the report still draws
     # the fastest plan and flags the devices that overflow. A subprocess, as a user runs it

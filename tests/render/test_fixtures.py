@@ -1,5 +1,6 @@
-"""Every shared fixture through the real pipeline (compile, cost, plan) and every renderer:
-valid trace, DOT naming every MetaOp, and each rendering under the 2 s target."""
+"""The reference workloads (tiny_mm, multitask_clip) through the real pipeline (compile, cost,
+plan) and every renderer: valid trace, DOT naming every MetaOp, and each rendering under the
+2 s target."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ TARGET_S = 2.0
 
 
 @pytest.fixture(scope="module", params=FIXTURES)
-def planned(request, shared_dir):
-    graph = compile_file(str(shared_dir / "spec" / f"{request.param}.spindle")).graph
+def planned(request, spec_dir):
+    graph = compile_file(str(spec_dir / f"{request.param}.spindle")).graph
     return graph, make_plan(graph, make_cost_model(graph.cluster))
 
 

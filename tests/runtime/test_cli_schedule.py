@@ -23,9 +23,9 @@ def _close(a: dict, b: dict, rel: float) -> bool:
 
 @pytest.mark.slow
 def test_train_follows_the_schedule_on_4_and_2_processes_and_resumes_in_a_phase(
-    tmp_path, shared_dir, capfd
+    tmp_path, spec_dir, capfd
 ):
-    spec = str(shared_dir / "spec" / "next" / "tiny_schedule.spindle")
+    spec = str(spec_dir / "next" / "tiny_schedule.spindle")
     bundle = tmp_path / "bundle.json"
     assert main(["plan", spec, "--out", str(bundle), "--quiet"]) == 0
     log, trace = tmp_path / "L.jsonl", tmp_path / "trace.json"
@@ -65,9 +65,9 @@ def test_train_follows_the_schedule_on_4_and_2_processes_and_resumes_in_a_phase(
 
 
 def test_a_scheduled_spec_needs_its_bundle_and_a_bundle_needs_its_schedule(
-    tmp_path, shared_dir, capfd
+    tmp_path, spec_dir, capfd
 ):
-    spec = str(shared_dir / "spec" / "next" / "tiny_schedule.spindle")
+    spec = str(spec_dir / "next" / "tiny_schedule.spindle")
     single, bundle, other = tmp_path / "p.json", tmp_path / "b.json", tmp_path / "o.json"
     plan = ["plan", spec, "--scheduler", "paper", "--quiet", "--jobs", "0", "--out"]
     assert main([*plan[:2], "--mix", "warmup", *plan[2:], str(single)]) == 0

@@ -12,9 +12,9 @@ from spindle_dsl.render.trace import check_trace
 
 
 @pytest.mark.slow
-def test_train_writes_log_trace_checkpoint_and_summary(tmp_path, shared_dir, capfd):
+def test_train_writes_log_trace_checkpoint_and_summary(tmp_path, spec_dir, capfd):
     log, trace, ckpt = tmp_path / "log.jsonl", tmp_path / "trace.json", tmp_path / "ckpt"
-    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+    spec = str(spec_dir / "tiny_mm.spindle")
     code = main(
         ["train", spec, "--nproc", "2", "--steps", "2", "--log-json", str(log),
          "--trace", str(trace), "--checkpoint-dir", str(ckpt), "--scheduler", "paper",
@@ -52,8 +52,8 @@ def test_train_writes_log_trace_checkpoint_and_summary(tmp_path, shared_dir, cap
     assert "resumed from step 2" in out and "nothing to do" in out
 
 
-def test_a_plan_for_other_devices_is_refused_before_spawning(tmp_path, shared_dir, capfd):
-    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+def test_a_plan_for_other_devices_is_refused_before_spawning(tmp_path, spec_dir, capfd):
+    spec = str(spec_dir / "tiny_mm.spindle")
     plan = tmp_path / "plan.json"
     assert main(["plan", spec, "--out", str(plan), "--quiet"]) == 0
     capfd.readouterr()
@@ -63,8 +63,8 @@ def test_a_plan_for_other_devices_is_refused_before_spawning(tmp_path, shared_di
     assert "Traceback" not in err
 
 
-def test_conflicting_memory_flags_are_refused_before_spawning(shared_dir, capfd):
-    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+def test_conflicting_memory_flags_are_refused_before_spawning(spec_dir, capfd):
+    spec = str(spec_dir / "tiny_mm.spindle")
     args = ["train", spec, "--nproc", "2", "--steps", "1", "--no-progress"]
     assert main([*args, "--zero-stage", "2", "--optimizer-sharding", "off"]) == 1
     err = capfd.readouterr().err
@@ -73,22 +73,22 @@ def test_conflicting_memory_flags_are_refused_before_spawning(shared_dir, capfd)
     assert "micro_batches must be at least 1" in capfd.readouterr().err
 
 
-def test_a_gpu_spec_without_a_launcher_says_how_to_start(shared_dir, capfd):
-    spec = str(shared_dir / "spec" / "multitask_clip.spindle")
+def test_a_gpu_spec_without_a_launcher_says_how_to_start(spec_dir, capfd):
+    spec = str(spec_dir / "multitask_clip.spindle")
     assert main(["train", spec, "--steps", "1"]) == 1
     err = capfd.readouterr().err
     assert "torchrun" in err and "--nproc" in err
 
 
 @pytest.mark.slow
-def test_under_torchrun_each_process_becomes_a_rank(tmp_path, shared_dir):
+def test_under_torchrun_each_process_becomes_a_rank(tmp_path, spec_dir):
     import subprocess
     import sys
 
     log = tmp_path / "log.jsonl"
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "spindle_dsl", "train", str(shared_dir / "spec" / "tiny_mm.spindle"),
+         "-m", "spindle_dsl", "train", str(spec_dir / "tiny_mm.spindle"),
          "--steps", "2", "--log-json", str(log), "--no-progress", "--run-on", "cpu"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -112,11 +112,11 @@ def _capture_plans(monkeypatch) -> list:
     return made
 
 
-def test_train_plans_with_the_levers_it_runs(monkeypatch, shared_dir) -> None:
+def test_train_plans_with_the_levers_it_runs(monkeypatch, spec_dir) -> None:
     """--micro-batches and --zero-stage reach the planner as well as the runtime, so the
     predicted step and memory are for what runs; a schedule's every phase alike."""
     made = _capture_plans(monkeypatch)
-    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+    spec = str(spec_dir / "tiny_mm.spindle")
     base = ["train", "--nproc", "4", "--steps", "1", "--no-progress", "--scheduler", "paper"]
     assert main([*base[:1], spec, *base[1:], "--micro-batches", "2", "--zero-stage", "2"]) == 0
     plan, config = made
@@ -130,8 +130,8 @@ def test_train_plans_with_the_levers_it_runs(monkeypatch, shared_dir) -> None:
     assert {p.plan.micro_batches for p in made[0].phases} == {2}
 
 
-def test_levers_that_override_a_plan_are_warned_about(tmp_path, shared_dir, capfd) -> None:
-    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+def test_levers_that_override_a_plan_are_warned_about(tmp_path, spec_dir, capfd) -> None:
+    spec = str(spec_dir / "tiny_mm.spindle")
     plan = tmp_path / "plan.json"
     assert main(["plan", spec, "--out", str(plan), "--quiet", "--micro-batches", "1"]) == 0
     capfd.readouterr()

@@ -239,8 +239,8 @@ def test_data_flags_bind_folders_and_tasks(tiny, folders, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_train_on_synth_files_gives_the_synthetic_losses(tmp_path, shared_dir, capfd):
-    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+def test_train_on_synth_files_gives_the_synthetic_losses(tmp_path, spec_dir, capfd):
+    spec = str(spec_dir / "tiny_mm.spindle")
     data = tmp_path / "D"
     assert main(["data", "synth", spec, "--samples", "256", "--out", str(data)]) == 0
     out = capfd.readouterr().out

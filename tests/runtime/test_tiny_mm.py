@@ -25,10 +25,10 @@ STEPS = 5
 
 
 @pytest.fixture(scope="module")
-def graph(shared_dir):
+def graph(spec_dir):
     from spindle_dsl.language import compile_file
 
-    return compile_file(shared_dir / "spec" / "tiny_mm.spindle").graph
+    return compile_file(spec_dir / "tiny_mm.spindle").graph
 
 
 @pytest.fixture(scope="module")

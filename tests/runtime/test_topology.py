@@ -29,16 +29,16 @@ def test_the_launch_is_read_from_the_launchers_variables():
         launched_topology({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "four"})
 
 
-def _plan(shared_dir, devices: int, per_node: int):
+def _plan(spec_dir, devices: int, per_node: int):
     graph = compile_file(
-        shared_dir / "spec" / "tiny_mm.spindle",
+        spec_dir / "tiny_mm.spindle",
         cluster_overrides={"devices": devices, "devices_per_node": per_node},
     ).graph
     return graph, make_plan(graph, make_cost_model(graph.cluster), scheduler="paper")
 
 
-def test_a_plan_for_another_node_layout_is_refused(shared_dir):
-    _, plan = _plan(shared_dir, 4, 4)
+def test_a_plan_for_another_node_layout_is_refused(spec_dir):
+    _, plan = _plan(spec_dir, 4, 4)
     check_topology(plan.cluster, LaunchTopology(4, 4))  # as planned: fine
     with pytest.raises(ExecutionError) as err:
         check_topology(plan.cluster, LaunchTopology(4, 2))
@@ -49,8 +49,8 @@ def test_a_plan_for_another_node_layout_is_refused(shared_dir):
     assert "--devices 4 --devices-per-node 2" in message
 
 
-def test_the_backend_checks_before_any_process_group(shared_dir, monkeypatch):
-    graph, plan = _plan(shared_dir, 4, 4)
+def test_the_backend_checks_before_any_process_group(spec_dir, monkeypatch):
+    graph, plan = _plan(spec_dir, 4, 4)
     for k, v in {
         "RANK": "0",
         "LOCAL_RANK": "0",
@@ -63,10 +63,10 @@ def test_the_backend_checks_before_any_process_group(shared_dir, monkeypatch):
         TorchBackend().train(graph, plan, RunConfig(steps=1))
 
 
-def test_a_plan_made_by_rank_zero_is_checked_too(shared_dir, monkeypatch):
+def test_a_plan_made_by_rank_zero_is_checked_too(spec_dir, monkeypatch):
     """Without a plan, rank 0 plans inside the process group; a plan for another layout is
     an error every rank gets (here the only rank)."""
-    graph, plan = _plan(shared_dir, 4, 4)
+    graph, plan = _plan(spec_dir, 4, 4)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -78,8 +78,8 @@ def test_a_plan_made_by_rank_zero_is_checked_too(shared_dir, monkeypatch):
         TorchBackend().train(graph, None, RunConfig(steps=1, device="cpu"), planner=lambda: plan)
 
 
-def test_train_with_a_mismatched_plan_says_what_to_change(tmp_path, shared_dir, monkeypatch, capfd):
-    spec = str(shared_dir / "spec" / "tiny_mm.spindle")
+def test_train_with_a_mismatched_plan_says_what_to_change(tmp_path, spec_dir, monkeypatch, capfd):
+    spec = str(spec_dir / "tiny_mm.spindle")
     plan = tmp_path / "plan.json"
     assert main(["plan", spec, "--out", str(plan), "--quiet", "--scheduler", "paper"]) == 0
     capfd.readouterr()
@@ -96,10 +96,10 @@ def test_train_with_a_mismatched_plan_says_what_to_change(tmp_path, shared_dir, 
     assert "Traceback" not in err
 
 
-def test_train_without_a_plan_plans_for_the_launched_nodes(shared_dir, monkeypatch, capfd):
+def test_train_without_a_plan_plans_for_the_launched_nodes(spec_dir, monkeypatch, capfd):
     parser = argparse.ArgumentParser()
     cmd_train.add_arguments(parser)
-    args = parser.parse_args([str(shared_dir / "spec" / "tiny_mm.spindle")])
+    args = parser.parse_args([str(spec_dir / "tiny_mm.spindle")])
     args.devices = 4  # as run() sets it from WORLD_SIZE
     compiled = load_compiled(args)
     assert compiled.graph.cluster.devices_per_node == 4  # the spec's default: one node

@@ -22,8 +22,8 @@ from spindle_dsl.widgets.planner_widget import PlannerWidget
 
 
 @pytest.fixture
-def tiny(shared_dir) -> Path:
-    return shared_dir / "spec" / "tiny_mm.spindle"
+def tiny(spec_dir) -> Path:
+    return spec_dir / "tiny_mm.spindle"
 
 
 @pytest.fixture
@@ -94,8 +94,8 @@ def test_broken_spec_shows_its_error_and_keeps_the_last_good_plan(widget, tiny):
     assert widget.plan == good_plan
 
 
-def test_every_broken_fixture_shows_its_first_error_line(shared_dir):
-    for path in sorted((shared_dir / "spec" / "broken").glob("*.spindle")):
+def test_every_broken_fixture_shows_its_first_error_line(spec_dir):
+    for path in sorted((spec_dir / "broken").glob("*.spindle")):
         expect = re.match(r"# expect: (\d+)", path.read_text())
         w = PlannerWidget.from_file(path, debounce_s=0)
         assert w.plan is None and "no plan yet" in w.summary.value, path.name
