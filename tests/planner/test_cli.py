@@ -8,8 +8,6 @@ import pytest
 
 from spindle_dsl.cli import main
 
-pytest.importorskip("spindle_dsl.language")
-
 
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory, spec_dir):

@@ -1,7 +1,9 @@
-"""The planner on the shared spec fixtures with the analytic cost model.
+"""The planner on the reference spec fixtures (``tests/fixtures/spec``) with the analytic
+cost model.
 
-The quality targets of the issue are checked loosely here (planning competes for two shared
-cores, and MILPs stop on a time limit); ``bench/plan_quality.py`` measures them exactly.
+The planner's quality targets (no worse than any baseline, compute within 10% of the level
+optimum, quick) are checked loosely here (planning competes for two shared cores, and MILPs
+stop on a time limit); ``bench/plan_quality.py`` measures them exactly.
 """
 
 from __future__ import annotations
@@ -10,12 +12,11 @@ import time
 
 import pytest
 
+from spindle_dsl.cost import make_cost_model
 from spindle_dsl.errors import PlanError
+from spindle_dsl.language import compile_file
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner import make_plan
-
-language = pytest.importorskip("spindle_dsl.language")
-cost_models = pytest.importorskip("spindle_dsl.cost")
 
 CASES = {
     # name: (file, mix, fits in memory under the analytic model: qwen_val with activation
@@ -29,10 +30,8 @@ CASES = {
 
 def compile_case(spec_dir, name, **overrides):
     path, mix, _ = CASES[name]
-    graph = language.compile_file(
-        spec_dir / path, mix=mix, cluster_overrides=overrides or None
-    ).graph
-    return graph, cost_models.make_cost_model(graph.cluster)
+    graph = compile_file(spec_dir / path, mix=mix, cluster_overrides=overrides or None).graph
+    return graph, make_cost_model(graph.cluster)
 
 
 @pytest.fixture(scope="module", params=list(CASES))

@@ -128,7 +128,6 @@ def test_highs_missing_falls_back_to_cbc_with_a_note(monkeypatch):
 def test_spindle_plan_prints_a_warning_not_a_core_dump(spec_dir, monkeypatch, capsys):
     from spindle_dsl.cli import main
 
-    pytest.importorskip("spindle_dsl.language")
     monkeypatch.setattr(milp, "solve_local", standins.segfault)
     monkeypatch.setattr(resplit, "best_split", standins.segfault)
     spec = spec_dir / "tiny_mm.spindle"
@@ -141,7 +140,6 @@ def test_spindle_plan_prints_a_warning_not_a_core_dump(spec_dir, monkeypatch, ca
 def test_spindle_plan_rejects_a_bad_solver_setting(spec_dir, monkeypatch, capsys):
     from spindle_dsl.cli import main
 
-    pytest.importorskip("spindle_dsl.language")
     spec = spec_dir / "tiny_mm.spindle"
     monkeypatch.setenv(SOLVER_ENV, "simplex")
     assert main(["plan", str(spec), "--quiet"]) == 1
