@@ -15,10 +15,12 @@ from spindle_dsl.render.trace import check_trace
 def test_train_writes_log_trace_checkpoint_and_summary(tmp_path, spec_dir, capfd):
     log, trace, ckpt = tmp_path / "log.jsonl", tmp_path / "trace.json", tmp_path / "ckpt"
     spec = str(spec_dir / "tiny_mm.spindle")
+    micro_batches, stage = 2, 2  # what the run asks for, and its summary must report
     code = main(
         ["train", spec, "--nproc", "2", "--steps", "2", "--log-json", str(log),
          "--trace", str(trace), "--checkpoint-dir", str(ckpt), "--scheduler", "paper",
-         "--recompute", "all", "--micro-batches", "2", "--zero-stage", "2",
+         "--recompute", "all", "--micro-batches", str(micro_batches),
+         "--zero-stage", str(stage),
          "--summary-json", str(tmp_path / "s.json")]
     )  # fmt: skip
     out, err = capfd.readouterr()
@@ -34,7 +36,7 @@ def test_train_writes_log_trace_checkpoint_and_summary(tmp_path, spec_dir, capfd
     assert "where the time goes" in out and "largest misses" in out  # predicted vs measured
     assert "peak memory" in out and "rank 1" in out
     summary = json.loads((tmp_path / "s.json").read_text())
-    assert summary["micro_batches"] == 2 and summary["zero_stage"] == 2
+    assert (summary["micro_batches"], summary["zero_stage"]) == (micro_batches, stage)
     assert len(summary["measured_peak_bytes"]) == len(summary["predicted_peak_bytes"]) == 2
     assert all(m > 0 for m in summary["measured_peak_bytes"])
     assert all(p > 0 for p in summary["predicted_peak_bytes"])  # the planner predicts them
@@ -115,15 +117,21 @@ def _capture_plans(monkeypatch) -> list:
 def test_train_plans_with_the_levers_it_runs(monkeypatch, spec_dir) -> None:
     """--micro-batches and --zero-stage reach the planner as well as the runtime, so the
     predicted step and memory are for what runs; a schedule's every phase alike."""
+    from spindle_dsl.backends.torch.trainer import zero_stage
+
     made = _capture_plans(monkeypatch)
     spec = str(spec_dir / "tiny_mm.spindle")
     base = ["train", "--nproc", "4", "--steps", "1", "--no-progress", "--scheduler", "paper"]
     assert main([*base[:1], spec, *base[1:], "--micro-batches", "2", "--zero-stage", "2"]) == 0
     plan, config = made
-    assert (plan.micro_batches, plan.zero_stage) == (2, 2) == (config.micro_batches, 2)
+    assert (plan.micro_batches, plan.zero_stage) == (2, 2)
+    assert (config.micro_batches, config.zero_stage) == (plan.micro_batches, plan.zero_stage)
+    assert zero_stage(plan, config) == plan.zero_stage  # the stage the trainer runs
     made.clear()
     assert main([*base[:1], spec, *base[1:], "--optimizer-sharding", "off"]) == 0
-    assert made[0].zero_stage == 0  # what runs without optimizer sharding
+    plan, config = made
+    assert plan.zero_stage == 0  # what runs without optimizer sharding
+    assert zero_stage(plan, config) == plan.zero_stage
     made.clear()
     scheduled = str(Path(__file__).parents[2] / "examples" / "tiny_schedule.spindle")
     assert main([*base[:1], scheduled, *base[1:], "--micro-batches", "2"]) == 0
