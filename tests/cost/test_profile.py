@@ -126,22 +126,61 @@ def test_time_layer_runs_each_mode(mode) -> None:
     assert time_layer(layer_runner("mlp", dict(MLP), 8, mode, 4), QUICK) > 0
 
 
-def test_profiler_fits_every_shape_once(tmp_path, build_op, cluster) -> None:
-    c = cluster(4, "cpu")
-    a = build_op("mlp", MLP, batch=12, tokens=8, dtype_bytes=4, op_id="a/m")
-    b = build_op("mlp", MLP, batch=6, tokens=8, dtype_bytes=4, op_id="b/m")  # same shape
-    frozen = build_op("mlp", MLP, batch=6, tokens=8, dtype_bytes=4, frozen=True, op_id="c/m")
-    lines: list[str] = []
-    profile = profile_graph(graph(c, a, b, frozen), points=3, budget=QUICK, progress=lines.append)
-    assert [e.metaops for e in profile.entries] == [("a/m", "b/m"), ("c/m",)]
-    assert [s.batch for s in profile.entries[0].samples] == [3, 6, 12]
-    assert len(lines) == 3 + 3 and lines[0].startswith("[1/2] a/m")
-    path = tmp_path / "p.json"
-    profile.write(path)
-    data = json.loads(path.read_text())
-    assert data["format"] == "spindle-profile" and data["entries"][1]["mode"] == "input_grad"
-    curves = make_cost_model(c, path).curves(graph(c, a, b, frozen))
-    assert all(t > 0 for curve in curves for _, t in curve.items())
+# A layer large enough that its matmuls, not Python's overhead, take the time: 0.27 GFLOP
+# forward at batch 4 (some milliseconds on one CPU core), 4x that at batch 16.
+WIDE = {"in": 256, "out": 256, "hidden": 1024}
+TOKENS = 64
+# medians of repeats timed in interleaved turns: a burst of other work on the machine lands in
+# a few repeats of every point alike, not in one point's whole measurement
+STEADY = TimingBudget(warmup=2, min_repeats=9, max_repeats=9, min_seconds=0.0)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread, as the profiling workers run: on a busy 2-core machine a second
+    thread waits for a core and turns a matmul's time into the scheduler's."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def timed(modes_and_batches: list[tuple[str, int]], holds, attempts: int = 3) -> list[float]:
+    """The WIDE layer timed at each (mode, batch), interleaved, until ``holds(times)``, at most
+    ``attempts`` times: a machine busy enough to blur one measurement rarely blurs three in a
+    row, while a profiler that times the wrong thing fails every one. Returns the last times."""
+    for _ in range(attempts):
+        steps = [layer_runner("mlp", dict(WIDE), TOKENS, m, b) for m, b in modes_and_batches]
+        times = time_interleaved(steps, STEADY, rounds=3)
+        if holds(times):
+            break
+    return times
+
+
+@pytest.mark.parametrize("mode", ["train", "input_grad", "forward"])
+def test_time_layer_grows_with_the_work(mode, one_thread) -> None:
+    """4x the batch is 4x the FLOPs: the measured time must grow well past noise (more than
+    1.5x; it measures 3-5x), or the profile's slopes, and so the planner's curves, are noise."""
+
+    def holds(t: list[float]) -> bool:
+        return t[1] > 1.5 * t[0]
+
+    times = timed([(mode, 4), (mode, 16)], holds)
+    assert times[0] > 0 and holds(times), (mode, times)
+
+
+def test_each_mode_times_the_work_it_does(one_thread) -> None:
+    """At one shape, forward alone < forward with the input's gradient (about 2x the forward's
+    FLOPs) < a full training step (about 3x, the weights' gradients too)."""
+
+    def holds(t: list[float]) -> bool:
+        forward, input_grad, train = t
+        return input_grad > 1.2 * forward and train > input_grad and train > 1.5 * forward
+
+    times = timed([("forward", 8), ("input_grad", 8), ("train", 8)], holds)
+    assert holds(times), dict(zip(("forward", "input_grad", "train"), times, strict=True))
 
 
 FROZEN_TOWER_SPEC = """
