@@ -70,9 +70,10 @@ def test_installed_wheel_parses_a_spec_outside_the_repository(wheel, tmp_path):
 
 @pytest.mark.slow
 def test_a_plain_install_trains_from_the_repository_root(wheel, tmp_path):
-    """Issue 12: after a plain (not editable) install, ``spindle train --nproc 2`` run from the
-    checkout's root trains; workers used to start with ``python -m``, which put the root first
-    on sys.path, so the source ``spindle_dsl/`` (without the backends) shadowed the package.
+    """After a plain (not editable) install, ``spindle train --nproc 2`` run from the
+    checkout's root trains: workers started with ``python -m`` would put the root first on
+    sys.path, where the source ``spindle_dsl/`` (without the backends) would shadow the
+    installed package.
 
     A fresh venv gets the wheel (installed before anything else is visible to it, so pip
     touches nothing outside it) and then, for torch and the other dependencies, a .pth line

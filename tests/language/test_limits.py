@@ -205,9 +205,10 @@ def test_the_readme_documents_every_bound():
         ("layers = 32, hidden = 1280", "layers = 99999999999, hidden = 1280", ["layers"]),
     ],
 )
-def test_the_issues_reproductions_are_errors_at_their_place(spec_dir, old, new, words):
-    """Issue 12's edits of multitask_clip that used to end in a KeyError, a MemoryError, an
-    OverflowError or a plan that never finished."""
+def test_values_past_the_bounds_are_errors_at_their_place(spec_dir, old, new, words):
+    """Edits of multitask_clip past the language's bounds (tokens, devices, patch, layers):
+    each is an error at its line naming the bound, where planning on would end in a KeyError,
+    a MemoryError, an OverflowError or a plan that never finishes."""
     text = (spec_dir / "multitask_clip.spindle").read_text()
     assert old in text
     error = h.first_error(text.replace(old, new, 1))

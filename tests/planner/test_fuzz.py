@@ -73,7 +73,9 @@ def test_mutated_fixtures_compile_and_plan_or_say_why(name, seed):
     assert status != "traceback", f"{name} after {done}:\n{detail}"
 
 
-def test_the_mutations_are_the_issues():
+def test_the_mutations_set_numbers_and_move_tokens():
+    """``fuzz.mutate`` sets numbers (a size keeping its unit) and deletes, duplicates and swaps
+    tokens, and changes nothing when asked for no mutation."""
     rng = random.Random(0)
     text = "cluster { devices = 32; memory = 80GB }\n"
     seen = set()

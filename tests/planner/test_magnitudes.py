@@ -28,10 +28,10 @@ mix m { global_batch = 256; match = 1; other = 1 }
 
 
 def test_a_tiny_op_behind_a_huge_one_is_planned():
-    """Regression (issue 12, ``KeyError: 'image_text/image_head'`` in crosslevel's
-    ``_try_wave``): the task-parallel start cut its time axis with a relative tolerance, so
-    the 0.5 ms head after 10^6 s of text encoder got no wave, and ``backfill`` looked it up.
-    The same path, with numbers the checker accepts."""
+    """A 0.5 ms head after 10^6 s of text encoder, through the whole planner: a time axis cut
+    with a relative tolerance would give the head no wave, and ``backfill`` (crosslevel's
+    ``_try_wave``) would then fail looking it up. Every MetaOp must be planned, with numbers
+    the checker accepts."""
     graph = compile_text(SPREAD).graph
     plan = make_plan(graph, make_cost_model(graph.cluster))
     assert validate_plan(plan) == []

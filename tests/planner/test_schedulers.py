@@ -208,10 +208,10 @@ def _lopsided(seconds_big: float) -> Problem:
 
 @pytest.mark.parametrize("seconds_big", [1e15, 2e6, 0.5])
 def test_a_short_op_after_a_very_long_one_keeps_its_waves(seconds_big):
-    """Regression (issue 12): a chain's 60 us head after 10^16 s of text encoder fell below
-    the float resolution of the time axis (and, from 10^5 s on, within the relative tolerance
-    ``waveify`` used), got no wave, and ``backfill`` then failed with KeyError. Exact span
-    times give it its wave at any magnitude."""
+    """A chain's 60 us head after up to 10^15 s of text encoder is below the float resolution
+    of the time axis (and, from 10^5 s on, within any relative tolerance on it): every
+    scheduler must still give it a wave, or ``backfill`` cannot find it. Exact span times give
+    it its wave at any magnitude."""
     p = _lopsided(seconds_big)
     for s in (BASELINES["optimus"](p), cpa_schedule(p), paper_schedule(p)):
         assert schedule_errors(p, s) == [], s.name

@@ -1,5 +1,5 @@
-"""Under torchrun the plan's node layout must be the launched one (issue 12): checked from the
-launcher's environment variables before any process group starts, so no real torchrun here."""
+"""Under torchrun the plan's node layout must be the launched one: checked from the launcher's
+environment variables before any process group starts, so no real torchrun here."""
 
 from __future__ import annotations
 
