@@ -114,6 +114,7 @@ class TaskInfo:
     loss: Loss
     sinks: tuple[str, ...]  # MetaOp ids whose outputs the loss reads
     data: str | None = None  # `data = "..."`: a resolved path, or "package.module:function"
+    eval_data: str | None = None  # `eval_data = "..."`: held-out data, as ``data``
 
 
 @dataclass(frozen=True)

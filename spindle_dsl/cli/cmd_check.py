@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     if compiled.warnings:
         print(compiled.render_warnings(), file=sys.stderr)
     warnings = [w.render(compiled.spec.source) for w in compiled.warnings]
-    data = summarize(compiled.graph, warnings, compiled.schedule)
+    data = summarize(compiled.graph, warnings, compiled.schedule, compiled.train)
     text = None if args.json else render_summary(data)
     text = _add_curves(args, compiled.graph, data, text)
     print(json.dumps(data, indent=2) if args.json else text)

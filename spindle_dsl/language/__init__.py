@@ -23,6 +23,7 @@ from spindle_dsl.language.parser import parse
 from spindle_dsl.language.resolved import Checked
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.phases import MixSchedule, Phase
+from spindle_dsl.recipe import DEFAULTS, TrainSettings
 
 __all__ = [
     "Checked",
@@ -43,12 +44,14 @@ __all__ = [
 class Compiled:
     """A spec that compiled: its AST, its MetaGraph and the warnings it drew. ``schedule``:
     the phases the run follows when the spec has a schedule (and no mix was named); its first
-    phase's graph is ``graph``."""
+    phase's graph is ``graph``. ``train``: the run's recipe (the train block, the modules'
+    ``lr_scale`` and the overrides, over the defaults)."""
 
     spec: Spec
     graph: MetaGraph
     warnings: tuple[Diagnostic, ...]
     schedule: MixSchedule | None = None
+    train: TrainSettings = DEFAULTS
 
     def render_warnings(self) -> str:
         """The warnings in compiler form, each with its source line and caret."""
@@ -61,16 +64,20 @@ def compile_text(
     *,
     mix: str | None = None,
     cluster_overrides: dict[str, Any] | None = None,
+    train_overrides: dict[str, Any] | None = None,
 ) -> Compiled:
-    """Parse, check and lower ``text``; raises ``SpecError`` with every error found."""
+    """Parse, check and lower ``text``; raises ``SpecError`` with every error found.
+    ``train_overrides``: ``TrainSettings`` fields that replace the train block's."""
     spec = parse(text, path)
-    checked = check(spec, mix=mix, cluster_overrides=cluster_overrides)
+    checked = check(
+        spec, mix=mix, cluster_overrides=cluster_overrides, train_overrides=train_overrides
+    )
     try:
         graph = lower(checked)
         schedule = _lower_phases(checked, graph)
     except SpecError as exc:  # a kind that fails while lowering: show the warnings too
         raise SpecError(list(exc.diagnostics) + list(checked.warnings), source=text) from None
-    return Compiled(spec, graph, checked.warnings, schedule)
+    return Compiled(spec, graph, checked.warnings, schedule, checked.train)
 
 
 def _lower_phases(checked: Checked, graph: MetaGraph) -> MixSchedule | None:
@@ -90,10 +97,15 @@ def compile_file(
     *,
     mix: str | None = None,
     cluster_overrides: dict[str, Any] | None = None,
+    train_overrides: dict[str, Any] | None = None,
 ) -> Compiled:
     """``compile_text`` on a file's contents, with the file's path in every diagnostic."""
     return compile_text(
-        read_spec_text(path), str(path), mix=mix, cluster_overrides=cluster_overrides
+        read_spec_text(path),
+        str(path),
+        mix=mix,
+        cluster_overrides=cluster_overrides,
+        train_overrides=train_overrides,
     )
 
 

@@ -109,7 +109,8 @@ class ModalityDecl:
 
 @dataclass(frozen=True)
 class ModuleDecl:
-    """``encoder|module|shared NAME : KIND(args) [<- MODALITY] [frozen] [from "FILE"]``."""
+    """``encoder|module|shared NAME : KIND(args) [<- MODALITY] [frozen] [from "FILE"]
+    [OPTION = VALUE ...]``: options are the module's training settings (``lr_scale``)."""
 
     keyword: ModuleKeyword
     name: Ident
@@ -119,6 +120,7 @@ class ModuleDecl:
     frozen: bool = False
     weights: Value | None = None  # the string after ``from``: pretrained weights to load
     loc: Loc = field(default=NOWHERE, compare=False, repr=False)
+    options: tuple[Setting, ...] = ()  # ``lr_scale = 0.1`` after the declaration
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,15 @@ class ScheduleDecl:
     loc: Loc = field(default=NOWHERE, compare=False, repr=False)
 
 
-Decl = ClusterDecl | ModalityDecl | ModuleDecl | TaskDecl | MixDecl | ScheduleDecl
+@dataclass(frozen=True)
+class TrainDecl:
+    """``train { steps = 100; lr = 3e-4 ... }``: the run's training recipe."""
+
+    settings: tuple[Setting, ...]
+    loc: Loc = field(default=NOWHERE, compare=False, repr=False)
+
+
+Decl = ClusterDecl | ModalityDecl | ModuleDecl | TaskDecl | MixDecl | ScheduleDecl | TrainDecl
 
 
 @dataclass(frozen=True)
@@ -211,3 +221,7 @@ class Spec:
     @property
     def schedules(self) -> list[ScheduleDecl]:
         return self.of_type(ScheduleDecl)
+
+    @property
+    def trains(self) -> list[TrainDecl]:
+        return self.of_type(TrainDecl)

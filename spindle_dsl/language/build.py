@@ -25,6 +25,7 @@ from spindle_dsl.language.ast import (
     ScheduleEntry,
     Setting,
     TaskDecl,
+    TrainDecl,
     Value,
 )
 
@@ -67,6 +68,7 @@ def build_decls(tree: Tree) -> list[Decl]:
         "task": _task,
         "mix": _mix,
         "schedule": _schedule,
+        "train": _train,
     }
     return [builders[child.data](child) for child in tree.children if isinstance(child, Tree)]
 
@@ -90,6 +92,7 @@ def _module(tree: Tree) -> ModuleDecl:
     modality = None
     frozen = False
     weights = None
+    options: list[Setting] = []
     for part in rest:
         if part.data == "kind_args":
             args = _settings(part.children)
@@ -99,6 +102,8 @@ def _module(tree: Tree) -> ModuleDecl:
             frozen = True
         elif part.data == "weights":
             weights = _value(part.children[1])
+        elif part.data == "module_option":
+            options.append(_setting(part))
     return ModuleDecl(
         str(keyword),  # type: ignore[arg-type]
         _ident(name),
@@ -108,6 +113,7 @@ def _module(tree: Tree) -> ModuleDecl:
         frozen,
         weights,
         _tree_loc(tree),
+        tuple(options),
     )
 
 
@@ -138,6 +144,10 @@ def _schedule(tree: Tree) -> ScheduleDecl:
         if isinstance(c, Tree) and c.data == "schedule_entry"
     )
     return ScheduleDecl(entries, _tree_loc(tree))
+
+
+def _train(tree: Tree) -> TrainDecl:
+    return TrainDecl(_settings(tree.children), _tree_loc(tree))
 
 
 def _setting(tree: Tree) -> Setting:

@@ -22,7 +22,7 @@ from spindle_dsl.language.resolved import Edge, ResolvedModule
 from spindle_dsl.language.suggest import did_you_mean
 from spindle_dsl.metagraph import Loss, ModalityInfo
 
-TASK_KEYS = ("batch", "loss", "data")
+TASK_KEYS = ("batch", "loss", "data", "eval_data")
 LOSSES: tuple[Loss, ...] = ("lm", "contrastive", "mse")
 
 
@@ -51,6 +51,7 @@ class TaskDraft:
     loss: Loss | None = None
     loss_setting: Setting | None = None
     data: str | None = None  # resolved path or package.module:function
+    eval_data: str | None = None  # held-out data, as ``data``
     refs: dict[str, list[Loc]] = field(default_factory=dict)  # every reference to a node
 
     @property
@@ -99,8 +100,8 @@ class TaskChecker:
                 self.r.error(
                     f"unknown task setting '{key}'{did_you_mean(key, TASK_KEYS)}",
                     s.key.loc,
-                    hint="a task takes paths (a -> b), batch = N, loss = lm|contrastive|mse "
-                    'and data = "folder"',
+                    hint="a task takes paths (a -> b), batch = N, loss = lm|contrastive|mse, "
+                    'data = "folder" and eval_data = "folder"',
                 )
             elif key in seen:
                 self.r.error(f"'{key}' is set twice in task '{t.name}'", s.key.loc)
@@ -113,6 +114,9 @@ class TaskChecker:
             elif key == "data":
                 seen.add(key)
                 t.data = self._data(t, s)
+            elif key == "eval_data":
+                seen.add(key)
+                t.eval_data = self._data(t, s)
             else:
                 seen.add(key)
                 t.loss_setting = s
@@ -128,10 +132,12 @@ class TaskChecker:
 
     def _data(self, t: TaskDraft, s: Setting) -> str | None:
         """``data = "folder"`` (relative to the spec; it must exist) or a
-        ``"package.module:function"`` that returns a dataset (imported when training)."""
+        ``"package.module:function"`` that returns a dataset (imported when training);
+        ``eval_data`` the same, for held-out data."""
+        what = s.key.name
         if s.value.kind != "string":
             self.r.error(
-                f"data of task '{t.name}' is a quoted path or \"package.module:function\", "
+                f"{what} of task '{t.name}' is a quoted path or \"package.module:function\", "
                 f"got {s.value.describe()}",
                 s.value.loc,
             )
@@ -142,7 +148,7 @@ class TaskChecker:
         path = spec_relative(self.r.path, text)
         if not os.path.exists(path):
             self.r.error(
-                f"data of task '{t.name}': {s.value.describe()} not found (looked for {path})",
+                f"{what} of task '{t.name}': {s.value.describe()} not found (looked for {path})",
                 s.value.loc,
                 hint="a folder with one .npy array per modality (spindle data synth writes "
                 'one), or "package.module:function" returning a dataset',

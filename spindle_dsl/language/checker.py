@@ -1,7 +1,7 @@
 """Check a parsed spec and resolve it: names, values, kinds, graphs, batches and mixes.
 
 Checks run in dependency order (names, cluster, modalities, modules, tasks, mixes, schedule,
-batches),
+the train block, batches),
 each reporting into one ``Reporter`` and passing on only what resolved, so the user sees every
 independent error of the file in one run, in source order, followed by the warnings. The
 result, a ``Checked``, exists only for a spec with no errors.
@@ -29,15 +29,21 @@ from spindle_dsl.language.check_modules import (
 )
 from spindle_dsl.language.check_schedule import SchedulePhase, resolve_schedule
 from spindle_dsl.language.check_tasks import Names, TaskChecker, TaskDraft
+from spindle_dsl.language.check_train import resolve_train
 from spindle_dsl.language.reporter import Reporter
 from spindle_dsl.language.resolved import Checked, ResolvedPhase, ResolvedTask
 from spindle_dsl.language.suggest import did_you_mean
 
 
 def check(
-    spec: Spec, *, mix: str | None = None, cluster_overrides: dict[str, Any] | None = None
+    spec: Spec,
+    *,
+    mix: str | None = None,
+    cluster_overrides: dict[str, Any] | None = None,
+    train_overrides: dict[str, Any] | None = None,
 ) -> Checked:
     """Resolve ``spec``; raises ``SpecError`` with every error (and the warnings) found.
+    ``train_overrides``: ``TrainSettings`` fields the command line sets over the train block.
 
     With a ``schedule`` the run follows it and the selected mix is its first phase's; naming a
     ``mix`` picks that one mix instead and leaves the schedule aside (the input stages are
@@ -70,6 +76,7 @@ def check(
     check_tied_embeddings(modules, reads, modalities, r)
     mixes = resolve_mixes(mix_decls, r, [t.name.name for t in tasks])
     schedule = resolve_schedule(spec.schedules, r, mixes)
+    train = resolve_train(spec, r, train_overrides)
     follow = schedule if mix is None else ()
     selected = _select_mix(mix if not follow else follow[0].mix, mixes, r)
     batches = _batches(drafts, selected, mixes, r, scheduled=bool(follow))
@@ -82,6 +89,7 @@ def check(
         r.error(f"no task gets any samples under mix '{selected}'")
     r.raise_if_errors()
     assert cluster is not None, "a cluster that failed to resolve reports an error"
+    assert train is not None, "train settings that failed to resolve report an error"
     phases = tuple(
         ResolvedPhase(p.first_step, p.mix, _resolved(drafts, phase_batches[p.mix], mixes[p.mix]))
         for p in follow
@@ -100,6 +108,7 @@ def check(
         warnings=tuple(r.sorted("warning")),
         phases=phases,
         sizing_tasks=_resolved(drafts, most, None),
+        train=train,
     )
 
 
@@ -119,6 +128,7 @@ def _resolved(
             weight=weights.get(t.name),
             loc=t.decl.name.loc,
             data=t.data,
+            eval_data=t.eval_data,
         )
         for t in drafts
         if batches.get(t.name, 0) > 0

@@ -31,6 +31,7 @@ from spindle_dsl.language.ast import (
     Setting,
     Spec,
     TaskDecl,
+    TrainDecl,
     Value,
 )
 from spindle_dsl.language.fmt_comments import Attached, attach, children
@@ -169,15 +170,15 @@ def _align(items: list, rendered: list[list[Line]], att: Attached, top: bool) ->
         sort = sort_of(i)
         if sort is None or (run and sort_of(run[-1]) != sort):
             flush()
-        if sort is not None and not isinstance(node, ClusterDecl | ScheduleDecl):
+        if sort is not None and not isinstance(node, ClusterDecl | ScheduleDecl | TrainDecl):
             run.append(i)
     flush()
 
 
 # --- declarations -------------------------------------------------------------------------------
 def _head(decl: Decl, name_width: int) -> str:
-    if isinstance(decl, ClusterDecl | ScheduleDecl):
-        return "cluster" if isinstance(decl, ClusterDecl) else "schedule"
+    if isinstance(decl, ClusterDecl | ScheduleDecl | TrainDecl):
+        return {ClusterDecl: "cluster", ScheduleDecl: "schedule", TrainDecl: "train"}[type(decl)]
     keyword = {ModalityDecl: "modality", TaskDecl: "task", MixDecl: "mix"}[type(decl)]
     return f"{keyword} {decl.name.name.ljust(name_width)}"
 
@@ -214,6 +215,8 @@ def _module(d: ModuleDecl, att: Attached, keyword: int = 0, name: int = 0) -> li
         tail += " frozen"
     if d.weights is not None:
         tail += f" from {value_text(d.weights)}"
+    for option in d.options:
+        tail += f" {_setting(option)}"
     trailing = att.trailing.get(id(d))
     args = ", ".join(_setting(a) for a in d.args)
     unpadded = len(f"{d.keyword} {d.name.name} : {d.kind.name}({args}{tail}")

@@ -27,6 +27,7 @@ from spindle_dsl.language.ast import (
     Setting,
     Spec,
     TaskDecl,
+    TrainDecl,
 )
 
 Child = Path | Setting | ScheduleEntry
@@ -51,7 +52,7 @@ class Attached:
 
 def children(decl: object) -> tuple[Child, ...]:
     """The statements of a block, or the arguments of a module declaration."""
-    if isinstance(decl, ClusterDecl | ModalityDecl | MixDecl):
+    if isinstance(decl, ClusterDecl | ModalityDecl | MixDecl | TrainDecl):
         return decl.settings
     if isinstance(decl, TaskDecl):
         return decl.body

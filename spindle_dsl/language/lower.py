@@ -65,7 +65,7 @@ def lower(checked: Checked) -> MetaGraph:
     return MetaGraph(
         metaops=metaops,
         tasks=tuple(
-            TaskInfo(t.name, t.batch, t.weight, t.loss, tuple(sinks[t.name]), t.data)
+            TaskInfo(t.name, t.batch, t.weight, t.loss, tuple(sinks[t.name]), t.data, t.eval_data)
             for t in checked.tasks
         ),
         modules=_module_infos(checked, runs),

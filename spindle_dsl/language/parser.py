@@ -75,7 +75,7 @@ def _keywords_as_names(toks: list[Token], errors: list[Diagnostic], path: str) -
     """``task mix { ... }``: report the keyword used as a name once, then read it as a name,
     so that the chunking does not cut the declaration in two and report it twice."""
     for i in range(1, len(toks)):
-        named = toks[i - 1].type in DECL_KEYWORDS - {"CLUSTER", "SCHEDULE"}
+        named = toks[i - 1].type in DECL_KEYWORDS - {"CLUSTER", "SCHEDULE", "TRAIN"}
         if named and toks[i].type in KEYWORDS:
             errors.append(
                 Diagnostic(

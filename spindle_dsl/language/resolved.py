@@ -15,6 +15,7 @@ from spindle_dsl.cluster import Cluster
 from spindle_dsl.errors import Diagnostic
 from spindle_dsl.language.ast import NOWHERE, Loc, Spec
 from spindle_dsl.metagraph import ArgValue, Loss, ModalityInfo
+from spindle_dsl.recipe import DEFAULTS, TrainSettings
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class ResolvedTask:
     weight: float | None  # its weight in the selected mix, None without one
     loc: Loc = field(default=NOWHERE, compare=False, repr=False)
     data: str | None = None  # `data = "..."`: a resolved path, or "package.module:function"
+    eval_data: str | None = None  # `eval_data = "..."`: held-out data, as ``data``
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ class Checked:
     # Tasks whose inputs size the modules' input stages, when that is not ``tasks``: with a
     # schedule, every task of every phase, so each phase's model has the same parameters.
     sizing_tasks: tuple[ResolvedTask, ...] = ()
+    # The run's recipe: the train block and the modules' lr_scale, with the overrides.
+    train: TrainSettings = DEFAULTS
 
     def module(self, name: str) -> ResolvedModule:
         return next(m for m in self.modules if m.name == name)

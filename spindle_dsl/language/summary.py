@@ -13,11 +13,13 @@ gradients back, and nothing for one that needs no backward: the usual 1:2 rule o
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 from spindle_dsl.phases import MixSchedule
+from spindle_dsl.recipe import TrainSettings
 
 Row = dict[str, Any]
 Column = tuple[str, str, Callable[[Any], str]]  # (key, header, format)
@@ -144,11 +146,44 @@ def phase_rows(schedule: MixSchedule) -> list[Row]:
     return rows
 
 
+def train_flops(graph: MetaGraph) -> float:
+    """FLOPs of one training iteration of ``graph``: every MetaOp's forward times its
+    ``backward_factor`` (what ``spindle check`` calls GFLOP per iteration)."""
+    return sum(op.forward_flops_per_layer * op.layers * backward_factor(op) for op in graph)
+
+
+def train_rows(settings: TrainSettings) -> dict[str, Any]:
+    """The run's resolved recipe, JSON-ready, keyed as the train block is (``lr_scales`` as
+    module -> factor)."""
+    out: dict[str, Any] = dataclasses.asdict(settings)
+    out["lr_scales"] = dict(settings.lr_scales)
+    return out
+
+
+def _train_pairs(train: dict[str, Any]) -> list[str]:
+    """The recipe as ``key = value`` pieces, written as a train block would write them."""
+    out = []
+    for key, value in train.items():
+        if key == "lr_scales":
+            out += [f"lr_scale {m} = {v:g}" for m, v in value.items()]
+        elif key == "clip_grad" and not value:
+            out.append("clip_grad = off")
+        elif isinstance(value, str):
+            out.append(f'{key} = "{value}"')
+        else:
+            out.append(f"{key} = {value:g}" if isinstance(value, float) else f"{key} = {value}")
+    return out
+
+
 def summarize(
-    graph: MetaGraph, warnings: list[str] | None = None, schedule: MixSchedule | None = None
+    graph: MetaGraph,
+    warnings: list[str] | None = None,
+    schedule: MixSchedule | None = None,
+    train: TrainSettings | None = None,
 ) -> dict[str, Any]:
     """Everything ``spindle check`` shows, as JSON-ready data (``schedule``: the phases, when
-    the spec has a schedule; ``graph`` is then its first phase's)."""
+    the spec has a schedule; ``graph`` is then its first phase's; ``train``: the run's
+    resolved recipe)."""
     c = graph.cluster
     ops = metaop_rows(graph)
     return {
@@ -174,7 +209,20 @@ def summarize(
         },
         "warnings": warnings or [],
         **({"schedule": phase_rows(schedule)} if schedule is not None else {}),
+        **({"train": train_rows(train)} if train else {}),
     }
+
+
+def _train_lines(pairs: list[str], width: int = 100) -> list[str]:
+    """``  train: steps = 40, lr = 0.0003, ...`` wrapped under its first setting."""
+    lines, current = [], "  train: "
+    for i, pair in enumerate(pairs):
+        piece = pair + ("," if i + 1 < len(pairs) else "")
+        if len(current) + len(piece) > width and current.strip() != "train:":
+            lines.append(current.rstrip())
+            current = " " * len("  train: ")
+        current += piece + " "
+    return [*lines, current.rstrip()]
 
 
 def render_table(rows: list[Row], columns: list[Column]) -> str:
@@ -212,6 +260,8 @@ def render_summary(data: dict[str, Any]) -> str:
         f"{data['levels']} levels; {_gflop(t['train_gflop'])} GFLOP per iteration "
         f"({_gflop(t['fwd_gflop'])} forward)",
     ]
+    if data.get("train"):
+        head += _train_lines(_train_pairs(data["train"]))
     phases = []
     if data.get("schedule"):
         names = list(data["schedule"][0]["batches"])

@@ -44,7 +44,7 @@ _CLASSES = {
 # Parses a snippet and returns its first error with the bracket open there, None if it parses.
 Probe = Callable[[str], "tuple[UnexpectedToken, str] | None"]
 
-_DECL_WORDS = "cluster, modality, encoder, module, shared, task, mix or schedule"
+_DECL_WORDS = "cluster, modality, encoder, module, shared, task, mix, schedule or train"
 
 # Labels for parser states, each shown by a few malformed snippets that stop in that state.
 EXAMPLES: dict[str, list[str]] = {
@@ -109,6 +109,7 @@ EXAMPLES: dict[str, list[str]] = {
         "schedule { 0 = a }",
     ],
     "a schedule has no name: schedule { 0: MIX ... }": ["schedule s { 0: a }"],
+    "the train block has no name: train { steps = 100 ... }": ["train t { steps = 1 }"],
 }
 
 

@@ -22,7 +22,7 @@ from spindle_dsl.errors import Diagnostic, SourceSpan
 from spindle_dsl.language.ast import Comment
 
 DECL_KEYWORDS = frozenset(
-    {"CLUSTER", "MODALITY", "ENCODER", "MODULE", "SHARED", "TASK", "MIX", "SCHEDULE"}
+    {"CLUSTER", "MODALITY", "ENCODER", "MODULE", "SHARED", "TASK", "MIX", "SCHEDULE", "TRAIN"}
 )
 KEYWORDS = DECL_KEYWORDS | {"FROZEN", "FROM"}
 # A newline right after one of these continues the statement on the next line.
