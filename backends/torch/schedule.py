@@ -138,8 +138,9 @@ def shape_after(graph: MetaGraph, op: MetaOp, layer: int) -> tuple[int, int]:
     """(tokens, width) of one sample after global layer ``layer`` (-1: the MetaOp's input).
 
     Widths change at a module's first layer and tokens at its last (where ``out_tokens``
-    pools), which is how the built-in kinds stack; the executor checks every real shape
-    against this and names the kind if one disagrees.
+    pools) and, where the input stage adds or merges tokens, in its layers
+    (``Kind.layer_tokens``), which is how the built-in kinds stack; the executor checks
+    every real shape against this and names the kind if one disagrees.
     """
     tokens, width = op.tokens, op.in_width
     done = 0
@@ -151,6 +152,8 @@ def shape_after(graph: MetaGraph, op: MetaOp, layer: int) -> tuple[int, int]:
         width = kind.out_width(args)
         if layer >= done + count - 1:
             tokens = kind.out_tokens(args, tokens)
+        else:  # inside the module: as many as its input stage makes (a CLS token, a stem)
+            tokens = kind.layer_tokens(args, tokens)
         done += count
     return tokens, width
 

@@ -107,14 +107,18 @@ def staged(part: PartBytes, zero_stage: int) -> PartBytes:
 
 
 def activation_elements_per_sample(op: MetaOp) -> float:
-    """One layer's saved activations for one sample, as the op's kind counts them."""
-    return get_kind(op.kind).activation_elements(dict(op.args), op.tokens)
+    """One layer's saved activations for one sample, as the op's kind counts them; what the
+    module's last layer saves beyond its block (its tail) is spread over the layers, as the
+    lowering spreads the tail's FLOPs."""
+    kind, args = get_kind(op.kind), dict(op.args)
+    tail = kind.tail_activations(args, op.tokens) / max(op.layers, 1)
+    return kind.activation_elements(args, op.tokens) + tail
 
 
 def layer_input_elements_per_sample(op: MetaOp) -> float:
     """What a recomputing layer keeps for one sample: its input (every layer of a MetaOp is
-    costed at the MetaOp's input tokens, as the kinds cost them)."""
-    return float(op.tokens * op.in_width)
+    costed at the tokens its layers work at, as the kinds cost them)."""
+    return float(get_kind(op.kind).layer_tokens(dict(op.args), op.tokens) * op.in_width)
 
 
 def _part(
@@ -181,12 +185,15 @@ class OpMemoryInfo:
     text_tokens: int  # tokens the LM loss reads (0: no LM loss on this op)
     vocab: int
     tied: PartBytes | None = None  # the input stage a tied head multiplies by, held with it
+    tail: PartBytes | None = None  # what the last layer holds beyond its block (kinds/tower.py)
 
     def last_layer_parts(self, first: int) -> tuple[PartBytes, ...]:
         """The parts a slice ending at the op's last layer holds besides its layers: the
-        head and, for a tied head, the embedding stage it multiplies by (unless the slice
-        starts at layer 0 and holds that stage as its input already)."""
+        last layer's tail, the head and, for a tied head, the embedding stage it multiplies
+        by (unless the slice starts at layer 0 and holds that stage as its input already)."""
         out = [] if self.head is None else [self.head]
+        if self.tail is not None:
+            out.append(self.tail)
         if self.tied is not None and not (
             first == 0 and any(p.key == self.tied.key for p in self.inputs)
         ):
@@ -207,6 +214,12 @@ def op_memory_info(graph: MetaGraph, op: MetaOp) -> OpMemoryInfo:
             key = f"{first.name}/input.{inp.source}"
             inputs.append(_part(key, params, 1, cluster, not first.frozen))
     text = lm_text_tokens(graph, op)
+    last_module = graph.module(op.segments[-1][0])
+    tail_params = get_kind(last_module.kind).tail_params(dict(last_module.args))
+    tail = None
+    if tail_params:
+        key = f"{last_module.name}/tail"
+        tail = _part(key, tail_params, 1, cluster, not last_module.frozen)
     head = tied = None
     if text:
         last = graph.module(op.segments[-1][0])
@@ -227,6 +240,7 @@ def op_memory_info(graph: MetaGraph, op: MetaOp) -> OpMemoryInfo:
         text,
         int(dict(op.args).get("vocab") or 0),
         tied,
+        tail,
     )
 
 

@@ -10,7 +10,7 @@ carry the keys their measured costs are filed under in a profile (``input_key``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spindle_dsl.cost.analytic import backward_share
 from spindle_dsl.cost.tied import tied_embedding_modality
@@ -78,11 +78,15 @@ class OpStep:
 
 
 def _input_flops(graph: MetaGraph, op: MetaOp, modality: str, tokens: int) -> float:
-    """Forward FLOPs per sample of an input stage as the built-in kinds build them: a gather
-    and a position add for token ids, a linear layer for features or pixel patches."""
+    """Forward FLOPs per sample of an input stage: the kind's count where it gives one, else
+    as the built-in kinds build them: a gather and a position add for token ids, a linear
+    layer for features or pixel patches."""
     first = graph.module(op.segments[0][0])
     kind = get_kind(first.kind)
     info = graph.stage_modality(first.name, modality)
+    own = kind.input_stage_flops(dict(first.args), replace(info, tokens=tokens))
+    if own is not None:
+        return float(own)
     width = kind.in_width(dict(first.args))
     if info.vocab is not None:
         return 8.0 * tokens * width
@@ -101,6 +105,10 @@ def op_steps(graph: MetaGraph) -> dict[str, OpStep]:
             frozen = known[0].frozen if known else op.frozen
             per = 0.0 if frozen else op.params_per_layer * dt
             layers.extend((f"{module}/layer.{j}", per) for j in range(count))
+            if known and not frozen:  # the last layer holds the module's tail too
+                kind = get_kind(known[0].kind)
+                tail = kind.tail_params(dict(known[0].args)) * dt
+                layers[-1] = (layers[-1][0], per + tail)
         inputs = []
         for inp in op.inputs:
             if not inp.from_modality:

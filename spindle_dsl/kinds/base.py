@@ -40,7 +40,7 @@ class ArgSpec:
     word, the values it may be.
 
     ``default`` is a value, ``REQUIRED``, ``None`` (optional, absent) or a function of the other
-    resolved arguments (``ffn = 4 * hidden``).
+    resolved arguments (``ffn = 4 * hidden``; returning None leaves the argument absent).
     """
 
     name: str
@@ -108,7 +108,9 @@ class Kind(ABC):
                 value = given[spec.name]
                 out[spec.name] = float(value) if spec.type is float else value
             elif callable(spec.default):
-                out[spec.name] = spec.default(out)
+                value = spec.default(out)  # None: absent, as a plain None default
+                if value is not None:
+                    out[spec.name] = value
             elif spec.default is not None and spec.default is not REQUIRED:
                 out[spec.name] = spec.default
         return out
@@ -125,6 +127,12 @@ class Kind(ABC):
     def out_tokens(self, args: Args, in_tokens: int) -> int:
         """Tokens per sample out, given tokens per sample in; ``out_tokens`` overrides."""
         return int(args.get("out_tokens") or in_tokens)
+
+    def layer_tokens(self, args: Args, in_tokens: int) -> int:
+        """Tokens per sample every layer but the last works at, given the tokens the module
+        reads: ``in_tokens`` unless the input stage adds some (a CLS token) or merges them (a
+        strided stem). A kind that changes them reads exactly one raw modality (checked)."""
+        return in_tokens
 
     def reads_modality(self, args: Args, modality: ModalityInfo) -> str | None:
         """None if this kind has an input stage for raw ``modality`` data, else why not."""
@@ -146,6 +154,24 @@ class Kind(ABC):
     def head_params(self, args: Args) -> int:
         """Parameters of the output head (an LM head), 0 if the kind has none."""
         return 0
+
+    def input_stage_flops(self, args: Args, modality: ModalityInfo) -> float | None:
+        """Forward FLOPs per sample of the input stage for ``modality``; None leaves them to
+        the cost model's estimate from the stage's parameters."""
+        return None
+
+    def tail_params(self, args: Args) -> int:
+        """Parameters the module's last layer holds beyond ``layer_params`` (a final norm, a
+        pooling head: ``kinds/tower.py``); they are part of that layer."""
+        return 0
+
+    def tail_flops(self, args: Args, in_tokens: int) -> float:
+        """Forward FLOPs per sample of what the last layer runs beyond its block."""
+        return 0.0
+
+    def tail_activations(self, args: Args, in_tokens: int) -> float:
+        """Elements per sample the last layer saves for backward beyond its block."""
+        return 0.0
 
     def tied_embeddings(self, args: Args) -> bool:
         """Whether the head multiplies by the token embedding of the module's input stage for

@@ -72,9 +72,31 @@ def matmul_flops(rows: int, n_in: int, n_out: int) -> float:
 
 # --- the self-attention block and its variants -----------------------------------------------
 
-ACTIVATIONS = ("gelu", "swiglu")
+# gelu: exact (erf); gelu_tanh: its tanh approximation (SigLIP, GPT-2's "gelu_new");
+# quick_gelu: x * sigmoid(1.702 x) (CLIP); swiglu: the gated SiLU feed-forward (LLaMA)
+ACTIVATIONS = ("gelu", "swiglu", "quick_gelu", "gelu_tanh")
 NORMS = ("layernorm", "rmsnorm")
-POSITIONS = ("learned", "rotary")
+# sinusoidal: a fixed (untrained) sine/cosine table added to the input, as Whisper's encoder
+POSITIONS = ("learned", "rotary", "sinusoidal")
+ROPE_SCALINGS = ("none", "llama3")
+
+
+def default_norm_eps(norm: str) -> float:
+    """The epsilon a norm gets unless the spec says: 1e-6 for RMSNorm, torch's 1e-5 for
+    LayerNorm."""
+    return 1e-6 if norm == "rmsnorm" else 1e-5
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's rotary frequency scaling: frequencies whose wavelength exceeds
+    ``original_max / low_freq_factor`` are divided by ``factor``, those below
+    ``original_max / high_freq_factor`` kept, and the band between interpolated."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max: int
 
 
 @dataclass(frozen=True)
@@ -95,19 +117,52 @@ class BlockShape:
     ffn: int
     act: str = "gelu"
     norm: str = "layernorm"
-    bias: bool = True  # the output projection and the feed-forward linears
+    bias: bool = True  # the feed-forward linears (and the output projection unless out_bias)
     qkv_bias: bool = True  # the q/k/v projection
     rotary: bool = False
     rope_theta: float = 10000.0
+    norm_eps: float | None = None  # None: default_norm_eps(norm)
+    head_width: int | None = None  # channels per head; None: hidden / heads
+    k_bias: bool | None = None  # a bias on k (None: qkv_bias); Whisper has none
+    out_bias: bool | None = None  # a bias on the output projection (None: bias)
+    rope_scaling: RopeScaling | None = None
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_width or self.hidden // self.heads
+
+    @property
+    def eps(self) -> float:
+        return default_norm_eps(self.norm) if self.norm_eps is None else self.norm_eps
+
+    @property
+    def q_width(self) -> int:
+        """Width of all query heads together (the attention's inner width)."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def has_k_bias(self) -> bool:
+        return self.qkv_bias if self.k_bias is None else self.k_bias
+
+    @property
+    def has_out_bias(self) -> bool:
+        return self.bias if self.out_bias is None else self.out_bias
 
     @property
     def qkv_width(self) -> int:
         """Output width of the fused q/k/v projection: all query heads, then K and V heads."""
-        return self.hidden + 2 * self.kv_heads * self.head_dim
+        return self.q_width + 2 * self.kv_width
+
+    @property
+    def qkv_bias_params(self) -> int:
+        """Biases of the q/k/v projection: q and v (and k unless it has none)."""
+        if not self.qkv_bias:
+            return 0
+        return self.q_width + self.kv_width + (self.kv_width if self.has_k_bias else 0)
 
     @property
     def ffn_in_width(self) -> int:
@@ -118,19 +173,20 @@ class BlockShape:
         h = self.hidden
         return (
             2 * norm_params(self.norm, h)
-            + linear_params(h, self.qkv_width, self.qkv_bias)
-            + linear_params(h, h, self.bias)
+            + h * self.qkv_width
+            + self.qkv_bias_params
+            + linear_params(self.q_width, h, self.has_out_bias)
             + linear_params(h, self.ffn_in_width, self.bias)
             + linear_params(self.ffn, h, self.bias)
         )
 
     def flops(self, tokens: int) -> float:
-        t, h = tokens, self.hidden
+        t, h, q = tokens, self.hidden, self.q_width
         return (
             matmul_flops(t, h, self.qkv_width)  # q, k and v projections
-            + matmul_flops(t, h, t)  # scores QK^T, all query heads together
-            + matmul_flops(t, t, h)  # probabilities x V
-            + matmul_flops(t, h, h)  # output projection
+            + matmul_flops(t, q, t)  # scores QK^T, all query heads together
+            + matmul_flops(t, t, q)  # probabilities x V
+            + matmul_flops(t, q, h)  # output projection
             + matmul_flops(t, h, self.ffn_in_width)
             + matmul_flops(t, self.ffn, h)
         )
@@ -139,7 +195,7 @@ class BlockShape:
         """What autograd saves for backward in one block, per sample: measured with
         ``saved_tensors_hooks`` for every variant (``tests/kinds/test_saved_activations.py``
         pins it exactly, fp32 and fp64, torch's fused CPU attention)."""
-        t, h, f = tokens, self.hidden, self.ffn
+        t, h, f, q = tokens, self.hidden, self.ffn, self.q_width
         gqa = self.kv_heads != self.heads
         # The block input, norm 1's output (qkv in), norm 2's input and output (fc1 in): 4th.
         # LayerNorm keeps its mean and 1/std (2t); RMSNorm its 1/rms (t) and the normalised
@@ -153,15 +209,16 @@ class BlockShape:
         if self.rotary:
             # the rotated q (and k, unless GQA repeats it below) are new tensors; attention's
             # output is then laid out per head, so merging the heads copies it (proj in)
-            kept += 2.0 * t * h + (0.0 if gqa else t * self.kv_heads * self.head_dim)
+            kept += 2.0 * t * q + (0.0 if gqa else t * self.kv_width)
         if gqa:
-            kept += 2.0 * t * h  # k and v repeated to every query head
+            kept += 2.0 * t * q  # k and v repeated to every query head
         # The attention output and the fused kernel's log-sum-exp (heads x t): never the
         # t x t probabilities.
-        kept += t * h + float(self.heads) * t
-        # GELU keeps its input and output (fc2 in): 2tf; SwiGLU keeps gate and up (one fused
-        # output, 2tf), the SiLU output and the product (fc2 in): 4tf.
-        kept += (4.0 if self.act == "swiglu" else 2.0) * t * f
+        kept += t * q + float(self.heads) * t
+        # GELU (exact or tanh) keeps its input and output (fc2 in): 2tf; quick GELU also its
+        # sigmoid: 3tf; SwiGLU keeps gate and up (one fused output, 2tf), the SiLU output and
+        # the product (fc2 in): 4tf.
+        kept += {"swiglu": 4.0, "quick_gelu": 3.0}.get(self.act, 2.0) * t * f
         return kept
 
     def batch_free_activations(self, tokens: int) -> float:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spindle_dsl.kinds.common import BlockShape
+from spindle_dsl.kinds.common import BlockShape, RopeScaling, default_norm_eps
 
 
 def pool_tokens(x: torch.Tensor, out_tokens: int | None) -> torch.Tensor:
@@ -21,23 +21,31 @@ def pool_tokens(x: torch.Tensor, out_tokens: int | None) -> torch.Tensor:
     return F.adaptive_avg_pool1d(x.transpose(1, 2), out_tokens).transpose(1, 2)
 
 
-class FeedForward(nn.Module):
-    """Linear(width, ffn) - GELU - Linear(ffn, width)."""
+def activate(x: torch.Tensor, act: str) -> torch.Tensor:
+    """The feed-forward nonlinearity ``act`` (``common.ACTIVATIONS``, swiglu aside)."""
+    if act == "quick_gelu":
+        return x * torch.sigmoid(1.702 * x)
+    return F.gelu(x, approximate="tanh" if act == "gelu_tanh" else "none")
 
-    def __init__(self, width: int, ffn: int, bias: bool = True):
+
+class FeedForward(nn.Module):
+    """Linear(width, ffn) - GELU (or ``act``) - Linear(ffn, width)."""
+
+    def __init__(self, width: int, ffn: int, bias: bool = True, act: str = "gelu"):
         super().__init__()
+        self.act = act
         self.fc1 = nn.Linear(width, ffn, bias=bias)
         self.fc2 = nn.Linear(ffn, width, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        return self.fc2(activate(self.fc1(x), self.act))
 
 
 class SwiGLUFeedForward(nn.Module):
     """SiLU(x W_gate) * (x W_up), then W_down; gate and up are one fused Linear(width, 2 ffn)
     (gate first), so the layer is two matmuls as the GELU one is."""
 
-    def __init__(self, width: int, ffn: int, bias: bool = True):
+    def __init__(self, width: int, ffn: int, bias: bool = True, act: str = "swiglu"):
         super().__init__()
         self.fc1 = nn.Linear(width, 2 * ffn, bias=bias)
         self.fc2 = nn.Linear(ffn, width, bias=bias)
@@ -61,11 +69,12 @@ class RMSNorm(nn.Module):
         return normed.to(x.dtype) * self.weight
 
 
-def make_norm(norm: str, width: int) -> nn.Module:
+def make_norm(norm: str, width: int, eps: float | None = None) -> nn.Module:
+    eps = default_norm_eps(norm) if eps is None else eps
     if norm == "rmsnorm":
-        return RMSNorm(width)
+        return RMSNorm(width, eps)
     if norm == "layernorm":
-        return nn.LayerNorm(width)
+        return nn.LayerNorm(width, eps=eps)
     raise ValueError(f"unknown norm {norm!r}")
 
 
@@ -79,13 +88,30 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b, t, h * d)
 
 
-def rotate(x: torch.Tensor, theta: float) -> torch.Tensor:
+def rope_frequencies(
+    half: int, theta: float, scaling: RopeScaling | None, device: torch.device
+) -> torch.Tensor:
+    """The ``half`` rotary frequencies ``theta ** (-2i / (2 half))`` in float64, rescaled as
+    Llama 3.1 does where ``scaling`` says (see ``common.RopeScaling``)."""
+    freq = theta ** (-torch.arange(half, dtype=torch.float64, device=device) / half)
+    if scaling is None:
+        return freq
+    wavelength = 2 * torch.pi / freq
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    # 0 where the wavelength is long (divide by the factor), 1 where short (keep), linear in
+    # original_max / wavelength between
+    keep = ((scaling.original_max / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+    return freq / scaling.factor * (1.0 - keep) + freq * keep
+
+
+def rotate(x: torch.Tensor, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
     """Rotary position embedding of (batch, heads, tokens, head_dim): the two halves of each
     head are the real and imaginary parts rotated by position x frequency (GPT-NeoX/LLaMA
-    layout), frequencies ``theta ** (-2i / head_dim)``, positions 0..tokens-1."""
+    layout), frequencies ``theta ** (-2i / head_dim)`` (``rope_frequencies``), positions
+    0..tokens-1."""
     t, d = x.shape[-2], x.shape[-1]
     half = d // 2
-    freq = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2 / d)
+    freq = rope_frequencies(half, theta, scaling, x.device)
     angle = torch.arange(t, dtype=torch.float64, device=x.device)[:, None] * freq[None, :]
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
     a, b = x[..., :half], x[..., half:]
@@ -108,23 +134,35 @@ class SelfAttentionBlock(nn.Module):
     def __init__(self, shape: BlockShape, causal: bool, out_tokens: int | None):
         super().__init__()
         h = shape.hidden
-        assert h % shape.heads == 0, f"hidden {h} not divisible by heads {shape.heads}"
+        assert shape.head_width or h % shape.heads == 0, f"hidden {h} not divisible by heads"
         assert shape.heads % shape.kv_heads == 0, "kv_heads must divide heads"
         self.shape, self.causal, self.out_tokens = shape, causal, out_tokens
-        self.ln1 = make_norm(shape.norm, h)
-        self.qkv = nn.Linear(h, shape.qkv_width, bias=shape.qkv_bias)
-        self.proj = nn.Linear(h, h, bias=shape.bias)
-        self.ln2 = make_norm(shape.norm, h)
+        self.ln1 = make_norm(shape.norm, h, shape.eps)
+        # q and v biases without one on k (Whisper) are held apart from the fused weight
+        k_free = shape.qkv_bias and not shape.has_k_bias
+        self.qkv = nn.Linear(h, shape.qkv_width, bias=shape.qkv_bias and not k_free)
+        if k_free:
+            self.q_bias = nn.Parameter(torch.zeros(shape.q_width))
+            self.v_bias = nn.Parameter(torch.zeros(shape.kv_width))
+        self.proj = nn.Linear(shape.q_width, h, bias=shape.has_out_bias)
+        self.ln2 = make_norm(shape.norm, h, shape.eps)
         ffn = SwiGLUFeedForward if shape.act == "swiglu" else FeedForward
-        self.ffn = ffn(h, shape.ffn, bias=shape.bias)
+        self.ffn = ffn(h, shape.ffn, bias=shape.bias, act=shape.act)
+
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self, "q_bias"):
+            return self.qkv(x)
+        k_zero = self.q_bias.new_zeros(self.shape.kv_width)
+        return F.linear(x, self.qkv.weight, torch.cat((self.q_bias, k_zero, self.v_bias)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = self.shape
-        kv_width = s.kv_heads * s.head_dim
-        q, k, v = self.qkv(self.ln1(x)).split((s.hidden, kv_width, kv_width), dim=-1)
+        kv_width = s.kv_width
+        q, k, v = self._qkv(self.ln1(x)).split((s.q_width, kv_width, kv_width), dim=-1)
         q, k, v = _split_heads(q, s.heads), _split_heads(k, s.kv_heads), _split_heads(v, s.kv_heads)
         if s.rotary:
-            q, k = rotate(q, s.rope_theta), rotate(k, s.rope_theta)
+            q = rotate(q, s.rope_theta, s.rope_scaling)
+            k = rotate(k, s.rope_theta, s.rope_scaling)
         x = x + self.proj(_merge_heads(attention(q, k, v, self.causal)))
         x = x + self.ffn(self.ln2(x))
         return pool_tokens(x, self.out_tokens)
@@ -233,9 +271,16 @@ class LMHead(nn.Module):
     with ``tie_to``; the stage is kept outside the head's parameters, so it is owned, reduced
     and saved once, as part of the stage."""
 
-    def __init__(self, hidden: int, vocab: int, norm: str = "layernorm", tied: bool = False):
+    def __init__(
+        self,
+        hidden: int,
+        vocab: int,
+        norm: str = "layernorm",
+        tied: bool = False,
+        eps: float | None = None,
+    ):
         super().__init__()
-        self.ln = make_norm(norm, hidden)
+        self.ln = make_norm(norm, hidden, eps)
         self.out = None if tied else nn.Linear(hidden, vocab, bias=False)
         self._tied: list[EmbeddingStage] = []  # a list, so the stage is not a submodule
 

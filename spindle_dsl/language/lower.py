@@ -140,6 +140,9 @@ def _task_ops(checked: Checked, t: ResolvedTask, task_index: int) -> dict[str, _
         if out_tokens < 1:
             raise SpecError(f"kind '{module.kind}' gave module '{name}' no output tokens")
         flops = _kind_call(module, "forward FLOPs", kind.forward_flops, args, tokens)
+        # what the last layer runs beyond its block (a pooling head), spread over the layers
+        tail = _kind_call(module, "tail FLOPs", kind.tail_flops, args, tokens)
+        flops += tail / max(int(args.get("layers", 1)), 1)
         params = int(_kind_call(module, "layer parameters", kind.layer_params, args))
         ops[f"{t.name}/{name}"] = _Op(
             task=t.name,
@@ -157,7 +160,12 @@ def _task_ops(checked: Checked, t: ResolvedTask, task_index: int) -> dict[str, _
 
 
 def _same_layers(a: _Op, b: _Op) -> bool:
-    """Identical layers: kind, arguments but ``layers``, frozen flag and token counts."""
+    """Identical layers: kind, arguments but ``layers``, frozen flag and token counts, and
+    no tail (a final norm or pooling head in the last layer) or change of tokens inside."""
+    for op in (a, b):
+        kind, args = get_kind(op.module.kind), op.module.argmap
+        if kind.tail_params(args) or kind.layer_tokens(args, op.tokens) != op.tokens:
+            return False
     strip = {"layers"}
     args_a = {k: v for k, v in a.module.args if k not in strip}
     args_b = {k: v for k, v in b.module.args if k not in strip}
@@ -270,6 +278,7 @@ def _module_infos(checked: Checked, runs: dict[str, list[str]]) -> tuple[ModuleI
             if info.name in raw
         )
         head = int(_kind_call(m, "head parameters", kind.head_params, args))
+        head += int(_kind_call(m, "tail parameters", kind.tail_params, args))
         layer = int(_kind_call(m, "layer parameters", kind.layer_params, args))
         out.append(
             ModuleInfo(
