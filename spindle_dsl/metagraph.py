@@ -45,6 +45,9 @@ class ModuleInfo:
     # table is sized for that, so every task's sequence fits.
     raw_inputs: tuple[tuple[str, int], ...] = ()
     weights: str | None = None  # `from "FILE"`: pretrained weights (a resolved path) to load
+    # the Hugging Face folder whose config.json the module follows (`hf("DIR")`, or a `from`
+    # folder); ``weights`` is that folder when its weights are to be loaded
+    hf: str | None = None
 
     def arg(self, name: str) -> Any:
         return dict(self.args)[name]

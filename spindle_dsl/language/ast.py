@@ -121,6 +121,7 @@ class ModuleDecl:
     weights: Value | None = None  # the string after ``from``: pretrained weights to load
     loc: Loc = field(default=NOWHERE, compare=False, repr=False)
     options: tuple[Setting, ...] = ()  # ``lr_scale = 0.1`` after the declaration
+    source: Value | None = None  # a kind's positional string: the folder of ``hf("DIR")``
 
 
 @dataclass(frozen=True)

@@ -93,9 +93,11 @@ def _module(tree: Tree) -> ModuleDecl:
     frozen = False
     weights = None
     options: list[Setting] = []
+    source = None
     for part in rest:
         if part.data == "kind_args":
             args = _settings(part.children)
+            source = _source(part.children)
         elif part.data == "binding":
             modality = _ident(part.children[1])
         elif part.data == "frozen":
@@ -114,7 +116,16 @@ def _module(tree: Tree) -> ModuleDecl:
         weights,
         _tree_loc(tree),
         tuple(options),
+        source,
     )
+
+
+def _source(children: list) -> Value | None:
+    """A kind's one positional string (``hf("DIR")``); a second one is an error."""
+    found = [c.children[0] for c in children if isinstance(c, Tree) and c.data == "source"]
+    if len(found) > 1:
+        raise LiteralError("a kind takes one folder string; this is a second one", found[1])
+    return _value(found[0]) if found else None
 
 
 def _task(tree: Tree) -> TaskDecl:

@@ -17,6 +17,7 @@ from spindle_dsl.kinds import get_kind, kind_names
 from spindle_dsl.kinds.base import Kind
 from spindle_dsl.language import limits
 from spindle_dsl.language.ast import Loc, ModalityDecl, ModuleDecl, Setting
+from spindle_dsl.language.check_hf import folder_weights, given_args, hf_kind
 from spindle_dsl.language.files import spec_relative
 from spindle_dsl.language.reporter import Reporter
 from spindle_dsl.language.resolved import ResolvedModule
@@ -113,7 +114,9 @@ def resolve_modules(
         weights = _weights_file(d, r)
         resolved = _resolve_module(d, r, modalities, modality_names)
         if resolved is not None and weights is not False:
-            out[d.name.name] = replace(resolved, weights=weights)
+            found = folder_weights(d, resolved, weights, r)  # Hugging Face folders
+            if found is not None:
+                out[d.name.name] = replace(resolved, weights=found[0], hf=found[1])
     return out
 
 
@@ -122,13 +125,15 @@ def _weights_file(d: ModuleDecl, r: Reporter) -> str | bool | None:
     if d.weights is None:
         return None
     path = spec_relative(r.path, str(d.weights.value))
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path  # a Hugging Face folder (check_hf)
     if not os.path.isfile(path):
         what = "a folder" if os.path.isdir(path) else "not found"
         r.error(
             f"weights file {d.weights.describe()} of module '{d.name.name}': {what} "
             f"(looked for {path})",
             d.weights.loc,
-            hint="name a .safetensors file, relative to the spec (spindle export writes one)",
+            hint="name a .safetensors file or a Hugging Face folder, relative to the spec",
         )
         return False
     return path
@@ -138,10 +143,16 @@ def _resolve_module(
     d: ModuleDecl, r: Reporter, modalities: dict[str, ModalityInfo], modality_names: set[str]
 ) -> ResolvedModule | None:
     name = d.name.name
+    hf = None
+    if d.kind.name == "hf" or d.source is not None:  # a Hugging Face folder's config
+        hf = hf_kind(d, r, modalities)
+        if hf is None:
+            _check_binding_name(d, r, modality_names)
+            return None
     try:
-        kind = get_kind(d.kind.name)
+        kind = get_kind(hf.model.kind if hf is not None else d.kind.name)
     except KeyError:
-        known = kind_names()
+        known = (*kind_names(), "hf")
         r.error(
             f"unknown kind '{d.kind.name}'{did_you_mean(d.kind.name, known)}",
             d.kind.loc,
@@ -150,6 +161,7 @@ def _resolve_module(
         _check_binding_name(d, r, modality_names)
         return None
     given, ok = _given_args(d, r)
+    given = given_args(hf, given)
     schema = [a.name for a in kind.schema]
     huge = _given_within_limits(d, kind, given, r)
     problems = call_kind(r, d.kind.loc, kind, kind.check_args, given)
@@ -158,7 +170,7 @@ def _resolve_module(
     for arg, message in problems:
         if arg is not None and arg not in schema:
             message += did_you_mean(arg, schema)
-        at = next((s.loc for s in d.args if s.key.name == arg), d.kind.loc)
+        at = next((s.loc for s in d.args if s.key.name == arg), (d.source or d.kind).loc)
         r.error(message, at)
     binding_ok = _check_binding_name(d, r, modality_names)
     if problems or not ok or huge:
@@ -188,6 +200,7 @@ def _resolve_module(
         in_width=int(widths[0]),
         out_width=int(widths[1]),
         loc=d.name.loc,
+        hf=hf.model.folder if hf is not None else None,
     )
 
 

@@ -21,6 +21,7 @@ from spindle_dsl.language.ast import (
     TaskDecl,
 )
 from spindle_dsl.language.check_cluster import resolve_cluster
+from spindle_dsl.language.check_hf import DataContext, check_data
 from spindle_dsl.language.check_mixes import Mix, resolve_mixes
 from spindle_dsl.language.check_modules import (
     check_tied_embeddings,
@@ -74,6 +75,16 @@ def check(
             if e.from_modality and e.source in modalities:
                 reads.setdefault(e.target, set()).add(e.source)
     check_tied_embeddings(modules, reads, modalities, r)
+    check_data(  # the data against what Hugging Face configs fix; stages that add tokens
+        DataContext(
+            modules,
+            modalities,
+            {d.name.name: d for d in modality_decls},
+            {d.name.name: d for d in module_decls},
+            tuple((t.name, tuple(t.edges)) for t in drafts),
+        ),
+        r,
+    )
     mixes = resolve_mixes(mix_decls, r, [t.name.name for t in tasks])
     schedule = resolve_schedule(spec.schedules, r, mixes)
     train = resolve_train(spec, r, train_overrides)

@@ -218,11 +218,13 @@ def _module(d: ModuleDecl, att: Attached, keyword: int = 0, name: int = 0) -> li
     for option in d.options:
         tail += f" {_setting(option)}"
     trailing = att.trailing.get(id(d))
-    args = ", ".join(_setting(a) for a in d.args)
+    source = [value_text(d.source)] if d.source is not None else []  # hf("DIR") first
+    args = ", ".join(source + [_setting(a) for a in d.args])
     unpadded = len(f"{d.keyword} {d.name.name} : {d.kind.name}({args}{tail}")
     if unpadded <= LINE_LENGTH and not att.inside(d):
         return [(head + args + tail, trailing)]
     lines: list[Line] = [(head, att.header.get(id(d)))]
+    lines.extend((INDENT + s + ",", None) for s in source)
     body = _body(list(d.args), att.standalone.get(id(d), []), att, top=False)
     for ln in body:
         if ln is None or ln[0].startswith("#"):

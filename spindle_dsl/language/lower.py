@@ -291,6 +291,7 @@ def _module_infos(checked: Checked, runs: dict[str, list[str]]) -> tuple[ModuleI
                 params=int(args.get("layers", 1)) * layer + stages + head,
                 raw_inputs=tuple(sorted(raw.items())),
                 weights=m.weights,
+                hf=m.hf,
             )
         )
     return tuple(out)

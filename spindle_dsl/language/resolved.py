@@ -32,6 +32,7 @@ class ResolvedModule:
     out_width: int
     loc: Loc = field(default=NOWHERE, compare=False, repr=False)
     weights: str | None = None  # `from "FILE"`: the file, resolved against the spec's folder
+    hf: str | None = None  # the Hugging Face folder whose config.json it follows (hf(...))
 
     @property
     def argmap(self) -> dict[str, Any]:

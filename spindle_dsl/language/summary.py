@@ -14,6 +14,7 @@ gradients back, and nothing for one that needs no backward: the usual 1:2 rule o
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -93,6 +94,7 @@ def module_rows(graph: MetaGraph) -> list[Row]:
             "modality": m.modality,
             "tasks": m.tasks,
             "args": dict(m.args),
+            "hf": m.hf,  # the Hugging Face folder whose config.json gave the arguments
         }
         for m in graph.modules
     ]
@@ -225,6 +227,35 @@ def _train_lines(pairs: list[str], width: int = 100) -> list[str]:
     return [*lines, current.rstrip()]
 
 
+def _arg_text(value: Any) -> str:
+    """A kind argument as a spec writes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _hf_lines(modules: list[Row], width: int = 100) -> list[str]:
+    """``  lm: hf("DIR") = transformer(layers = 24, ...)`` for each module whose arguments
+    came from a Hugging Face config, wrapped under its first argument."""
+    lines = []
+    for m in modules:
+        if not m.get("hf"):
+            continue
+        pairs = [f"{k} = {_arg_text(v)}" for k, v in m["args"].items()]
+        start = f'  {m["name"]}: hf("{m["hf"]}") = {m["kind"]}('
+        current = start
+        for i, pair in enumerate(pairs):
+            piece = pair + (", " if i + 1 < len(pairs) else ")")
+            if len(current) + len(piece) > width and current != start:
+                lines.append(current.rstrip())
+                current = " " * 4
+            current += piece
+        lines.append(current)
+    return lines
+
+
 def render_table(rows: list[Row], columns: list[Column]) -> str:
     """Left-aligned text columns, numbers right-aligned, one header line."""
     cells = [[fmt(row.get(key)) for key, _, fmt in columns] for row in rows]
@@ -262,6 +293,7 @@ def render_summary(data: dict[str, Any]) -> str:
     ]
     if data.get("train"):
         head += _train_lines(_train_pairs(data["train"]))
+    head += _hf_lines(data["modules"])
     phases = []
     if data.get("schedule"):
         names = list(data["schedule"][0]["batches"])
