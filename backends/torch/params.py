@@ -11,6 +11,7 @@ its tensors from that file (``weights.py``), cast to the training dtype.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
@@ -92,7 +93,11 @@ def build_part(
         torch.manual_seed(part_seed(seed, part))
         module = construct_part(graph, part)
     module = module.to(dtype=dtype, device=device)
-    if info.weights:
+    if info.weights and os.path.isdir(info.weights):  # a Hugging Face folder
+        from spindle_dsl.hf.load import load_part as load_hf_part
+
+        load_hf_part(graph, part.module, part.role, module)
+    elif info.weights:
         load_part(info.weights, part, module)
     if info.frozen:
         module.requires_grad_(False)

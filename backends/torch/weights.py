@@ -1,4 +1,6 @@
-"""Pretrained weights in: a module's parameters from a safetensors file (``from "w.safetensors"``).
+"""Pretrained weights in: a module's parameters from a safetensors file (``from "w.safetensors"``),
+or from a Hugging Face folder (``hf("DIR")``, ``from "DIR"``: ``spindle_dsl.hf.load`` maps its
+tensor names and layouts to ours, reading per part just the same).
 
 Keys are ``MODULE.ROLE.PARAM``, one per parameter of every part, as ``spindle export`` writes
 them: ``lm.layer.0.qkv.weight``, ``lm.input.text.embed.weight``, ``lm.head.ln.weight``. A file
@@ -103,6 +105,15 @@ def check_weights(graph: MetaGraph, parts: Iterable[Part]) -> None:
             continue
         mine = [p for p in parts if p.module == info.name]
         if not mine:
+            continue
+        if os.path.isdir(info.weights):  # a Hugging Face folder: its own names and layout
+            from spindle_dsl.hf.load import problems as hf_problems
+
+            shapes = {k.partition(".")[2]: v for k, v in expected_shapes(graph, mine).items()}
+            found = hf_problems(graph, info.name, sorted({p.role for p in mine}), shapes)
+            if found:
+                problems.append(f"module {info.name} from {info.weights}:")
+                problems.extend(f"  {p}" for p in found)
             continue
         header = read_header(info.weights)
         prefix = module_prefix(header, info.name)
