@@ -92,6 +92,7 @@ class Run:
     phases: tuple[tuple[str, float], ...] = ()
     error: str | None = None
     round: int = 0
+    wall_s: float = 0.0  # the whole launch that ran it (start-up included; peers share one)
 
     @property
     def step_s(self) -> float:
@@ -404,15 +405,15 @@ def run_case(case: Case, steps: int, repeat: int, work: Path, keep: bool) -> lis
         for variant in order:
             if variant in done or (variant in PEERS and variant not in peers):
                 continue
+            t0 = time.perf_counter()
             if variant in PEERS:
-                kinds = [k for k in order if k in peers]
-                got = run_peers(case, graph, kinds, steps, keep)
+                got = run_peers(case, graph, [k for k in order if k in peers], steps, keep)
             else:
                 tag = f"{case.name}-{case.ranks}-{variant}-{r}"
-                kinds, got = [variant], [run_spindle(case, variant, plans[variant], steps,
-                                                     work, tag)]  # fmt: skip
-            for run in got:
-                runs.append(replace(run, round=r))
+                got = [run_spindle(case, variant, plans[variant], steps, work, tag)]
+            wall = time.perf_counter() - t0
+            for run in (replace(g, round=r, wall_s=wall) for g in got):
+                runs.append(run)
                 done.add(run.variant)
                 _progress(case, r, run)
                 if run.variant == "fsdp" and run.error:
@@ -421,7 +422,7 @@ def run_case(case: Case, steps: int, repeat: int, work: Path, keep: bool) -> lis
 
 
 def _progress(case: Case, r: int, run: Run) -> None:
-    what = run.error or f"{run.step_s:.4f} s/step"
+    what = run.error or f"{run.step_s:.4f} s/step ({run.wall_s:.1f} s launch)"
     print(f"{case.name}@{case.ranks} round {r + 1}: {run.variant:<10} {what}", file=sys.stderr)
 
 
