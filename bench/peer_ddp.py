@@ -59,7 +59,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = (
-    (REPO.parent / "shared" / "spec" / "cpu_medium.spindle", 2),
+    (REPO / "tests" / "fixtures" / "spec" / "cpu_medium.spindle", 2),  # the reference workload
     (REPO / "examples" / "tiny_mm.spindle", 4),
 )
 PEERS = ("ddp", "fsdp")
@@ -390,13 +390,19 @@ def rank0_terms(trace: Path) -> tuple[tuple[str, float], ...]:
 # ---------------------------------------------------------------- rounds, figures and the table
 
 
-def run_case(case: Case, steps: int, repeat: int, work: Path, keep: bool) -> list[Run]:
+def predicted_steps(plans: dict[str, Path]) -> dict[str, float]:
+    """Each plan's predicted step (its ``iteration_s``), as ``spindle train`` prints it."""
+    return {k: float(json.loads(p.read_text())["iteration_s"]) for k, p in plans.items()}
+
+
+def run_case(
+    case: Case, plans: dict[str, Path], steps: int, repeat: int, work: Path, keep: bool
+) -> list[Run]:
     """``repeat`` rounds of the four variants, in turn, the order reversed every other round
     (the peers of a round share one set of workers); FSDP2 is dropped after it fails."""
     from spindle_dsl.language import compile_file
 
     graph = compile_file(str(case.spec), cluster_overrides={"devices": case.ranks}).graph
-    plans = make_plans(case, work)
     runs: list[Run] = []
     peers = list(PEERS)
     for r in range(max(1, repeat)):
@@ -436,6 +442,7 @@ class Row:
     steps: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     ratios: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    predicted: dict[str, float] = field(default_factory=dict)  # each plan's predicted step
     loss_rel: float = float("nan")  # at step 1
     last_rel: float = float("nan")  # at the last step: after S-1 updates, the runs still agree
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -445,7 +452,7 @@ class Row:
         return self.loss_rel <= LOSS_RTOL
 
 
-def summarise(case: Case, runs: Sequence[Run]) -> Row:
+def summarise(case: Case, runs: Sequence[Run], predicted: dict[str, float]) -> Row:
     ok = [r for r in runs if r.error is None]
     steps, ratios, phases = {}, {}, {}
     for v in VARIANTS:
@@ -462,7 +469,7 @@ def summarise(case: Case, runs: Sequence[Run]) -> Row:
             ratios[v] = statistics.median(each)
     errors = {r.variant: r.error for r in runs if r.error}
     first, last = _loss_rel(ok, 0), _loss_rel(ok, -1)
-    return Row(case.name, case.ranks, steps, ratios, errors, first, last, phases)
+    return Row(case.name, case.ranks, steps, ratios, errors, predicted, first, last, phases)
 
 
 def _loss_rel(runs: Sequence[Run], step: int) -> float:
@@ -496,16 +503,18 @@ def print_table(rows: Sequence[Row], steps: int, repeat: int) -> None:
     )
     print(
         f"{'spec':<14}{'ranks':>6}  {'DDP step s':<24}{'FSDP2 step s':<24}"
-        f"{'default step s':<24}{'/DDP':>6}  {'sequential step s':<24}{'/DDP':>6}  "
-        f"losses vs DDP, step 1 (max rel diff)"
+        f"{'default step s':<24}{'pred':>7}{'/DDP':>6}  {'sequential step s':<24}{'pred':>7}"
+        f"{'/DDP':>6}  losses vs DDP, step 1 (max rel diff)"
     )
     for row in rows:
         ratio = {v: f"{row.ratios[v]:.2f}" if v in row.ratios else "-" for v in SCHEDULERS}
+        pred = {v: f"{row.predicted[v]:.3f}" if v in row.predicted else "-" for v in SCHEDULERS}
         check = "ok" if row.losses_agree else "DIFFER"
         print(
             f"{row.spec:<14}{row.ranks:>6}  {_cell(row, 'ddp'):<24}{_cell(row, 'fsdp'):<24}"
-            f"{_cell(row, 'default'):<24}{ratio['default']:>6}  {_cell(row, 'sequential'):<24}"
-            f"{ratio['sequential']:>6}  {check} ({row.loss_rel:.1e}; step {steps}: "
+            f"{_cell(row, 'default'):<24}{pred['default']:>7}{ratio['default']:>6}  "
+            f"{_cell(row, 'sequential'):<24}{pred['sequential']:>7}{ratio['sequential']:>6}  "
+            f"{check} ({row.loss_rel:.1e}; step {steps}: "
             f"{row.last_rel:.1e})"
         )
     for row in rows:
@@ -556,8 +565,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, every = [], []
     with tempfile.TemporaryDirectory(prefix="peer-ddp-") as work:
         for case in cases:
-            runs = run_case(case, args.steps, args.repeat, Path(work), args.peer_keep_freed)
-            rows.append(summarise(case, runs))
+            plans = make_plans(case, Path(work))
+            runs = run_case(case, plans, args.steps, args.repeat, Path(work), args.peer_keep_freed)
+            rows.append(summarise(case, runs, predicted_steps(plans)))
             every += [{"spec": case.name, "ranks": case.ranks, **asdict(r)} for r in runs]
     load.append(os.getloadavg()[0])
     print(
