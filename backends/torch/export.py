@@ -75,6 +75,20 @@ def checkpoint_tensors(graph: MetaGraph, root: str | os.PathLike[str]) -> tuple[
     return out, info.step
 
 
+def model_tensors(
+    graph: MetaGraph,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+) -> tuple[dict, str]:
+    """Every parameter by ``MODULE.ROLE.PARAM``, from the newest checkpoint under
+    ``checkpoint_dir`` or the initial weights; and where they came from, for messages."""
+    if checkpoint_dir is not None:
+        tensors, step = checkpoint_tensors(graph, checkpoint_dir)
+        return tensors, f"checkpoint step {step} ({checkpoint_dir})"
+    return initial_tensors(graph, seed, dtype), "initial weights"
+
+
 def export_model(
     graph: MetaGraph,
     out: str | os.PathLike[str],
@@ -84,11 +98,7 @@ def export_model(
     dtype: str = "float32",
 ) -> Exported:
     """Write the model's weights to ``out`` (see the module docstring)."""
-    if checkpoint_dir is not None:
-        tensors, step = checkpoint_tensors(graph, checkpoint_dir)
-        source = f"checkpoint step {step} ({checkpoint_dir})"
-    else:
-        tensors, source = initial_tensors(graph, seed, dtype), "initial weights"
+    tensors, source = model_tensors(graph, checkpoint_dir, seed, dtype)
     flat = {k: t.detach().cpu().contiguous() for k, t in tensors.items()}
     metadata = {"format": "pt", "producer": "spindle export", "spec": graph.spec_path}
     write_safetensors(out, flat, metadata)

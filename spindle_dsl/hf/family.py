@@ -111,6 +111,9 @@ class Family:
     layers_prefix: ClassVar[str]  # where block i's tensors live, with {i}
     prefixes: ClassVar[tuple[str, ...]] = ("",)  # where its keys may sit in a file
     export_prefix: ClassVar[str] = ""
+    # the transformers model holds more than the module (Whisper's decoder): an export from
+    # a folder with weights keeps that folder's layout and copies the rest unchanged
+    carries: ClassVar[bool] = False
     # structural arguments the config does not hold, which a spec may override
     defaults: ClassVar[Mapping[str, Any]] = {}
     # the transformers config class's defaults, for the fields a config.json leaves out

@@ -405,6 +405,7 @@ class WhisperEncoder(Family):
         "max_source_positions": 1500,
     }
     export_prefix = "encoder."
+    carries = True
 
     def limits(self, cfg: Config) -> Limits:
         positions = cfg.get("max_source_positions")
