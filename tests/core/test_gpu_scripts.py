@@ -1,6 +1,6 @@
 """The prepared GPU checks (bench/gpu_check.sh, bench/gpu_wheels.sh) parse, and without a CUDA
 device the check stops at once with a message, writing its log where the device tool collects
-files; the run itself needs a lent GPU (README, "Benchmarks")."""
+files; the run itself needs a GPU (docs/benchmarks.md, "GPU")."""
 
 from __future__ import annotations
 

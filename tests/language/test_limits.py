@@ -18,7 +18,7 @@ _spec = importlib.util.spec_from_file_location(
 h = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(h)
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+LANGUAGE_DOCS = Path(__file__).resolve().parents[2] / "docs" / "language.md"
 
 
 def edit(old: str, new: str, text: str = h.BASE) -> str:
@@ -187,8 +187,8 @@ def test_a_kind_keeps_its_own_minimums_and_may_register_bounds(wide, monkeypatch
         del limits._ARGS["pad"]
 
 
-def test_the_readme_documents_every_bound():
-    text = README.read_text().replace(",", "")
+def test_the_language_reference_documents_every_bound():
+    text = LANGUAGE_DOCS.read_text().replace(",", "")
     for name, limit in limits.table():
         shown = limit._show(limit.high).replace(",", "").split()[0]
         assert shown in text, (name, shown)
