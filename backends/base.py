@@ -18,6 +18,7 @@ from typing import Any, Literal
 from spindle_dsl.errors import ExecutionError
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.plan.model import Plan
+from spindle_dsl.recipe import LR_DECAYS, LrDecay, lr_at
 
 DType = Literal["float32", "float64", "bfloat16"]
 DeviceKind = Literal["auto", "cpu", "cuda"]
@@ -31,10 +32,19 @@ class RunConfig:
 
     steps: int = 10  # optimizer steps to run (in total, counting those a resume skips)
     seed: int = 0  # seeds parameter initialisation and the synthetic data
-    lr: float = 1e-3  # AdamW learning rate
+    lr: float = 1e-3  # AdamW's peak learning rate (``spindle_dsl.recipe`` has the schedule)
     weight_decay: float = 0.01  # AdamW decoupled weight decay
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    warmup_steps: int = 0  # linear warmup: step n <= W trains at lr * n / W
+    lr_decay: LrDecay = "constant"  # after the warmup: constant, or linear / cosine to min_lr
+    min_lr: float = 0.0  # the rate of the last step under linear or cosine decay
+    clip_grad: float = 0.0  # clip the global gradient norm to this (0: no clipping)
+    # (module, factor): a module's rate (and so its weight decay) is the schedule's times it
+    lr_scales: tuple[tuple[str, float], ...] = ()
+    eval_every: int = 0  # evaluate the held-out data every K steps (0: after the last only)
+    eval_batches: int = 1  # held-out batches per evaluation (each of the task's batch size)
+    keep_checkpoints: int = 0  # keep the newest N complete checkpoints (0: every one)
     # training dtype; float64 makes runs comparable to 1e-9; bfloat16 is mixed precision: bf16
     # weights, activations and gradients, fp32 master weights and AdamW state (sharded optimizer)
     dtype: DType = "float32"
@@ -43,6 +53,7 @@ class RunConfig:
     checkpoint_every: int = 0  # also checkpoint every K steps (0: only at the end)
     resume: bool = True  # continue from the newest checkpoint in checkpoint_dir if there is one
     log_json: str | None = None  # one JSON object per line and step: step, loss per task, seconds
+    tensorboard: str | None = None  # a TensorBoard event folder for the same figures
     trace: str | None = None  # measured Chrome trace (same format as the predicted one)
     progress: bool = True  # a progress line on rank 0
     hang_timeout_s: float = 45.0  # a rank without progress for this long counts as hung
@@ -77,6 +88,7 @@ class RunConfig:
             problems.append(f"checkpoint_every must be at least 0, got {self.checkpoint_every}")
         if self.lr <= 0:
             problems.append(f"lr must be positive, got {self.lr}")
+        problems += self._recipe_problems()
         if self.dtype not in ("float32", "float64", "bfloat16"):
             problems.append(f"dtype must be float32, float64 or bfloat16, got {self.dtype!r}")
         elif self.dtype == "bfloat16" and not self.optimizer_sharding:
@@ -114,6 +126,42 @@ class RunConfig:
         if problems:
             raise ExecutionError("; ".join(problems))
 
+    def _recipe_problems(self) -> list[str]:
+        """What is wrong with the schedule, clipping, evaluation and checkpoint settings (the
+        spec's train block has checked them already where a spec gave them)."""
+        problems = []
+        if self.lr_decay not in LR_DECAYS:
+            problems.append(
+                f"lr_decay must be one of {', '.join(LR_DECAYS)}, got {self.lr_decay!r}"
+            )
+        if not 0 <= self.warmup_steps <= max(self.steps, 0):
+            problems.append(
+                f"warmup_steps must be within 0..steps ({self.steps}), got {self.warmup_steps}"
+            )
+        if not 0 <= self.min_lr <= self.lr:
+            problems.append(f"min_lr must be within 0..lr ({self.lr}), got {self.min_lr}")
+        if self.clip_grad < 0:
+            problems.append(f"clip_grad must not be negative, got {self.clip_grad}")
+        if any(scale <= 0 for _, scale in self.lr_scales):
+            problems.append(f"every lr_scale must be positive, got {dict(self.lr_scales)}")
+        for name in ("eval_every", "keep_checkpoints"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be at least 0, got {getattr(self, name)}")
+        if self.eval_batches < 1:
+            problems.append(f"eval_batches must be at least 1, got {self.eval_batches}")
+        return problems
+
+    def lr_at(self, step: int) -> float:
+        """The base learning rate of 0-based step ``step`` (``recipe.lr_at``)."""
+        return lr_at(
+            step,
+            lr=self.lr,
+            steps=self.steps,
+            warmup_steps=self.warmup_steps,
+            decay=self.lr_decay,
+            min_lr=self.min_lr,
+        )
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -126,13 +174,39 @@ class StepRecord:
     # On the first step of a schedule's phase: the seconds the run took to switch to the
     # phase's plan (before the step, not counted in ``seconds``).
     switch_s: float | None = None
+    lr: float | None = None  # the base learning rate the step trained at
+    grad_norm: float | None = None  # the global gradient norm, before clipping
+    samples: int = 0  # samples the step trained (every task's batch)
+    tokens: int = 0  # input tokens of those samples (every modality a task reads)
+    flops: float = 0.0  # the graph's FLOPs per iteration, as the cost model counts them
+    peak_flops: float = 0.0  # the devices' peak FLOP/s, all ranks together (cluster preset)
+    # (task, mean held-out loss) after the step, where the run evaluated
+    eval_losses: tuple[tuple[str, float], ...] | None = None
 
     def loss(self, task: str) -> float:
         return dict(self.losses)[task]
 
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation: the graph's FLOPs per second over the devices' peak."""
+        if self.seconds <= 0 or self.peak_flops <= 0 or self.flops <= 0:
+            return None
+        return self.flops / self.seconds / self.peak_flops
+
     def to_json(self) -> dict[str, Any]:
-        out = {"step": self.step, "mix": self.mix, "loss": dict(self.losses)}
+        out: dict[str, Any] = {"step": self.step, "mix": self.mix, "loss": dict(self.losses)}
+        if self.eval_losses is not None:
+            out["eval_loss"] = dict(self.eval_losses)
+        if self.lr is not None:
+            out["lr"] = self.lr
+        if self.grad_norm is not None:
+            out["grad_norm"] = self.grad_norm
         out["seconds"] = self.seconds
+        if self.seconds > 0 and self.samples:
+            out["tokens_per_s"] = self.tokens / self.seconds
+            out["samples_per_s"] = self.samples / self.seconds
+        if self.mfu is not None:
+            out["mfu"] = self.mfu
         if self.switch_s is not None:
             out["switch_s"] = self.switch_s
         return out

@@ -62,6 +62,7 @@ class TorchBackend(Backend):
         planner: Callable[[], Plan | PlanBundle] | None = None,
         compare: tuple[Plan | tuple[Plan, Mapping[str, Any]], ...] = (),
         schedule: MixSchedule | None = None,
+        eval_datasets: Mapping[str, Any] | None = None,
     ) -> RunResult | None:
         """Train; ``plan`` None asks ``planner`` for one (once, on rank 0 or in the parent).
 
@@ -73,16 +74,29 @@ class TorchBackend(Backend):
         each a fresh model, one step of each after every step of ``plan``; their step records
         come back in ``result.extra["compared"]`` (the benchmark's fair comparison). An item
         may be ``(plan, changes)`` to also change ``recompute``, ``optimizer_sharding`` or
-        ``grad_collective`` for that model (the same plan with and without sharding, say)."""
+        ``grad_collective`` for that model (the same plan with and without sharding, say).
+
+        ``eval_datasets``: held-out data by task, bound as ``datasets`` is (None: each task's
+        ``eval_data`` in the spec), evaluated every ``config.eval_every`` steps and after the
+        last; a task the run does not train is an error."""
         from .launch import spawn
         from .phased import run_phases
-        from .worker import Job, compare_item, preflight, run_rank
+        from .worker import Job, check_eval_tasks, compare_item, preflight, run_rank
 
         compare = tuple(compare)
         for item in compare:
             compare_item(item)  # refuse a bad item before anything starts
         if compare and schedule is not None:
             raise ExecutionError("plans are compared on runs of one mix, not on a schedule")
+        if config.tensorboard:
+            from .steplog import summary_writer_class
+
+            summary_writer_class()  # installed, or a clear error before anything starts
+        graphs = [p.graph for p in schedule.phases] if schedule is not None else [graph]
+        if eval_datasets is None:
+            eval_datasets = {t.name: t.eval_data for g in graphs for t in g.tasks if t.eval_data}
+        eval_datasets = dict(eval_datasets)
+        check_eval_tasks(graphs, eval_datasets)
 
         if nproc is not None:
             if plan is None:
@@ -90,10 +104,11 @@ class TorchBackend(Backend):
                     raise ExecutionError("no plan given and no planner to make one")
                 plan = planner()
             for r in run_phases(graph, plan, schedule):
-                preflight(r.graph, r.plan, nproc, datasets)
+                preflight(r.graph, r.plan, nproc, datasets, eval_datasets)
             for p in (compare_item(c)[0] for c in compare):
                 preflight(graph, p, nproc, datasets)
-            job = Job(graph, plan, config, dict(datasets or {}), tuple(compare), schedule)
+            job = Job(graph, plan, config, dict(datasets or {}), tuple(compare), schedule,
+                      eval_datasets)  # fmt: skip
             return spawn(job, nproc, hang_timeout_s=config.hang_timeout_s)
         env = torchrun_env()
         rank, world, local = env if env is not None else (0, 1, 0)
@@ -104,7 +119,8 @@ class TorchBackend(Backend):
                     check_topology(one.cluster, launched)
             if planner is not None:
                 planner = _checked(planner, launched)
-        job = Job(graph, plan, config, dict(datasets or {}), tuple(compare), schedule)
+        job = Job(graph, plan, config, dict(datasets or {}), tuple(compare), schedule,
+                  eval_datasets)  # fmt: skip
         return run_rank(job, rank, world, local, planner=planner)
 
 

@@ -17,12 +17,18 @@ file, then a rename); after a barrier rank 0 writes the manifest and only then m
 so a run killed half-way through a checkpoint leaves the previous one in force. On resume each
 rank reads the files of the parts it holds under the new plan, whichever ranks wrote them, and
 the data source continues at the saved step, so the run goes on exactly as if never stopped.
+The learning-rate schedule is a function of the step, so the manifest's step carries it too.
+
+With ``keep = N`` only the newest N checkpoints stay: once ``latest`` names the new one, rank 0
+renames each older folder out of the ``step-*`` pattern (one atomic rename, so a folder is a
+whole checkpoint or none) and then deletes it.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,12 +91,14 @@ def save(
     *,
     parked: Mapping[Part, tuple[torch.nn.Module, Any]] | None = None,
     parked_parts: Sequence[Part] = (),
+    keep: int = 0,
 ) -> Path:
     """Write the checkpoint of ``step`` (a collective: every rank must call it). Parts go in
     the schedule's global order, so the gathers of sharded state meet on every holder.
     ``parked``: parts of tasks the current phase of a schedule leaves out that this rank
     keeps (module, whole optimizer state), written too; ``parked_parts``: all of them, on
-    every rank, for the manifest."""
+    every rank, for the manifest; ``keep``: how many of the newest checkpoints stay (0:
+    all)."""
     folder = step_dir(root, step)
     for part, holders in schedule.holders:
         if rank not in holders:
@@ -113,9 +121,37 @@ def save(
         }
         write_atomic(folder / "manifest.json", json.dumps(manifest, indent=1) + "\n")
         write_atomic(Path(root) / "latest", folder.name + "\n")
+        if keep > 0:
+            prune(root, keep)
     if dist.is_initialized():
         dist.barrier()
     return folder
+
+
+def prune(root: str | Path, keep: int) -> list[Path]:
+    """Remove every checkpoint folder but the newest ``keep`` (``latest``'s among them), the
+    older first; the folders removed. Each is renamed out of the ``step-*`` pattern before
+    its files go, so no reader ever sees a part of one."""
+    current = latest(root)
+    if current is None:
+        return []
+    for stale in Path(root).glob(".removing-step-*"):  # what an interrupted prune left
+        shutil.rmtree(stale, ignore_errors=True)
+    folders = sorted(
+        (p for p in Path(root).glob("step-*") if p.is_dir() and p.name[5:].isdigit()),
+        key=lambda p: int(p.name[5:]),
+    )
+    older = [p for p in folders if int(p.name[5:]) < current.step]
+    kept = [p for p in older if (p / "manifest.json").exists()][-(keep - 1) :] if keep > 1 else []
+    removed = []
+    for folder in older:
+        if folder in kept:
+            continue
+        doomed = folder.with_name(f".removing-{folder.name}")
+        folder.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        removed.append(folder)
+    return removed
 
 
 def latest(root: str | Path) -> CheckpointInfo | None:

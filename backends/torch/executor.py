@@ -26,6 +26,11 @@ back along the loss flows, and back-propagates it. The extra cost per step is th
 forward of the contrastive tasks' MetaOps (on the whole batch, as ``k`` micro-batch passes)
 and ``k`` more readout gathers.
 
+Evaluation (``evaluate``) runs the same forward waves, exchanges and losses on a held-out
+batch, for the tasks that have held-out data only (every rank skips the others' stages and
+flows alike), under ``torch.no_grad``: no backward, no gradient, no report to the gradient
+synchroniser, nothing traced or metered, so it changes nothing a training step sees.
+
 Activation recompute: the layers of a MetaOp in ``recompute`` run one by one under
 ``torch.utils.checkpoint`` (non-reentrant) whenever they build a graph, so only each layer's
 input stays alive between forward and backward and the layer runs its forward again inside
@@ -36,7 +41,7 @@ are bit for bit those without recompute; input stages and LM heads always run pl
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -136,6 +141,9 @@ class StepExecutor:
             for m in range(self.k)
         ]
         self.contrastive = {t.name for t in self.tasks if t.loss == "contrastive"}
+        # the tasks a pass runs: all of them, except in ``evaluate``
+        self.active = frozenset(t.name for t in self.tasks)
+        self.training = True
 
     def task_of_flow(self, flow: Flow) -> str:
         return self.graph.op(flow.source[0]).task
@@ -167,21 +175,67 @@ class StepExecutor:
                 shares[task] += value
         return shares
 
-    def _pass(self, step: int, m: int, cache: ContrastiveCache | None) -> dict[str, float]:
-        label = f"step {step + 1}" + (f" pass {m + 1}/{self.k}" if self.k > 1 else "")
+    def evaluate(self, index: int, data: TaskData, tasks: Collection[str]) -> dict[str, float]:
+        """This rank's shares of each of ``tasks``' mean loss on held-out batch ``index`` of
+        ``data`` (its rows from ``index * batch``): the plan's forward waves, exchanges and
+        losses for those tasks only, under ``torch.no_grad``, touching no gradient, optimizer
+        or meter (the shares of all ranks add up to each task's mean loss)."""
+        active = frozenset(tasks) & self.active
+        saved = (self.data, self.active, self.meter, self.tracer.enabled)
+        self.data, self.active, self.training = data, active, False
+        self.meter, self.tracer.enabled = MemoryMeter(self.store, self.device, enabled=False), False
+        shares = dict.fromkeys(sorted(active), 0.0)
+        try:
+            with torch.no_grad():
+                cache = self._contrastive_cache(index) if self.k > 1 and self._cached() else None
+                for m in range(self.k):
+                    label = f"eval batch {index + 1}" + (f" pass {m + 1}" if self.k > 1 else "")
+                    outputs, _ = self._forward_waves(index, m, label)
+                    for task, value in self._losses(index, m, outputs, cache)[0].items():
+                        shares[task] += value
+                for task, value in (cache.losses if cache is not None else {}).items():
+                    shares[task] += value
+        finally:
+            self.data, self.active, self.meter, self.tracer.enabled = saved
+            self.training = True
+        return shares
+
+    def _cached(self) -> bool:
+        """Whether the step caches contrastive losses (``k > 1`` and such a task runs)."""
+        return bool(self.contrastive & self.active)
+
+    def _runs(self, flow: Flow) -> bool:
+        """Whether this pass moves ``flow`` (its task is active)."""
+        return self.task_of_flow(flow) in self.active
+
+    def _forward_waves(
+        self, step: int, m: int, label: str
+    ) -> tuple[dict[StageKey, torch.Tensor], dict[str, torch.Tensor]]:
+        """Every wave's exchange and this rank's stage in it, forward, for pass ``m``: the
+        stages' outputs and the leaves received (of the active tasks' MetaOps)."""
         outputs: dict[StageKey, torch.Tensor] = {}
         leaves: dict[str, torch.Tensor] = {}
+        everything = self.training
         for wave in range(self.schedule.n_waves):
             self.beat(f"{label} wave {wave} forward")
-            self._receive(self.flows[m][wave], wave, outputs, leaves, pool=self.pool)
+            flows = self.flows[m][wave]
+            if not everything:
+                flows = tuple(f for f in flows if self._runs(f))
+            self._receive(flows, wave, outputs, leaves, pool=self.pool)
             stage = self.my_stage[wave]
-            if stage is not None:
-                before = self.meter.live["activations"]
-                with self._span("F", "forward", stage, step):
-                    out = self._forward(stage, step, m, leaves)
-                self.meter.keep(out, "activations")
-                self.meter.note_stage(f"{stage.metaop} [{stage.first},{stage.end})", before)
-                outputs[(stage.metaop, stage.index)] = out
+            if stage is None or not (everything or self.graph.op(stage.metaop).task in self.active):
+                continue
+            before = self.meter.live["activations"]
+            with self._span("F", "forward", stage, step):
+                out = self._forward(stage, step, m, leaves)
+            self.meter.keep(out, "activations")
+            self.meter.note_stage(f"{stage.metaop} [{stage.first},{stage.end})", before)
+            outputs[(stage.metaop, stage.index)] = out
+        return outputs, leaves
+
+    def _pass(self, step: int, m: int, cache: ContrastiveCache | None) -> dict[str, float]:
+        label = f"step {step + 1}" + (f" pass {m + 1}/{self.k}" if self.k > 1 else "")
+        outputs, leaves = self._forward_waves(step, m, label)
         self.beat(f"{label} loss")
         with self.tracer.span("loss", "loss"):
             shares, out_grads = self._losses(step, m, outputs, cache)
@@ -286,6 +340,8 @@ class StepExecutor:
         sink_leaves: list[tuple[StageKey, torch.Tensor]] = []
         readouts: dict[str, torch.Tensor] = {}  # what this rank sends in the loss phase
         for task in self.tasks:
+            if task.name not in self.active:
+                continue
             shares[task.name] = 0.0
             for i, sink_id in enumerate(task.sinks):
                 last = self.schedule.chain(sink_id)[-1]
@@ -317,6 +373,8 @@ class StepExecutor:
                 if part.requires_grad:
                     seeds.append(part)
         flows = self.flows[m][self.schedule.n_waves]
+        if not self.training:
+            flows = tuple(f for f in flows if self._runs(f))
         # Contrastive tasks gather both readouts of the whole batch on the loss device (unless
         # cached for the step); spread lm sinks re-split their head inputs over their loss
         # devices, which score the rows they receive.
@@ -334,11 +392,15 @@ class StepExecutor:
         if cache is None:
             for task in self.tasks:
                 if task.loss == "contrastive" and f"loss:{task.name}:0" in gathered:
+                    if task.name not in self.active:
+                        continue
                     a, b = gathered[f"loss:{task.name}:0"], gathered[f"loss:{task.name}:1"]
                     loss = L.infonce(a, b)
                     shares[task.name] += float(loss.detach())
                     if loss.requires_grad:
                         seeds.append(loss)
+        if not self.training:
+            return shares, {}
         if seeds:
             torch.autograd.backward(seeds)
         if any(f.involves(self.rank) and f.backward for f in flows):
@@ -369,24 +431,23 @@ class StepExecutor:
         forward without autograd of the contrastive tasks' MetaOps, micro-batch by
         micro-batch (each rank runs its stages of those tasks and their flows only)."""
         n = self.schedule.n_waves
+        cached = self.contrastive & self.active
         pieces: dict[str, list[torch.Tensor]] = {}
         with torch.no_grad():
             for m in range(self.k):
                 outputs: dict[StageKey, torch.Tensor] = {}
                 leaves: dict[str, torch.Tensor] = {}
                 for wave in range(n):
-                    flows = tuple(
-                        f for f in self.flows[m][wave] if self.task_of_flow(f) in self.contrastive
-                    )
+                    flows = tuple(f for f in self.flows[m][wave] if self.task_of_flow(f) in cached)
                     self._receive(flows, wave, outputs, leaves, pool=None)
                     stage = self.my_stage[wave]
-                    if stage is None or self.graph.op(stage.metaop).task not in self.contrastive:
+                    if stage is None or self.graph.op(stage.metaop).task not in cached:
                         continue
                     with self._span("F (no grad)", "forward", stage, step, cache=True):
                         outputs[(stage.metaop, stage.index)] = self._forward(stage, step, m, leaves)
                 readouts = {}
                 for task in self.tasks:
-                    if task.loss != "contrastive":
+                    if task.name not in cached:
                         continue
                     for i, sink_id in enumerate(task.sinks):
                         last = self.schedule.chain(sink_id)[-1]
@@ -394,7 +455,7 @@ class StepExecutor:
                             readouts[f"loss:{task.name}:{i}"] = L.readout(
                                 outputs[(sink_id, last.index)]
                             )
-                flows = self.flows[m][n]
+                flows = tuple(f for f in self.flows[m][n] if self.task_of_flow(f) in cached)
                 if any(f.involves(self.rank) for f in flows):
                     with self.tracer.span(f"exchange {n} (cache)", "exchange"):
                         got = exchange(
@@ -406,10 +467,12 @@ class StepExecutor:
         grads: dict[str, torch.Tensor] = {}
         for task in self.tasks:
             keys = [f"loss:{task.name}:{i}" for i in range(2)]
-            if task.loss != "contrastive" or keys[0] not in pieces:
+            if task.name not in cached or keys[0] not in pieces:
                 continue
-            a, b = (torch.cat(pieces[k]).requires_grad_(self.flow_by_key[k].backward) for k in keys)
-            with torch.enable_grad(), self.tracer.span("loss (cache)", "loss"):
+            train = self.training
+            a, b = (torch.cat(pieces[k]).requires_grad_(self.flow_by_key[k].backward and train)
+                    for k in keys)  # fmt: skip
+            with torch.set_grad_enabled(train), self.tracer.span("loss (cache)", "loss"):
                 loss = L.infonce(a, b)
                 if loss.requires_grad:
                     torch.autograd.backward(loss)

@@ -1,7 +1,9 @@
 """Rank 0's view of a run while it runs: a progress line per step, then a summary.
 
-The line shows step time, samples per second and each task's loss; on a terminal it rewrites
-itself in place, elsewhere (CI logs, pipes) it prints one line per step. The summary puts the
+The line shows step time, tokens per second, the time left (from the median step so far),
+each task's loss and the learning rate, and each task's held-out loss after a step that
+evaluated; on a terminal it rewrites itself in place, elsewhere (CI logs, pipes) it prints one
+line per step. The summary puts the
 measured step time beside the plan's prediction, the number the planner optimised, so a user
 sees at once how far the cost model is from this machine.
 """
@@ -9,10 +11,21 @@ sees at once how far the cost model is from this machine.
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 from typing import TextIO
 
-from ..base import RunResult
+from ..base import RunResult, StepRecord
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``3m05s`` or ``2h07m``."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 class Progress:
@@ -21,12 +34,28 @@ class Progress:
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.open = False
+        self.times: list[float] = []
 
-    def update(self, step: int, seconds: float, losses: dict[str, float]) -> None:
-        rate = self.samples / seconds if seconds > 0 else float("inf")
-        loss = "  ".join(f"{t} {v:.4f}" for t, v in losses.items())
+    def eta(self, step: int) -> float:
+        """Seconds left after ``step``: the steps left at the median step time so far (the
+        first step, which pays for warm-up, left out once there are others)."""
+        times = self.times[1:] if len(self.times) > 1 else self.times
+        return (self.total - step) * statistics.median(times) if times else 0.0
+
+    def update(self, record: StepRecord) -> None:
+        step, seconds = record.step, record.seconds
+        self.times.append(seconds)
+        tokens = record.tokens / seconds if seconds > 0 else float("inf")
+        loss = "  ".join(f"{t} {v:.4f}" for t, v in record.losses)
         width = len(str(self.total))
-        line = f"step {step:>{width}}/{self.total}  {seconds:7.3f} s  {rate:9.1f} samples/s  {loss}"
+        line = (
+            f"step {step:>{width}}/{self.total}  {seconds:7.3f} s  {tokens:9.0f} tok/s  "
+            f"eta {_duration(self.eta(step)):>6}  {loss}"
+        )
+        if record.lr is not None:
+            line += f"  lr {record.lr:.3g}"
+        if record.eval_losses:
+            line += "  eval " + "  ".join(f"{t} {v:.4f}" for t, v in record.eval_losses)
         if self.tty:
             self.stream.write("\r\x1b[2K" + line)
             self.open = True
@@ -60,6 +89,10 @@ def summary(result: RunResult, sequential_s: float | None = None) -> str:
         last = result.steps[-1]
         losses = ", ".join(f"{t} {v:.4f}" for t, v in last.losses)
         lines.append(f"final loss (step {last.step}): {losses}")
+        evaluated = [r for r in result.steps if r.eval_losses]
+        if evaluated:
+            held = ", ".join(f"{t} {v:.4f}" for t, v in evaluated[-1].eval_losses or ())
+            lines.append(f"held-out loss (step {evaluated[-1].step}): {held}")
     if not result.steps:
         lines.append(f"nothing to do: the checkpoint is already at step {result.resumed_from}")
         return "\n".join(lines)

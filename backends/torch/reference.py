@@ -2,14 +2,17 @@
 
 No plan, no shards, no exchanges: each task's MetaOps run in topological order on the whole
 batch, the losses are the plain whole-batch means, one ``backward`` of their sum fills every
-gradient, and AdamW steps. The distributed runtime must reproduce its losses and parameters;
-the tests compare the two. It shares with the runtime only what defines the model and the
-job (part initialisation, the data source, the loss formulas), never how work is split.
+gradient, ``torch.nn.utils.clip_grad_norm_`` clips it (with ``clip_grad``), and AdamW steps at
+the schedule's learning rate (``recipe.lr_at``, times each module's ``lr_scale`` as a parameter
+group's rate). The distributed runtime must reproduce its losses and parameters; the tests
+compare the two. It shares with the runtime only what defines the model and the job (part
+initialisation, the data source, the loss formulas, the recipe), never how work is split.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,13 +20,24 @@ import torch
 from spindle_dsl.errors import ExecutionError
 from spindle_dsl.metagraph import MetaGraph, TaskInfo
 from spindle_dsl.phases import MixSchedule
+from spindle_dsl.recipe import LrDecay, lr_at
 
 from . import losses as L
 from .data import TaskData
-from .optim import make_optimizer
+from .optim import make_optimizer, scale_of, set_lr
 from .params import DTYPES, PartStore, build_part
 from .parts import Part, graph_parts, head_module
 from .weights import check_weights, compare_keys, flat_key, read_header
+
+
+@dataclass(frozen=True)
+class OracleStep:
+    """What the oracle's step ``step`` (1-based) trained with: its base learning rate and the
+    global gradient norm before clipping (what the runtime logs)."""
+
+    step: int
+    lr: float
+    grad_norm: float
 
 
 class ReferenceModel:
@@ -114,11 +128,18 @@ class ReferenceModel:
         weight_decay: float = 0.01,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        **recipe: Any,
     ) -> list[dict[str, float]]:
-        """``steps`` AdamW steps from the start; the per-task losses of each step."""
+        """``steps`` AdamW steps from the start; the per-task losses of each step. ``recipe``:
+        ``warmup_steps``, ``lr_decay``, ``min_lr``, ``clip_grad``, ``lr_scales`` as
+        ``RunConfig`` has them, and ``schedule_steps`` (the run's length, when the oracle
+        follows only its first steps); ``self.trained`` keeps each step's rate and norm."""
         hyper = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
         fill = self.store.fill_missing_grads
-        return adamw_steps(self.store, steps, self.losses, lambda _step: fill(), hyper)
+        self.trained: list[OracleStep] = []
+        return adamw_steps(
+            self.store, steps, self.losses, lambda _step: fill(), hyper, self.trained, **recipe
+        )
 
     def load_weights(self, path: str) -> None:
         """Load every parameter from a safetensors file with ``MODULE.ROLE.PARAM`` keys (what
@@ -188,8 +209,10 @@ class ScheduleReference:
         weight_decay: float = 0.01,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        **recipe: Any,
     ) -> list[dict[str, float]]:
-        """``steps`` AdamW steps from the start through the schedule; each step's losses."""
+        """``steps`` AdamW steps from the start through the schedule; each step's losses
+        (``recipe`` and ``self.trained`` as ``ReferenceModel.train``)."""
 
         def losses(step: int) -> dict[str, torch.Tensor]:
             return self.models[self.schedule.index_at(step)].losses(step)
@@ -201,7 +224,8 @@ class ScheduleReference:
                         t.grad = torch.zeros_like(t)
 
         hyper = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
-        return adamw_steps(self.store, steps, losses, fill, hyper)
+        self.trained: list[OracleStep] = []
+        return adamw_steps(self.store, steps, losses, fill, hyper, self.trained, **recipe)
 
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every parameter of every phase, by part key then parameter name."""
@@ -214,11 +238,25 @@ def adamw_steps(
     losses: Callable[[int], dict[str, torch.Tensor]],
     fill_missing_grads: Callable[[int], None],
     hyper: dict[str, Any],
+    trained: list[OracleStep] | None = None,
+    *,
+    warmup_steps: int = 0,
+    lr_decay: LrDecay = "constant",
+    min_lr: float = 0.0,
+    clip_grad: float = 0.0,
+    lr_scales: tuple[tuple[str, float], ...] = (),
+    schedule_steps: int | None = None,
 ) -> list[dict[str, float]]:
     """The oracle's loop: per step, one backward of the summed losses, zero gradients where
-    ``fill_missing_grads`` says, one AdamW step over every trainable parameter of ``store``
-    (those left without a gradient are skipped, state and all)."""
-    opt = make_optimizer((t for _, _, t in store.trainable()), **hyper)
+    ``fill_missing_grads`` says, the global norm clipped to ``clip_grad`` (when positive), one
+    AdamW step over every trainable parameter of ``store`` (those left without a gradient are
+    skipped, state and all) at the rate of a schedule ``schedule_steps`` long (default:
+    ``steps``); each step's rate and norm go to ``trained``."""
+    params = list(store.trainable())
+    scale = scale_of(lr_scales)
+    opt = make_optimizer(
+        (t for _, _, t in params), scales=[scale(p) for p, _, _ in params], **hyper
+    )
     history = []
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
@@ -227,6 +265,16 @@ def adamw_steps(
         if isinstance(total, torch.Tensor) and total.requires_grad:
             total.backward()
         fill_missing_grads(step)
+        grads = [t for _, _, t in params if t.grad is not None]
+        if clip_grad > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(grads, clip_grad))
+        else:
+            norm = float(torch.nn.utils.get_total_norm([t.grad for t in grads])) if grads else 0.0
+        rate = lr_at(step, lr=hyper["lr"], steps=schedule_steps or steps, warmup_steps=warmup_steps,
+                     decay=lr_decay, min_lr=min_lr)  # fmt: skip
+        set_lr(opt, rate)
         opt.step()
+        if trained is not None:
+            trained.append(OracleStep(step + 1, rate, norm))
         history.append({k: float(v.detach()) for k, v in got.items()})
     return history

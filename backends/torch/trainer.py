@@ -12,6 +12,7 @@ load.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from spindle_dsl.errors import ExecutionError
+from spindle_dsl.language.summary import train_flops
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.plan.model import Plan
 
@@ -56,6 +58,21 @@ def zero_stage(plan: Plan, config: RunConfig) -> int:
     return stage
 
 
+def step_tokens(graph: MetaGraph) -> int:
+    """Input tokens one step trains: per task, its batch times the tokens each sample brings
+    from every modality it reads (a modality read twice counted once, at its most tokens)."""
+    total = 0
+    for task in graph.tasks:
+        read: dict[str, int] = {}
+        for op in graph.metaops:
+            if op.task == task.name:
+                for i in op.inputs:
+                    if i.from_modality:
+                        read[i.source] = max(read.get(i.source, 0), i.tokens)
+        total += task.batch * sum(read.values())
+    return total
+
+
 def micro_batches(plan: Plan, config: RunConfig) -> int:
     """Micro-batch passes per step: the config's, else the plan's."""
     return config.micro_batches if config.micro_batches is not None else plan.micro_batches
@@ -75,7 +92,13 @@ def make_rank_optimizer(
     """The optimizer of ZeRO ``stage`` (a collective: it creates the holder groups)."""
     groups = holder_groups(schedule, rank)
     hyper = dict(lr=config.lr, weight_decay=config.weight_decay, betas=config.betas, eps=config.eps)
-    common = dict(tracer=tracer, ready=ready, keep=keep)
+    common = dict(
+        tracer=tracer,
+        ready=ready,
+        keep=keep,
+        clip_grad=config.clip_grad,
+        lr_scales=config.lr_scales,
+    )
     if config.bucket_elements is not None:
         common["max_bucket_elements"] = config.bucket_elements
     if stage == 0:
@@ -113,10 +136,12 @@ class Trainer:
         *,
         store: PartStore | None = None,
         positions: Callable[[str, int], int] | None = None,
+        eval_datasets: Mapping[str, Any] | None = None,
     ):
         """``store``: the rank's parts, already built (a run switching to the next phase of a
         schedule hands them over, ``switch.py``); ``positions``: where each task's samples
-        start at a step (``TaskData``)."""
+        start at a step (``TaskData``); ``eval_datasets``: held-out data by task (the tasks
+        of this plan among them are evaluated)."""
         self.graph, self.plan, self.device, self.tracer, self.beat = (
             graph,
             plan,
@@ -160,23 +185,57 @@ class Trainer:
             meter=self.meter,
         )
         self.tasks = [t.name for t in graph.tasks if t.batch > 0]
+        held = {t: d for t, d in (eval_datasets or {}).items() if t in self.tasks}
+        self.eval_tasks = [t for t in self.tasks if t in held]
+        self.eval_data = TaskData(graph, config.seed, held, dtype, device) if held else None
         self.steps_run = 0  # by this trainer (a run resumed or switched to it starts anew)
+        self.lr_at = config.lr_at
+        # what a step record carries for throughput: samples, tokens, FLOPs, the peak
+        self.figures = dict(
+            samples=sum(t.batch for t in graph.tasks),
+            tokens=step_tokens(graph),
+            flops=train_flops(graph),
+            peak_flops=graph.cluster.device.peak_flops * world_size,
+        )
 
     def step(self, step: int) -> StepRecord:
         """Forward and backward of every micro-batch pass (the gradient reduction overlapping
         the backward), then AdamW, for step ``step`` (0-based); the record carries each task's
         loss summed over all ranks, and this rank's wall time."""
         t0 = time.perf_counter()
+        lr = self.lr_at(step)
         with self.tracer.span(f"step {step + 1}", "step"):
+            self.opt.set_lr(lr)  # before the passes: a bucket may step during the backward
             shares = self.executor.run(step)
             self.beat(f"step {step + 1} gradient reduction and optimizer")
-            self.opt.step()
+            stats = self.opt.step()
+            # the squares of each rank's own gradient parts ride along with the losses
+            owned = stats.owned_sq if stats.total_sq is None else 0.0
             totals = torch.tensor(
-                [shares[t] for t in self.tasks], dtype=torch.float64, device=self.device
+                [*(shares[t] for t in self.tasks), owned], dtype=torch.float64, device=self.device
             )
             dist.all_reduce(totals)  # also lines the ranks up, so step times compare
         self.steps_run += 1
         if self.steps_run == WATCHED_STEPS:
             self.meter.stop()
-        losses = tuple(zip(self.tasks, totals.tolist(), strict=True))
-        return StepRecord(step + 1, losses, time.perf_counter() - t0, self.graph.mix)
+        *values, summed = totals.tolist()
+        norm = math.sqrt(stats.total_sq if stats.total_sq is not None else summed)
+        losses = tuple(zip(self.tasks, values, strict=True))
+        seconds = time.perf_counter() - t0
+        return StepRecord(
+            step + 1, losses, seconds, self.graph.mix, lr=lr, grad_norm=norm, **self.figures
+        )
+
+    def evaluate(self, batches: int) -> tuple[tuple[str, float], ...]:
+        """Each evaluated task's mean loss over its first ``batches`` held-out batches (a
+        collective: every rank evaluates at the same step), forward only, changing nothing."""
+        sums = dict.fromkeys(self.eval_tasks, 0.0)
+        for i in range(batches):
+            self.beat(f"eval batch {i + 1} of {batches}")
+            assert self.eval_data is not None, "a trainer without held-out data has no tasks"
+            shares = self.executor.evaluate(i, self.eval_data, self.eval_tasks)
+            for task in self.eval_tasks:
+                sums[task] += shares.get(task, 0.0)
+        totals = torch.tensor(list(sums.values()), dtype=torch.float64, device=self.device)
+        dist.all_reduce(totals)
+        return tuple(zip(self.eval_tasks, (v / batches for v in totals.tolist()), strict=True))

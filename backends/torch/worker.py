@@ -10,9 +10,8 @@ own plan: at a phase's first step the rank switches plans in place (``switch.py`
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -36,6 +35,7 @@ from .parts import graph_parts
 from .phased import Parked, RunPhase, phase_index, resume_parked, run_phases
 from .progress import Progress
 from .schedule import Schedule, build_schedule
+from .steplog import StepLog
 from .switch import switch
 from .trace import Tracer, write_measured_trace
 from .trainer import Trainer
@@ -56,6 +56,8 @@ class Job:
     compare: tuple[Plan | tuple[Plan, Mapping[str, Any]], ...] = ()
     # the spec's schedule of mixes (its first phase's graph is ``graph``), None without one
     schedule: MixSchedule | None = None
+    # held-out data by task: evaluated every ``config.eval_every`` steps and after the last
+    eval_datasets: Mapping[str, Any] = field(default_factory=dict)
 
 
 def compare_item(item: Plan | tuple[Plan, Mapping[str, Any]]) -> tuple[Plan, dict[str, Any]]:
@@ -73,19 +75,37 @@ def compare_item(item: Plan | tuple[Plan, Mapping[str, Any]]) -> tuple[Plan, dic
 
 
 def preflight(
-    graph: MetaGraph, plan: Plan, world_size: int, datasets: Mapping[str, Any] | None = None
+    graph: MetaGraph,
+    plan: Plan,
+    world_size: int,
+    datasets: Mapping[str, Any] | None = None,
+    eval_datasets: Mapping[str, Any] | None = None,
 ) -> Schedule:
     """Every check that needs no process group: the plan fits the graph and the world size,
-    each task's loss can read its sinks, bound datasets give what the tasks read, and
-    pretrained weights files hold what their modules need. The ``--nproc`` parent runs it
-    before spawning anything, so a bad job fails at once."""
+    each task's loss can read its sinks, bound datasets (held-out ones too) give what the
+    tasks read, and pretrained weights files hold what their modules need. The ``--nproc``
+    parent runs it before spawning anything, so a bad job fails at once."""
     schedule = build_schedule(graph, plan, world_size)
     for task in graph.tasks:
         if task.batch > 0:
             check_task(graph, task)
     TaskData(graph, 0, datasets)
+    held = {t: d for t, d in (eval_datasets or {}).items() if t in {x.name for x in graph.tasks}}
+    if held:
+        TaskData(graph, 0, held)
     check_weights(graph, graph_parts(graph))
     return schedule
+
+
+def check_eval_tasks(graphs: Sequence[MetaGraph], eval_datasets: Mapping[str, Any]) -> None:
+    """Held-out data named for a task that no phase of the run trains is an error."""
+    known = {t.name for g in graphs for t in g.tasks}
+    unknown = sorted(set(eval_datasets) - known)
+    if unknown:
+        raise ExecutionError(
+            f"held-out data for unknown task(s) {', '.join(unknown)} "
+            f"(the run's tasks: {', '.join(sorted(known))})"
+        )
 
 
 def pick_device(config: RunConfig, local_rank: int) -> tuple[str, torch.device]:
@@ -186,7 +206,8 @@ def _train(
 
     def make(g: MetaGraph, p: Plan, store: Any = None) -> Trainer:
         return Trainer(g, p, config, job.datasets, rank, world_size, device, tracer, beat,
-                       store=store, positions=positions)  # fmt: skip
+                       store=store, positions=positions,
+                       eval_datasets=job.eval_datasets)  # fmt: skip
 
     meta = {"spec_sha256": graph.spec_sha256, "dtype": config.dtype, "seed": config.seed}
     info = None
@@ -216,7 +237,7 @@ def _train(
                 seed=config.seed, dtype=DTYPES[config.dtype],
             )  # fmt: skip
     lead = rank == 0
-    log = open(config.log_json, "a" if start else "w") if lead and config.log_json else None  # noqa: SIM115
+    log = StepLog(config.log_json, config.tensorboard, append=bool(start)) if lead else None
     progress = (
         Progress(config.steps, sum(t.batch for t in trainer.graph.tasks))
         if lead and config.progress
@@ -249,14 +270,15 @@ def _train(
             record = trainer.step(step)
             if switch_s is not None:
                 record = replace(record, switch_s=switch_s)
+            if trainer.eval_tasks and _eval_due(config, step):
+                record = replace(record, eval_losses=trainer.evaluate(config.eval_batches))
             for i, other in enumerate(others):
                 compared[i].append(other.step(step))
             records.append(record)
             if log is not None:
-                log.write(json.dumps(record.to_json()) + "\n")
-                log.flush()
+                log.write(record)
             if progress is not None:
-                progress.update(record.step, record.seconds, dict(record.losses))
+                progress.update(record)
             every = config.checkpoint_every
             if (
                 config.checkpoint_dir
@@ -265,12 +287,12 @@ def _train(
                 and step + 1 < config.steps
             ):
                 beat(f"step {step + 1} checkpoint")
-                last_ckpt = _save(config.checkpoint_dir, step + 1, trainer, parked, rank, meta)
+                last_ckpt = _save(config, step + 1, trainer, parked, rank, meta)
             if config.step_delay_s:
                 time.sleep(config.step_delay_s)
         if config.checkpoint_dir and (records or checkpoint.latest(config.checkpoint_dir) is None):
             beat("final checkpoint")
-            last_ckpt = _save(config.checkpoint_dir, config.steps, trainer, parked, rank, meta)
+            last_ckpt = _save(config, config.steps, trainer, parked, rank, meta)
     finally:
         if progress is not None:
             progress.close()
@@ -345,12 +367,24 @@ def _train(
     )
 
 
-def _save(root: str, step: int, trainer: Trainer, parked: Parked, rank: int, meta: dict) -> Any:
-    """A checkpoint of the current phase's parts and of the parked ones."""
+def _eval_due(config: RunConfig, step: int) -> bool:
+    """Whether the run evaluates after 0-based step ``step``: every ``eval_every`` steps, and
+    after the last."""
+    done = step + 1
+    return done == config.steps or (config.eval_every > 0 and done % config.eval_every == 0)
+
+
+def _save(
+    config: RunConfig, step: int, trainer: Trainer, parked: Parked, rank: int, meta: dict
+) -> Any:
+    """A checkpoint of the current phase's parts and of the parked ones (keeping the newest
+    ``config.keep_checkpoints``)."""
+    assert config.checkpoint_dir is not None, "checkpoints are written only with a folder"
     return checkpoint.save(
-        root, step, trainer.schedule, rank, trainer.store, trainer.opt,
+        config.checkpoint_dir, step, trainer.schedule, rank, trainer.store, trainer.opt,
         {**meta, "mix": trainer.graph.mix},
         parked=parked.for_checkpoint(), parked_parts=parked.parts(),
+        keep=config.keep_checkpoints,
     )  # fmt: skip
 
 

@@ -20,7 +20,10 @@ Steps 2 and 3 of a bucket run as soon as its final gradient shard is there and t
 buckets of its group (in the order all holders issue their collectives) are done: often while
 the last pass's backward is still running on this rank's other parts, so a holder whose
 backward ends early does not wait for this rank's whole backward before it gets its weights.
-The weights themselves change only when the step copies the gathered rows in.
+The weights themselves change only when the step copies the gathered rows in. With gradient
+clipping no bucket is updated early: the clip factor needs the global norm, so the step first
+waits for every gradient shard, sums the squares each rank owns over all ranks, and scales the
+shards before it updates any.
 
 A bucket with one holder needs none of this: its parts step in place, tensor by tensor, on
 their own gradients, with the state shard (the whole part) viewed tensor by tensor. So the step
@@ -41,7 +44,7 @@ import torch.distributed as dist
 from spindle_dsl.errors import ExecutionError
 
 from .grads import GradSync, _read_rows
-from .optim import adamw_step
+from .optim import StepStats, adamw_step, clip_factor, scale_of, squares, world_sum
 from .params import PartStore
 from .parts import Part
 from .schedule import Schedule
@@ -115,11 +118,15 @@ class ShardedAdamW:
         tracer: Tracer | None = None,
         keep: Callable[[torch.Tensor, str], None] | None = None,
         max_bucket_elements: int = MAX_BUCKET_ELEMENTS,
+        clip_grad: float = 0.0,
+        lr_scales: Sequence[tuple[str, float]] = (),
     ):
         if stage not in (1, 2):
             raise ExecutionError(f"the sharded optimizer runs ZeRO stage 1 or 2, not {stage}")
         self.rank, self.store, self.groups = rank, store, groups
         self.hyper = dict(lr=lr, weight_decay=weight_decay, beta1=betas[0], beta2=betas[1], eps=eps)
+        self.clip_grad = clip_grad
+        self.scale = scale_of(lr_scales)
         self.tracer = tracer or Tracer(rank, enabled=False)
         self.keep = keep or (lambda _t, _what: None)
         self.params: dict[Part, list[tuple[str, torch.nn.Parameter]]] = {}
@@ -148,13 +155,23 @@ class ShardedAdamW:
         self._final: set[Bucket] = set()  # final gradient shard complete, not yet updated
         self._next: dict[tuple[int, ...], int] = {}  # per group: buckets updated this step
         self._gathers: list[tuple[Bucket, dist.Work, torch.Tensor]] = []
-        self.sync.on_final = self._update_early
+        # squares of the gradient this rank owns, summed as its buckets are updated; with
+        # clipping the shards wait here, complete and scaled, for their update
+        self._owned = torch.zeros((), dtype=torch.float64)
+        self._clipped: dict[Bucket, torch.Tensor] = {}
+        self.sync.on_final = None if clip_grad > 0 else self._update_early
 
     # --- the step -----------------------------------------------------------------------------
-    def step(self) -> None:
-        """Sum gradients over each part's holders, step the owned shards, gather the weights."""
+    def step(self, lr: float | None = None) -> StepStats:
+        """Sum gradients over each part's holders, clip them (with ``clip_grad``), step the
+        owned shards at ``lr`` (None: the last ``set_lr``'s), gather the weights."""
+        if lr is not None:
+            self.set_lr(lr)
         self.sync.finish()
+        total = None
         with torch.no_grad():
+            if self.clip_grad > 0:
+                total = self._clip()
             for bucket in self.buckets:  # no communication: overlaps the others' collectives
                 if len(bucket.holders) == 1:
                     with self.tracer.span("optimizer", "optimizer"):
@@ -171,6 +188,46 @@ class ShardedAdamW:
                         _read_rows(rows, ps, self._tensors(ps.part))
         for _, _, t in self.store.trainable():
             t.grad = None
+        owned, self._owned = float(self._owned), torch.zeros((), dtype=torch.float64)
+        return StepStats(owned, total)
+
+    def set_lr(self, lr: float) -> None:
+        """The base learning rate of the coming step: set before its passes, since a bucket
+        may be updated during the last pass's backward."""
+        self.hyper["lr"] = lr
+
+    def _clip(self) -> float:
+        """Wait for every gradient shard, sum the squares this rank owns over all ranks, and
+        scale the shards and the single holder's gradients by the clip factor; the global
+        squared norm."""
+        self._clipped = {b: self.sync.shard(b) for b in self.buckets if len(b.holders) > 1}
+        single = [t.grad for b in self.buckets if len(b.holders) == 1 for t in self._grads(b)]
+        owned = squares(
+            [*single, *(g for b, rows in self._clipped.items() for g in self._owned_rows(b, rows))]
+        )
+        total = world_sum(owned)
+        factor = clip_factor(total, self.clip_grad)
+        if factor < 1.0:
+            for g in [*single, *self._clipped.values()]:
+                g.mul_(factor)
+        self._owned = owned
+        return total
+
+    def _grads(self, bucket: Bucket) -> list[torch.Tensor]:
+        return [t for ps in bucket.parts for t in self._tensors(ps.part)]
+
+    def _owned_rows(self, bucket: Bucket, mine: torch.Tensor) -> list[torch.Tensor]:
+        """The pieces of this rank's row that are gradient (not a slot's padding)."""
+        out = []
+        for ps in bucket.parts:
+            lo, hi = ps.bounds(self.rank)
+            out.append(mine[ps.offset : ps.offset + hi - lo])
+        return out
+
+    def _count(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Add the squares of gradients this rank owns (without clipping: as they come)."""
+        if self.clip_grad <= 0 and tensors:
+            self._owned = self._owned.to(tensors[0].device) + squares(tensors)
 
     def _update_early(self, bucket: Bucket) -> None:
         """A bucket whose final gradient shard arrived while the backward still runs: update
@@ -193,7 +250,9 @@ class ShardedAdamW:
             self._next[holders] = i
 
     def _update_and_gather(self, bucket: Bucket) -> None:
-        mine = self.sync.shard(bucket)
+        mine = self._clipped.pop(bucket, None)
+        if mine is None:
+            mine = self.sync.shard(bucket)
         with self.tracer.span("optimizer", "optimizer"):
             own = self._update(bucket, mine)
         del mine  # the gradient shard, freed before the gather's buffer comes
@@ -206,7 +265,9 @@ class ShardedAdamW:
         """A bucket of one holder: every part is whole here; step its tensors where they are."""
         lists: tuple[list[torch.Tensor], ...] = ([], [], [], [])
         steps: list[int] = []
+        lrs: list[float] = []
         masters = []
+        self._count([t.grad for t in self._grads(bucket)])
         for ps in bucket.parts:
             self.steps[ps.part] += 1
             tensors = self._tensors(ps.part)
@@ -227,7 +288,8 @@ class ShardedAdamW:
                 for out, t in zip(lists, item, strict=True):
                     out.append(t)
                 steps.append(self.steps[ps.part])
-        adamw_step(*lists, steps, self.hyper)
+                lrs.append(self.hyper["lr"] * self.scale(ps.part))
+        adamw_step(*lists, steps, self.hyper, lrs)
         for tensors, master in masters:
             for t, v in zip(tensors, _views(master, tensors), strict=True):
                 t.copy_(v)
@@ -238,7 +300,9 @@ class ShardedAdamW:
         own = torch.empty_like(mine)
         lists: tuple[list[torch.Tensor], ...] = ([], [], [], [])
         steps: list[int] = []
+        lrs: list[float] = []
         masters = []
+        self._count(self._owned_rows(bucket, mine))
         for ps in bucket.parts:
             lo, hi = ps.bounds(self.rank)
             self.steps[ps.part] += 1
@@ -255,7 +319,8 @@ class ShardedAdamW:
             for out, t in zip(lists, (weights, grad, shard.exp_avg, shard.exp_avg_sq), strict=True):
                 out.append(t)
             steps.append(self.steps[ps.part])
-        adamw_step(*lists, steps, self.hyper)
+            lrs.append(self.hyper["lr"] * self.scale(ps.part))
+        adamw_step(*lists, steps, self.hyper, lrs)
         for ps, master in masters:
             own[ps.offset : ps.offset + master.numel()].copy_(master)
         return own

@@ -28,7 +28,8 @@ def test_train_writes_log_trace_checkpoint_and_summary(tmp_path, spec_dir, capfd
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]
     for x in lines:
-        assert set(x) == {"step", "mix", "loss", "seconds"} and x["mix"] == "default"
+        assert set(x) == {"step", "mix", "loss", "lr", "grad_norm", "seconds", "tokens_per_s",
+                          "samples_per_s", "mfu"} and x["mix"] == "default"  # fmt: skip
         assert set(x["loss"]) == {"caption", "transcribe"}
         assert x["seconds"] > 0 and all(4 < v < 8 for v in x["loss"].values())  # ~ln(512)
     assert "plan: paper" in out and "measured" in out and "predicted" in out

@@ -5,7 +5,8 @@ phases moved earlier (0: warmup, 2: caption_only, 3: balanced), so four steps vi
 phase. The phases run different schedulers (paper, sequential, paper), so the switches really
 move weights between ranks, park transcribe's parts when caption_only leaves it out and bring
 them back for balanced; a resume from the checkpoint at the first boundary, on another number
-of processes, parks them from the checkpoint instead.
+of processes, parks them from the checkpoint instead. Both runs follow a warmup and cosine
+decay with clipping, which the switches and the resume must carry on as one process would.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEPS = 4
+RECIPE = dict(warmup_steps=1, lr_decay="cosine", min_lr=1e-4, clip_grad=0.5)
 
 
 def compiled(devices: int):
@@ -50,7 +52,9 @@ def bundle(schedule, schedulers: tuple[str, ...]) -> PlanBundle:
 @pytest.fixture(scope="module")
 def oracle():
     ref = ScheduleReference(compiled(4).schedule, dtype="float64")
-    return ref.train(STEPS), ref.state()
+    history = ref.train(STEPS, **RECIPE)
+    assert sum(o.grad_norm > RECIPE["clip_grad"] for o in ref.trained) >= 2  # it clips
+    return history, ref.state(), ref.trained
 
 
 def test_switching_plans_in_a_run_matches_plain_pytorch(tmp_path, oracle):
@@ -63,11 +67,14 @@ def test_switching_plans_in_a_run_matches_plain_pytorch(tmp_path, oracle):
     plans = bundle(c.schedule, ("paper", "sequential", "paper"))
     full = tmp_path / "full"
     config = RunConfig(
-        steps=STEPS, dtype="float64", checkpoint_dir=str(full), checkpoint_every=1, progress=False
-    )
+        steps=STEPS, dtype="float64", checkpoint_dir=str(full), checkpoint_every=1,
+        progress=False, **RECIPE,
+    )  # fmt: skip
     result = TorchBackend().train(c.graph, plans, config, nproc=4, schedule=c.schedule)
-    history, state = oracle
+    history, state, trained = oracle
     assert [r.mix for r in result.steps] == ["warmup", "warmup", "caption_only", "balanced"]
+    assert [r.lr for r in result.steps] == [o.lr for o in trained]
+    assert [r.grad_norm for r in result.steps] == pytest.approx([o.grad_norm for o in trained])
     assert [t for t, _ in result.steps[2].losses] == ["caption"]
     assert loss_errors(history, result.steps) < 1e-9
     worst, where = worst_relative(state, checkpoint_state(full))
@@ -99,6 +106,7 @@ def test_switching_plans_in_a_run_matches_plain_pytorch(tmp_path, oracle):
             checkpoint_dir=str(moved),
             progress=False,
             optimizer_sharding=False,
+            **RECIPE,
         ),
         nproc=2,
         schedule=c2.schedule,
@@ -106,4 +114,5 @@ def test_switching_plans_in_a_run_matches_plain_pytorch(tmp_path, oracle):
     assert again.resumed_from == 2 and [r.step for r in again.steps] == [3, 4]
     assert [r.mix for r in again.steps] == ["caption_only", "balanced"]
     assert loss_errors(history[2:], again.steps) < 1e-9
+    assert [r.lr for r in again.steps] == [o.lr for o in trained[2:]]
     assert worst_relative(state, checkpoint_state(moved))[0] < 1e-9
