@@ -56,6 +56,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "set a plan's prediction against a measured trace",
         "spindle compare plan.json train-trace.json",
     ),
+    "plot": (
+        "draw a run's loss and learning rate from its step log",
+        "spindle plot train.jsonl -o loss.png",
+    ),
 }
 
 

@@ -53,53 +53,64 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def bind_data(flags: list[str] | None, graph: MetaGraph) -> dict[str, str]:
+def bind_data(flags: list[str] | None, graph: MetaGraph, flag: str = "--data") -> dict[str, str]:
     """``--data`` flags as task -> folder or ``package.module:function``, later flags winning.
 
     ``DIR`` binds every sub-folder named after a task being trained (the others draw a warning:
     a typo would otherwise leave a task on its synthetic data unnoticed); ``TASK=PATH`` binds
-    one. Relative paths are taken from the working directory."""
+    one. Relative paths are taken from the working directory. ``flag``: the flag's name in
+    messages (``--eval-data`` binds held-out data the same way)."""
     from spindle_dsl.language.files import is_reference
 
     tasks = [t.name for t in graph.tasks]
     out: dict[str, str] = {}
-    for flag in flags or ():
-        m = _TASK_FORM.fullmatch(flag)
-        if m and not os.path.isdir(flag):
+    for given in flags or ():
+        m = _TASK_FORM.fullmatch(given)
+        if m and not os.path.isdir(given):
             task, target = m.groups()
             if task not in tasks:
                 raise ExecutionError(
-                    f"--data {flag}: the spec has no task {task} (its tasks: {', '.join(tasks)})"
+                    f"{flag} {given}: the spec has no task {task} (its tasks: {', '.join(tasks)})"
                 )
             out[task] = target if is_reference(target) else os.path.abspath(target)
             continue
-        folder = Path(flag)
+        folder = Path(given)
         if not folder.is_dir():
             raise ExecutionError(
-                f"--data {flag}: not a folder (give DIR with one sub-folder per task, or TASK=PATH)"
+                f"{flag} {given}: not a folder "
+                "(give DIR with one sub-folder per task, or TASK=PATH)"
             )
         entries = sorted(p.name for p in folder.iterdir() if p.is_dir())
         stray = [e for e in entries if e not in tasks and not e.startswith(".")]
         if stray:
             print(
-                f"warning: --data {flag}: sub-folder(s) {', '.join(stray)} match no task being "
+                f"warning: {flag} {given}: sub-folder(s) {', '.join(stray)} match no task being "
                 f"trained ({', '.join(tasks)}); ignored",
                 file=sys.stderr,
             )
         matched = [e for e in entries if e in tasks]
         if not matched:
             raise ExecutionError(
-                f"--data {flag}: no sub-folder named after a task (its tasks: {', '.join(tasks)})"
+                f"{flag} {given}: no sub-folder named after a task (its tasks: {', '.join(tasks)})"
             )
         out.update({task: os.path.abspath(folder / task) for task in matched})
     return out
 
 
-def describe_data(graph: MetaGraph, datasets: dict[str, str], seed: int) -> None:
+def describe_data(
+    graph: MetaGraph,
+    datasets: dict[str, str],
+    seed: int,
+    eval_datasets: dict[str, str] | None = None,
+) -> None:
     """Say where each task's samples come from (checking every source on the way), unless
-    every task trains on its synthetic source."""
+    every task trains on its synthetic source, and where its held-out samples come from."""
     from spindle_dsl.backends.torch.data import TaskData
 
     sources = TaskData(graph, seed, datasets).describe()
     if any(v != "synthetic" for v in sources.values()):
         print("data: " + "; ".join(f"{t} <- {v}" for t, v in sources.items()), file=sys.stderr)
+    if eval_datasets:
+        held = TaskData(graph, seed, eval_datasets).describe()
+        shown = "; ".join(f"{t} <- {held[t]}" for t in eval_datasets)
+        print(f"eval data: {shown}", file=sys.stderr)

@@ -6,7 +6,9 @@ rank from RANK, LOCAL_RANK and WORLD_SIZE; with neither, a spec whose cluster is
 devices spawns one worker per device. Without ``--plan`` it plans first (``--scheduler``,
 default: the default scheduler) for exactly as many devices as there are ranks. A spec with a
 ``schedule`` trains each phase's mix with its own plan (``--plan`` then takes the plan bundle
-`spindle plan` writes), switching plans inside the running job.
+`spindle plan` writes), switching plans inside the running job. The recipe (steps, the
+learning-rate schedule, AdamW, clipping, evaluation, checkpoints) comes from the spec's
+``train`` block, each setting overridden by its flag.
 """
 
 from __future__ import annotations
@@ -39,13 +41,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="plan with this scheduler or baseline first (default: %(default)s)",
     )
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S")
-    parser.add_argument("--steps", type=int, default=10, help="optimizer steps (default: 10)")
     parser.add_argument("--nproc", type=int, help="spawn this many local worker processes")
-    parser.add_argument("--log-json", metavar="FILE", help="one JSON line per step")
-    parser.add_argument("--checkpoint-dir", metavar="DIR", help="checkpoint here (and resume)")
     parser.add_argument(
-        "--checkpoint-every", type=int, default=0, metavar="K", help="also every K steps"
+        "--log-json",
+        metavar="FILE",
+        help="one JSON line per step: loss and eval_loss per task, lr, grad_norm, seconds, "
+        "tokens_per_s, samples_per_s, mfu",
     )
+    parser.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="write the same figures as TensorBoard scalars into DIR (needs the "
+        "[tensorboard] extra)",
+    )
+    parser.add_argument("--checkpoint-dir", metavar="DIR", help="checkpoint here (and resume)")
     parser.add_argument(
         "--no-resume", action="store_true", help="start afresh even if DIR has a checkpoint"
     )
@@ -94,8 +103,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "state over its holders, 2 its gradients too; the plan made here is made for it, "
         "with --plan it replaces the plan's (with a warning)",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument(
         "--hang-timeout",
         type=float,
@@ -109,6 +116,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="write measured and predicted step time (and the plan's baselines) as JSON",
     )
+    _add_recipe_arguments(parser)
+
+
+# (flag, type, metavar, help): each overrides the train block's setting of the same name
+_RECIPE_FLAGS: tuple[tuple[str, type, str | None, str], ...] = (
+    ("--steps", int, None, "optimizer steps in all (default: 10)"),
+    ("--lr", float, None, "the peak learning rate (default: 1e-3)"),
+    ("--warmup-steps", int, "N", "linear warmup over the first N steps (default: 0)"),
+    ("--lr-decay", str, "constant|linear|cosine", "the decay after the warmup, to --min-lr at "
+     "the last step (default: constant)"),
+    ("--min-lr", float, None, "where linear or cosine decay ends (default: 0)"),
+    ("--weight-decay", float, None, "AdamW's decoupled weight decay (default: 0.01)"),
+    ("--beta1", float, None, "AdamW's beta1 (default: 0.9)"),
+    ("--beta2", float, None, "AdamW's beta2 (default: 0.999)"),
+    ("--eps", float, None, "AdamW's eps (default: 1e-8)"),
+    ("--clip-grad", float, "NORM", "clip the global gradient norm to NORM (default: 0, off)"),
+    ("--seed", int, None, "parameter initialisation and synthetic data (default: 0)"),
+    ("--eval-every", int, "K", "evaluate the held-out data every K steps (default: 0, after "
+     "the last step only)"),
+    ("--eval-batches", int, "N", "held-out batches per evaluation (default: 1)"),
+    ("--checkpoint-every", int, "K", "also checkpoint every K steps (default: 0)"),
+    ("--keep-checkpoints", int, "N", "keep the newest N checkpoints (default: 0, all)"),
+)  # fmt: skip
+
+
+def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "training recipe (each flag overrides the spec's train block; defaults as given there)"
+    )
+    for name, kind, metavar, text in _RECIPE_FLAGS:
+        group.add_argument(name, type=kind, metavar=metavar, help=text)
+    group.add_argument(
+        "--eval-data",
+        action="append",
+        metavar="DIR|TASK=PATH",
+        help='held-out data, given as --data is; overrides the spec\'s eval_data = "..."',
+    )
+
+
+def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The recipe flags given, as ``TrainSettings`` fields."""
+    keys = [name[2:].replace("-", "_") for name, *_ in _RECIPE_FLAGS]
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,10 +175,13 @@ def run(args: argparse.Namespace) -> int:
     world = args.nproc if args.nproc is not None else env[1] if env else None
     if world is not None and args.devices is None and args.plan is None:
         args.devices = world  # plan for as many devices as there are ranks
-    compiled = load_compiled(args, show_warnings=env is None or env[0] == 0)
+    overrides = train_overrides(args)
+    compiled = load_compiled(
+        args, show_warnings=env is None or env[0] == 0, train_overrides=overrides
+    )
     if env is not None and args.plan is None and args.devices_per_node is None:
-        compiled = _for_launched_nodes(args, compiled, lead=env[0] == 0)
-    graph, schedule = compiled.graph, compiled.schedule
+        compiled = _for_launched_nodes(args, compiled, lead=env[0] == 0, overrides=overrides)
+    graph, schedule, settings = compiled.graph, compiled.schedule, compiled.train
     if world is None:
         if graph.cluster.device.name != "cpu":
             raise ExecutionError(
@@ -166,17 +219,15 @@ def run(args: argparse.Namespace) -> int:
     plan = read_plan_file(args.plan) if args.plan else None
     if plan is not None and (env is None or env[0] == 0):
         _warn_overridden_levers(args, plan)
-    trace, own_trace = _trace_path(args)
+    trace, own_trace = _trace_path(args, settings.steps)
     config = RunConfig(
-        steps=args.steps,
-        seed=args.seed,
-        lr=args.lr,
+        **settings.run_fields(),
         dtype=args.dtype,
         device=args.run_on,
         checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every,
         resume=not args.no_resume,
         log_json=args.log_json,
+        tensorboard=args.tensorboard,
         trace=trace,
         progress=not args.no_progress,
         hang_timeout_s=args.hang_timeout,
@@ -187,8 +238,9 @@ def run(args: argparse.Namespace) -> int:
         zero_stage=args.zero_stage,
     )
     datasets = bind_data(args.data, graph)
+    eval_datasets = eval_data(graph, bind_data(args.eval_data, graph, flag="--eval-data"))
     if env is None or env[0] == 0:
-        describe_data(graph, datasets, args.seed)
+        describe_data(graph, datasets, settings.seed, eval_datasets)
     try:
         result = TorchBackend().train(
             graph,
@@ -198,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
             planner=planner,
             datasets=datasets,
             schedule=schedule,
+            eval_datasets=eval_datasets,
         )
         if result is not None:  # rank 0 (or the parent of --nproc workers)
             sequential = result.extra.get("baselines", {}).get("sequential_s")
@@ -252,14 +305,21 @@ def _warn_overridden_levers(args: argparse.Namespace, plan: Any) -> None:
 AUTO_TRACE_STEPS = 500  # longer runs compare only with --trace (spans are kept per step)
 
 
-def _trace_path(args: argparse.Namespace) -> tuple[str | None, bool]:
+def eval_data(graph: Any, flags: dict[str, str]) -> dict[str, str]:
+    """Each task's held-out data: ``--eval-data`` where given, else the spec's ``eval_data``
+    (a schedule's other phases are not looked at: a task absent from the first phase is
+    evaluated only if a flag names it)."""
+    return {**{t.name: t.eval_data for t in graph.tasks if t.eval_data}, **flags}
+
+
+def _trace_path(args: argparse.Namespace, steps: int) -> tuple[str | None, bool]:
     """Where the run writes its measured trace, and whether it is ours (a temporary file made
     so the summary can set the prediction against the run; removed afterwards)."""
     if args.trace:
         return args.trace, False
     # Under torchrun every rank runs this command and all must agree on tracing (it adds a
     # collective at the end): trace there only when asked.
-    if args.steps > AUTO_TRACE_STEPS or args.nproc is None:
+    if steps > AUTO_TRACE_STEPS or args.nproc is None:
         return None, False
     fd, path = tempfile.mkstemp(prefix="spindle-train-", suffix=".json")
     os.close(fd)
@@ -280,7 +340,9 @@ def _where_the_time_goes(plan: Any, trace: str) -> str:
     return summary_text(rows, largest_misses(rows))
 
 
-def _for_launched_nodes(args: argparse.Namespace, compiled: Any, lead: bool) -> Any:
+def _for_launched_nodes(
+    args: argparse.Namespace, compiled: Any, lead: bool, overrides: dict[str, Any] | None = None
+) -> Any:
     """Under torchrun, plan for the node layout it launched (LOCAL_WORLD_SIZE per node), and
     say so where the spec's ``devices_per_node`` differs; a plan given with --plan is checked
     against the launch instead (``launch.check_topology``)."""
@@ -298,7 +360,7 @@ def _for_launched_nodes(args: argparse.Namespace, compiled: Any, lead: bool) -> 
             file=sys.stderr,
         )
     args.devices_per_node = launched.per_node
-    return load_compiled(args, show_warnings=False)
+    return load_compiled(args, show_warnings=False, train_overrides=overrides)
 
 
 def summary_json(result: Any) -> dict[str, Any]:
@@ -313,6 +375,10 @@ def summary_json(result: Any) -> dict[str, Any]:
         "predicted_step_s": result.predicted_step_s,
         "baselines": result.extra.get("baselines", {}),
         "final_loss": dict(result.steps[-1].losses) if result.steps else {},
+        # the last held-out losses the run measured (empty without held-out data)
+        "final_eval_loss": next(
+            (dict(r.eval_losses) for r in reversed(result.steps) if r.eval_losses), {}
+        ),
         "optimizer_state_bytes": result.extra.get("optimizer_state_bytes", []),  # per rank
         # a schedule's phases (first step, mix, predicted step time) and the switches made
         **{k: result.extra[k] for k in ("phases", "switches") if k in result.extra},

@@ -70,12 +70,22 @@ def load_graph(args: argparse.Namespace, *, show_warnings: bool = True) -> MetaG
     return load_compiled(args, show_warnings=show_warnings).graph
 
 
-def load_compiled(args: argparse.Namespace, *, show_warnings: bool = True):  # -> Compiled
+def load_compiled(
+    args: argparse.Namespace,
+    *,
+    show_warnings: bool = True,
+    train_overrides: dict[str, Any] | None = None,
+):  # -> Compiled
     """``load_graph``'s compile, whole: with the phases of the spec's schedule, if it has one
-    (and no ``--mix`` set it aside)."""
+    (and no ``--mix`` set it aside); ``train_overrides`` replace the train block's settings."""
     from spindle_dsl.language import compile_file
 
-    compiled = compile_file(args.spec, mix=args.mix, cluster_overrides=cluster_overrides(args))
+    compiled = compile_file(
+        args.spec,
+        mix=args.mix,
+        cluster_overrides=cluster_overrides(args),
+        train_overrides=train_overrides,
+    )
     if show_warnings and compiled.warnings:
         print(compiled.render_warnings(), file=sys.stderr)
     return compiled
