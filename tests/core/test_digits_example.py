@@ -1,5 +1,6 @@
 """examples/digits.py without training (the digits notebook, executed by tests/notebooks,
-trains it): the data folders it writes, the captions, and its spec reading them."""
+trains it): the data folders it writes, the captions, and its spec reading them, with its
+recipe (warmup, cosine decay, clipping, evaluation of the held-out digits)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,13 @@ def test_digits_are_written_as_data_folders_the_spec_reads(tmp_path):
     assert set(text[:, digits.CLASS_POSITION]) == {digits.VOCAB.index(n) for n in digits.NAMES}
     spec = tmp_path / "digits.spindle"
     spec.write_text(digits.SPEC)
-    graph = compile_file(spec).graph
+    compiled = compile_file(spec)
+    graph = compiled.graph
     assert graph.task("caption").data == str(train)
+    assert graph.task("caption").eval_data == str(held)  # evaluated while it trains
+    recipe = compiled.train
+    assert (recipe.warmup_steps, recipe.lr_decay, recipe.clip_grad) == (20, "cosine", 1.0)
+    assert recipe.eval_every == 40 and recipe.eval_batches * 64 <= digits.HELD_OUT
     rows = TaskData(graph, 0).rows_at("caption", 0, 0, 2)
     assert rows["image"].shape == (2, 4, 48)  # four 4x4 RGB patches per digit
     assert rows["text"].tolist() == text[:2].tolist()
