@@ -241,6 +241,12 @@ def run(args: argparse.Namespace) -> int:
     eval_datasets = eval_data(graph, bind_data(args.eval_data, graph, flag="--eval-data"))
     if env is None or env[0] == 0:
         describe_data(graph, datasets, settings.seed, eval_datasets)
+        if settings.eval_every and not eval_datasets:
+            print(
+                f"note: eval_every = {settings.eval_every}, but no task has held-out data "
+                '(eval_data = "..." in a task, or --eval-data): nothing is evaluated',
+                file=sys.stderr,
+            )
     try:
         result = TorchBackend().train(
             graph,
