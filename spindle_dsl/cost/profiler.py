@@ -89,7 +89,9 @@ def layer_runner(
     layer = kind.build_layer(args).to(device=dev, dtype=dtype)
     if mode != "train":
         layer.requires_grad_(False)
-    x = torch.randn(batch, tokens, kind.in_width(args), device=dev, dtype=dtype)
+    # the layers work at the tokens the input stage makes (a CLS token more, a stem's fewer)
+    inner = kind.layer_tokens(args, tokens)
+    x = torch.randn(batch, inner, kind.in_width(args), device=dev, dtype=dtype)
     x.requires_grad_(mode != "forward" if input_grad is None else input_grad)
 
     def sync() -> None:

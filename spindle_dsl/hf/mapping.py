@@ -85,6 +85,8 @@ class Field:
             raise HfError(f"{self.key} = {show(value)} must be a {wanted[0].__name__}", self.key)
         if float in wanted and int not in wanted:
             value = float(value)
+        if wanted == (int,) and value < 1:
+            raise HfError(f"{self.key} = {show(value)} must be at least 1", self.key)
         return value
 
     @property

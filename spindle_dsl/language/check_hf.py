@@ -76,6 +76,9 @@ def hf_kind(d: ModuleDecl, r: Reporter, modalities: Mapping[str, ModalityInfo]) 
     except HfError as exc:
         r.error(f"hf({d.source.describe()}): {exc}", d.source.loc, hint=_hint(exc))
         return None
+    except (TypeError, ValueError, KeyError, ArithmeticError) as exc:  # a malformed config
+        r.error(f"hf({d.source.describe()}): config.json cannot be read: {exc!r}", d.source.loc)
+        return None
     ok = True
     for key, s in settings.items():
         if key == "tower" or key not in model.args or key in model.family.defaults:
@@ -148,6 +151,9 @@ def folder_weights(
         model = resolve(weights, kind=resolved.kind)
     except HfError as exc:
         r.error(f"from {d.weights.describe()}: {exc}", d.weights.loc, hint=_hint(exc))
+        return None
+    except (TypeError, ValueError, KeyError, ArithmeticError) as exc:  # a malformed config
+        r.error(f"from {d.weights.describe()}: config.json cannot be read: {exc!r}", d.weights.loc)
         return None
     kind = get_kind(resolved.kind)
     expected = kind.resolve(model.args)

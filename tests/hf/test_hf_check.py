@@ -122,6 +122,8 @@ def test_an_argument_that_disagrees_with_the_config_is_an_error_at_it(tmp_path) 
         ),
         ({"hidden_size": "wide"}, 'hidden_size = "wide" must be a int'),
         ({"num_key_value_heads": 3}, "heads = 4 is not divisible by kv_heads = 3"),
+        ({"num_attention_heads": 0}, "num_attention_heads = 0 must be at least 1"),
+        ({"rope_scaling": {"rope_type": "llama3"}}, "rope_scaling has no factor"),
     ],
 )
 def test_a_config_the_project_cannot_honour_is_an_error_at_the_string(
