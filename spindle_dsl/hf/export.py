@@ -82,6 +82,9 @@ def choose(graph: MetaGraph, module: str) -> tuple[Family, dict[str, Any], Stage
     reasons = []
     for family, base in candidates:
         model_stage = stage_of(graph, info, _Probe(family))
+        if model_stage is None:  # every architecture starts with its input stage
+            reasons.append(f"{family.model_type}: it reads no raw input its embedding would take")
+            continue
         try:
             fields = family.config(args, model_stage)
         except NotExpressible as exc:
@@ -180,10 +183,13 @@ def export_module(
         write_safetensors(folder / "weights.safetensors", flat, {"format": "pt"})
         return ModuleExport(module, str(folder), None, len(flat), _count(flat), str(exc))
     note = ""
+    if family.carries and info_source(graph, module) is None:
+        note = f"{family.architecture} also holds a decoder, which this folder lacks"
     if left:
         extra = {f"{prefix}{k}": ours[k].contiguous() for k in left}
         write_safetensors(folder / "spindle.safetensors", extra, {"format": "pt"})
-        note = f"{len(left)} tensors with no {family.model_type} counterpart in spindle.safetensors"
+        note += f"; {len(left)} tensors with no counterpart in spindle.safetensors"
+        note = note.removeprefix("; ")
     if family.carries and info_source(graph, module) is not None:
         config["architectures"] = info_source(graph, module)["architectures"]
     dtypes = {str(t.dtype).removeprefix("torch.") for t in theirs.values()}
