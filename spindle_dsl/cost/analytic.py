@@ -39,6 +39,7 @@ from spindle_dsl.cost.memory import (
     slice_memory_bytes,
 )
 from spindle_dsl.cost.memory_table import alone_bytes
+from spindle_dsl.kinds import get_kind
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 
 
@@ -144,7 +145,9 @@ def price(op: MetaOp, dp: int, tp: int, cluster: Cluster, recompute: bool = Fals
     tp_comm = 0.0
     if tp > 1:
         _, per_pass, basis = _TP_RULES[op.kind]
-        tokens = op.tokens if basis == "in" else op.out_tokens
+        # the tokens a layer works at (a CLS token more, a stem's fewer), or hands on
+        inner = get_kind(op.kind).layer_tokens(dict(op.args), op.tokens)
+        tokens = inner if basis == "in" else op.out_tokens
         message = shard * tokens * op.out_width * dtype_bytes(cluster)
         passes = (2 if op.needs_backward else 1) + (1 if recompute else 0)
         bandwidth, latency = comm.link(cluster, crosses_nodes=False)

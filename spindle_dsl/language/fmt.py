@@ -224,7 +224,7 @@ def _module(d: ModuleDecl, att: Attached, keyword: int = 0, name: int = 0) -> li
     if unpadded <= LINE_LENGTH and not att.inside(d):
         return [(head + args + tail, trailing)]
     lines: list[Line] = [(head, att.header.get(id(d)))]
-    lines.extend((INDENT + s + ",", None) for s in source)
+    lines.extend((INDENT + s + ",", att.trailing.get(id(d.source))) for s in source)
     body = _body(list(d.args), att.standalone.get(id(d), []), att, top=False)
     for ln in body:
         if ln is None or ln[0].startswith("#"):

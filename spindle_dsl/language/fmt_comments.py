@@ -28,9 +28,10 @@ from spindle_dsl.language.ast import (
     Spec,
     TaskDecl,
     TrainDecl,
+    Value,
 )
 
-Child = Path | Setting | ScheduleEntry
+Child = Path | Setting | ScheduleEntry | Value
 
 
 @dataclass
@@ -58,8 +59,8 @@ def children(decl: object) -> tuple[Child, ...]:
         return decl.body
     if isinstance(decl, ScheduleDecl):
         return decl.entries
-    if isinstance(decl, ModuleDecl):
-        return decl.args
+    if isinstance(decl, ModuleDecl):  # the folder string of hf("DIR") first, then the settings
+        return decl.args if decl.source is None else (decl.source, *decl.args)
     return ()
 
 

@@ -192,3 +192,16 @@ def test_folders_and_strings_that_are_not_models(tmp_path) -> None:
     message = errors(tmp_path, 'module lm : mlp("x", in = 4, out = 4)\n' + LM_TASK)
     assert 'mlp() takes no folder string; only hf("DIR") reads one' in message
     assert "hf() needs the folder" in errors(tmp_path, "module lm : hf()\n" + LM_TASK)
+
+
+def test_fmt_keeps_the_folder_first_with_its_comment() -> None:
+    text = (
+        'module lm : hf(\n  "models/x",   # the folder\n  # why\n  output = "cls",\n) <- image\n'
+        'module b : hf( "y" )  # short\n'
+    )
+    formatted = format_spec(parse(text))
+    assert formatted == (
+        'module lm : hf(\n  "models/x",  # the folder\n  # why\n  output = "cls",\n) <- image\n'
+        'module b : hf("y")  # short\n'
+    )
+    assert format_spec(parse(formatted)) == formatted and parse(formatted) == parse(text)
