@@ -16,8 +16,9 @@ modulo the vocabulary (so a language model has something to learn), features and
 are standard normal. Folders of ``.npy`` arrays are described in ``datafiles.py``. A dataset is
 any ``torch.utils.data.Dataset`` whose items are dicts keyed by modality name (token ids as a
 1-D integer tensor, features and flattened ``3 x patch x patch`` image patches as a 2-D float
-tensor, one row per token), plus ``target`` for an ``mse`` task; ``TaskData`` checks what it
-gives.
+tensor, one row per token), plus ``target`` for an ``mse`` task, and optionally ``NAME.len``
+(a row's real tokens) and ``NAME.labels`` (lm targets) as ``masks.py`` describes; ``TaskData``
+checks what it gives.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from spindle_dsl.errors import ExecutionError
 from spindle_dsl.metagraph import MetaGraph
 
 from .datafiles import NpyFolder, open_source, target_file, write_task_folder
+from .masks import LABELS, LEN
 from .needs import InputNeed, TargetNeed, input_needs, target_needs
 
 __all__ = [
@@ -56,12 +58,14 @@ def _generator(seed: int, *parts: object) -> torch.Generator:
 
 
 class SyntheticSource(Dataset):
-    """The default data of one task: sample ``i`` is a pure function of (seed, task, i)."""
+    """The default data of one task: sample ``i`` is a pure function of (seed, task, i).
+    ``variable_length``: each token-id or feature modality's row also has a length, drawn
+    between half its tokens (at least 2) and all of them, the positions after it zeros."""
 
-    def __init__(self, graph: MetaGraph, task: str, seed: int):
+    def __init__(self, graph: MetaGraph, task: str, seed: int, variable_length: bool = False):
         self.needs = input_needs(graph).get(task, {})
         self.targets = target_needs(graph).get(task, ())
-        self.task, self.seed = task, seed
+        self.task, self.seed, self.variable_length = task, seed, variable_length
 
     def __len__(self) -> int:
         return 2**62  # unbounded: every index is a sample
@@ -76,6 +80,11 @@ class SyntheticSource(Dataset):
                 out[name] = (start + stride * torch.arange(need.tokens)) % need.width
             else:
                 out[name] = torch.randn(need.tokens, need.width, generator=g)
+            if self.variable_length and need.form != "image":
+                low = min(max(2, need.tokens // 2), need.tokens)
+                n = int(torch.randint(low, need.tokens + 1, (1,), generator=g))
+                out[name][n:] = 0
+                out[f"{name}.len"] = torch.tensor(n)
         for t in self.targets:
             g = _generator(self.seed, self.task, f"target:{t.sink}", index)
             out[f"target:{t.sink}"] = torch.randn(*t.shape, generator=g)
@@ -129,11 +138,13 @@ class TaskData:
         if unknown:
             raise ExecutionError(f"datasets bound to unknown tasks: {', '.join(unknown)}")
         self.sources: dict[str, Any] = {}
+        self.extras: dict[str, frozenset[str]] = {}  # per task: the len:/labels: keys it gives
         for t in graph.tasks:
             bound = datasets.get(t.name, t.data)
             self.sources[t.name] = (
                 SyntheticSource(graph, t.name, seed) if bound is None else self._open(t.name, bound)
             )
+            self.extras[t.name] = self._extras(t.name, self.sources[t.name])
 
     def _open(self, task: str, bound: Any) -> Any:
         """The source ``bound`` names, checked against what ``task`` reads."""
@@ -147,6 +158,21 @@ class TaskData:
             raise ExecutionError(f"the dataset bound to task {task} is empty")
         self._check(task, source[0])
         return source
+
+    def _extras(self, task: str, source: Any) -> frozenset[str]:
+        if isinstance(source, NpyFolder):
+            return source.extras
+        if isinstance(source, SyntheticSource):
+            first = source[0] if source.variable_length else {}
+        else:
+            first = source[0]
+        names = self.needs.get(task, {})
+        return frozenset(
+            f"{prefix}{name}"
+            for name in names
+            for prefix, suffix in ((LEN, "len"), (LABELS, "labels"))
+            if f"{name}.{suffix}" in first
+        )
 
     def describe(self) -> dict[str, str]:
         """Where each task's samples come from, in words (for the train command to show)."""
@@ -199,6 +225,41 @@ class TaskData:
             return "target"
         return None
 
+    def _stack_extras(self, task: str, samples: list[Any], rows: int) -> dict[str, torch.Tensor]:
+        """A dataset's ``NAME.len``/``NAME.labels`` items as ``len:``/``labels:`` rows."""
+        out = {}
+        for key in self.extras[task]:
+            prefix, _, name = key.partition(":")
+            tokens = self.needs[task][name].tokens
+            values = [torch.as_tensor(s[f"{name}.{prefix}"]).long() for s in samples]
+            if prefix == "len":
+                out[key] = (
+                    torch.stack(values).clamp(max=tokens)
+                    if values
+                    else torch.zeros(0, dtype=torch.long)
+                )
+            else:
+                out[key] = (
+                    torch.stack([v[:tokens] for v in values])
+                    if values
+                    else torch.zeros(rows, tokens)
+                ).long()
+        return out
+
+    def extras_at(self, task: str, step: int, lo: int, hi: int) -> dict[str, torch.Tensor]:
+        """Only the ``len:``/``labels:`` rows of ``rows`` (nothing else is read from a
+        folder); empty for a task whose data gives none."""
+        keys = self.extras.get(task, frozenset())
+        if not keys:
+            return {}
+        base = self.positions(task, step) if self.positions else step * self.batches[task]
+        source = self.sources[task]
+        if isinstance(source, NpyFolder):
+            n = len(source)
+            taken = source.take([(base + i) % n for i in range(lo, hi)], keys)
+            return {k: v.to(self.device) for k, v in taken.items()}
+        return {k: v for k, v in self.rows_at(task, base, lo, hi).items() if k in keys}
+
     def rows(self, task: str, step: int, lo: int, hi: int) -> dict[str, torch.Tensor]:
         """Rows ``[lo, hi)`` of ``task``'s batch at ``step`` (0-based): ``rows_at`` from the
         task's position at ``step`` (``positions(task, step)`` when the run follows a schedule
@@ -220,7 +281,10 @@ class TaskData:
             samples = None
         else:
             samples = [source[i] for i in indices]
-        out: dict[str, torch.Tensor] = {}
+            taken = self._stack_extras(task, samples, hi - lo)
+        out: dict[str, torch.Tensor] = {
+            k: v.to(self.device) for k, v in taken.items() if k in self.extras[task]
+        }
         for name, need in self.needs.get(task, {}).items():
             if samples is None:
                 stacked = taken[name]
@@ -246,23 +310,30 @@ class TaskData:
 
 
 def synthesize(
-    graph: MetaGraph, out: str | os.PathLike[str], samples: int, seed: int = 0
+    graph: MetaGraph,
+    out: str | os.PathLike[str],
+    samples: int,
+    seed: int = 0,
+    variable_length: bool = False,
 ) -> dict[str, Path]:
     """Write the first ``samples`` samples of every task's synthetic source as a data folder
     (one sub-folder per task, the format of ``datafiles.py``): a template for real data, and
-    what training on the in-memory source reads, sample for sample. Returns each task's
+    what training on the in-memory source reads, sample for sample. ``variable_length``: rows
+    of token ids and features get lengths too (``NAME.len.npy``). Returns each task's
     folder."""
     needs, targets = input_needs(graph), target_needs(graph)
     folders: dict[str, Path] = {}
     for task in graph.tasks:
         if task.batch <= 0:
             continue
-        source = SyntheticSource(graph, task.name, seed)
+        source = SyntheticSource(graph, task.name, seed, variable_length)
         first = source[0]
         arrays = {
             name: np.empty((samples, *first[name].shape), dtype=_np_dtype(first[name]))
             for name in needs.get(task.name, {})
         }
+        lengths = [name for name in needs.get(task.name, {}) if f"{name}.len" in first]
+        arrays.update({f"{name}.len": np.empty(samples, dtype=np.int64) for name in lengths})
         sinks = targets.get(task.name, ())
         for t in sinks:
             arrays[target_file(t.sink, sinks)[:-4]] = np.empty(
@@ -272,6 +343,8 @@ def synthesize(
             sample = source[i]
             for name in needs.get(task.name, {}):
                 arrays[name][i] = sample[name].numpy()
+            for name in lengths:
+                arrays[f"{name}.len"][i] = int(sample[f"{name}.len"])
             for t in sinks:
                 arrays[target_file(t.sink, sinks)[:-4]][i] = sample[f"target:{t.sink}"].numpy()
         folders[task.name] = Path(out) / task.name

@@ -15,6 +15,12 @@ The format (what ``data = "FOLDER"`` in a task and ``spindle train --data`` read
         target.npy          an mse task's target: (N, out_tokens, out_width) float
                             (several sinks: target.MODULE.npy each)
 
+Optional, beside a token-id or feature modality's array (``masks.py`` says what they do):
+
+        text.len.npy        (N,) integers: each row's real tokens, the rest being padding
+        text.labels.npy     (N, tokens) integers: the targets an lm loss scores, aligned with
+                            the ids (position i predicts labels[i + 1]); -100 scores nothing
+
 Every array of a folder has the same N, one row per sample, and ``tokens`` may be more than a
 task reads (it reads a prefix, as ``text[8]`` does). The arrays are memory-mapped, so a step
 reads only the rows of its batch: a folder larger than memory trains as well as a small one.
@@ -40,6 +46,7 @@ import torch
 
 from spindle_dsl.errors import ExecutionError
 
+from .masks import IGNORE, LABELS, LEN
 from .needs import InputNeed, TargetNeed
 
 TARGET = "target"
@@ -116,11 +123,22 @@ class NpyFolder(torch.utils.data.Dataset):
         self.length = self._check()
 
     def files(self) -> dict[str, Path]:
-        """Key (modality, or ``target:SINK``) -> the file that holds it."""
+        """Key (modality, ``target:SINK``, or the optional ``len:NAME``/``labels:NAME``) ->
+        the file that holds it."""
         out = {name: self.folder / f"{name}.npy" for name in self.needs}
         for t in self.targets:
             out[f"target:{t.sink}"] = self.folder / target_file(t.sink, self.targets)
+        for name in self.needs:
+            for prefix, suffix in ((LEN, "len"), (LABELS, "labels")):
+                extra = self.folder / f"{name}.{suffix}.npy"
+                if extra.is_file():
+                    out[f"{prefix}{name}"] = extra
         return out
+
+    @property
+    def extras(self) -> frozenset[str]:
+        """The ``len:``/``labels:`` keys this folder gives."""
+        return frozenset(k for k in self.files() if k.startswith((LEN, LABELS)))
 
     def _check(self) -> int:
         if not self.folder.is_dir():
@@ -154,11 +172,15 @@ class NpyFolder(torch.utils.data.Dataset):
         return next(iter(lengths.values()))
 
     def _what(self, key: str) -> str:
+        if key.startswith((LEN, LABELS)):
+            return f"{key.partition(':')[0]} of modality {key.partition(':')[2]}"
         return f"target of {key[7:]}" if key.startswith("target:") else f"modality {key}"
 
     def _check_one(self, key: str, path: Path, arr: np.ndarray) -> str | None:
         if key in self.needs:
             return _check_array(path, self.needs[key], arr)
+        if key.startswith((LEN, LABELS)):
+            return check_extra(key, self.needs[key.partition(":")[2]], arr)
         shape = next(t.shape for t in self.targets if f"target:{t.sink}" == key)
         if arr.dtype.kind != "f":
             return f"dtype {arr.dtype}: expected a float array"
@@ -180,13 +202,21 @@ class NpyFolder(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {k: v[0] for k, v in self.take([index]).items()}
 
-    def take(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """The samples at ``indices`` (each in [0, N)), stacked per key: token ids to
-        (k, tokens) int64, the rest to (k, tokens, width) as stored; one read per array."""
+    def take(
+        self, indices: Sequence[int], keys: frozenset[str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The samples at ``indices`` (each in [0, N)), stacked per key (only ``keys``, where
+        given): token ids to (k, tokens) int64, the rest to (k, tokens, width) as stored, row
+        lengths to (k,) and labels to (k, tokens) int64; one read per array."""
         arrays, rows = self._open(), np.asarray(indices, dtype=np.int64)
         out: dict[str, torch.Tensor] = {}
         for key, arr in arrays.items():
+            if keys is not None and key not in keys:
+                continue
             chunk = np.asarray(arr[rows])
+            if key.startswith((LEN, LABELS)):
+                out[key] = torch.from_numpy(self._extra(key, chunk))
+                continue
             need = self.needs.get(key)
             if need is not None and need.form == "image" and chunk.ndim == 4:
                 chunk = patchify(chunk, _patch_side(need))
@@ -202,6 +232,44 @@ class NpyFolder(torch.utils.data.Dataset):
                     )
             out[key] = torch.from_numpy(np.ascontiguousarray(chunk))
         return out
+
+    def _extra(self, key: str, chunk: np.ndarray) -> np.ndarray:
+        """Row lengths clamped to the tokens the task reads; labels cut to them."""
+        need = self.needs[key.partition(":")[2]]
+        chunk = chunk.astype(np.int64)
+        if key.startswith(LABELS):
+            chunk = chunk[:, : need.tokens]
+        problem = extra_problem(key, need, chunk)
+        if problem:
+            raise ExecutionError(f"data of task {self.task}: {self.files()[key]}: {problem}")
+        if key.startswith(LEN):
+            return np.ascontiguousarray(np.minimum(chunk, need.tokens))
+        return np.ascontiguousarray(chunk)
+
+
+def check_extra(key: str, need: InputNeed, arr: np.ndarray) -> str | None:
+    """Why ``arr`` cannot be the row lengths (``len:``) or labels (``labels:``) of ``need``'s
+    modality, or None."""
+    if arr.dtype.kind not in "iu":
+        return f"dtype {arr.dtype}: expected integers"
+    if key.startswith(LEN):
+        if need.form == "image":
+            return "image rows have no lengths: a vit reads every patch"
+        return None if arr.ndim == 1 else f"expected (N,) lengths, found shape {tuple(arr.shape)}"
+    if need.form != "vocab":
+        return "labels are for a token-id modality"
+    if arr.ndim != 2 or arr.shape[1] < need.tokens:
+        return f"expected (N, >={need.tokens}) labels, found shape {tuple(arr.shape)}"
+    return None
+
+
+def extra_problem(key: str, need: InputNeed, chunk: np.ndarray) -> str | None:
+    """Why rows of lengths or labels (read, as integers) are wrong, or None (the values are
+    checked as they are read, like token ids, so a large file opens at once)."""
+    if key.startswith(LEN):
+        return "a row length is negative" if len(chunk) and chunk.min() < 0 else None
+    wrong = (chunk != IGNORE) & ((chunk < 0) | (chunk >= need.width))
+    return f"labels must lie in [0, {need.width}) or be {IGNORE}" if wrong.any() else None
 
 
 class ReferenceSource(torch.utils.data.Dataset):

@@ -45,12 +45,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from spindle_dsl.errors import ExecutionError
 from spindle_dsl.metagraph import MetaGraph
 
 from . import losses as L
+from . import masks as M
 from .data import TaskData
 from .exchange import ReceivePool, exchange
 from .memory import MemoryMeter
@@ -144,6 +144,7 @@ class StepExecutor:
         # the tasks a pass runs: all of them, except in ``evaluate``
         self.active = frozenset(t.name for t in self.tasks)
         self.training = True
+        self._scored_at: dict[tuple, int | None] = {}  # the last lm count (``_scored``)
 
     def task_of_flow(self, flow: Flow) -> str:
         return self.graph.op(flow.source[0]).task
@@ -301,6 +302,8 @@ class StepExecutor:
         want = (hi - lo, *shape_after(self.graph, op, stage.end - 1))
         if hi == lo:
             return torch.zeros(want, dtype=self.dtype, device=self.device)
+        lengths = M.lengths_of(self.data.extras_at(op.task, step, lo, hi))
+        mask = M.input_mask(self.graph, op, lengths, hi - lo)
         with torch.set_grad_enabled(op.needs_backward and torch.is_grad_enabled()):
             if stage.index == 0:
                 raw = self.data.rows(op.task, step, lo, hi) if _reads_raw(op) else {}
@@ -309,6 +312,7 @@ class StepExecutor:
                     if inp.from_modality:
                         stage_in = self.store[Part(op.segments[0][0], f"input.{inp.source}")]
                         pieces.append(stage_in(raw[inp.source][:, : inp.tokens]))
+                        M.check_stage_tokens(op.id, pieces[-1], inp.tokens, inp.source in lengths)
                     else:
                         pieces.append(leaves[f"{op.id}<{i}"])
                 x = torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]
@@ -318,7 +322,7 @@ class StepExecutor:
             for g in range(stage.first, stage.end):
                 module, j = layer_module(op, g)
                 layer = self.store[Part(module, f"layer.{j}")]
-                x = checkpoint(layer, x, use_reentrant=False) if again else layer(x)
+                x, mask = M.call_layer(layer, x, mask, again)
         if tuple(x.shape) != want:
             raise ExecutionError(
                 f"{op.id} layers [{stage.first}, {stage.end}) of kind {op.kind} produced shape "
@@ -353,7 +357,8 @@ class StepExecutor:
                 lo, hi = self.rows(last, task.batch, m)
                 if task.loss == "contrastive":
                     with torch.set_grad_enabled(y.requires_grad):
-                        readouts[f"loss:{task.name}:{i}"] = L.readout(y)
+                        mask = self._sink_mask(sink_id, step, lo, hi)
+                        readouts[f"loss:{task.name}:{i}"] = L.readout(y, mask)
                     continue
                 if f"{LM_LOSS_FLOW}{sink_id}" in self.flow_by_key:  # scored on its loss devices
                     where = self.lm_targets[sink_id]
@@ -366,7 +371,11 @@ class StepExecutor:
                 if task.loss == "lm":
                     head = self.store[Part(head_module(self.graph.op(sink_id)), "head")]
                     where = self.lm_targets[sink_id]
-                    part = L.lm_loss_part(head, y, raw[where.modality], where, task.batch)
+                    part = L.lm_loss_part(
+                        head, y, raw[where.modality], where, task.batch,
+                        targets=M.lm_targets(raw, where.modality, where.count),
+                        scored=self._scored(task.name, sink_id, step),
+                    )  # fmt: skip
                 else:
                     part = L.mse_loss_part(y, raw[f"target:{sink_id}"], task.batch)
                 shares[task.name] += float(part.detach())
@@ -452,8 +461,9 @@ class StepExecutor:
                     for i, sink_id in enumerate(task.sinks):
                         last = self.schedule.chain(sink_id)[-1]
                         if self.rank in last.devices:
+                            mask = self._sink_mask(sink_id, step, *self.rows(last, task.batch, m))
                             readouts[f"loss:{task.name}:{i}"] = L.readout(
-                                outputs[(sink_id, last.index)]
+                                outputs[(sink_id, last.index)], mask
                             )
                 flows = tuple(f for f in self.flows[m][n] if self.task_of_flow(f) in cached)
                 if any(f.involves(self.rank) for f in flows):
@@ -495,13 +505,37 @@ class StepExecutor:
         lo, hi = flow.bounds(self.rank, source=False)
         first, end = lo // per_row, -(-hi // per_row)  # the batch rows those positions are in
         base = self.micro_rows(task.batch, m)[0]
-        ids = self.data.rows(task.name, step, base + first, base + end)[where.modality]
-        targets = ids[:, 1 : where.count].reshape(-1)[lo - first * per_row : hi - first * per_row]
+        raw = self.data.rows(task.name, step, base + first, base + end)
+        chosen = M.lm_targets(raw, where.modality, where.count)
+        if chosen is None:
+            chosen = raw[where.modality][:, 1 : where.count]
+        targets = chosen.reshape(-1)[lo - first * per_row : hi - first * per_row]
         head = self.store[Part(head_module(self.graph.op(sink_id)), "head")]
+        scored = self._scored(task.name, sink_id, step)
         # (inside the loss span; a category no step term sums, to see who scored what)
         with self.tracer.span(f"score {sink_id}", "loss rows", positions=hi - lo):
-            part = L.lm_loss_positions(head, hidden, targets, task.batch * per_row)
+            part = L.lm_loss_positions(
+                head, hidden, targets, scored if scored is not None else task.batch * per_row
+            )
         return task.name, part
+
+    def _sink_mask(self, sink_id: str, step: int, lo: int, hi: int) -> torch.Tensor | None:
+        """The real positions of a sink's output on rows ``[lo, hi)`` (None: all real)."""
+        op = self.graph.op(sink_id)
+        lengths = M.lengths_of(self.data.extras_at(op.task, step, lo, hi))
+        return M.output_mask(self.graph, op, lengths, hi - lo)
+
+    def _scored(self, task: str, sink_id: str, step: int) -> int | None:
+        """How many next-token targets an lm sink's whole batch scores at ``step`` (None:
+        every one, the rows having no lengths or labels); computed once per step."""
+        key = (id(self.data), task, sink_id, step)
+        if key not in self._scored_at:
+            batch = self.graph.task(task).batch
+            where = self.lm_targets[sink_id]
+            extras = self.data.extras_at(task, step, 0, batch)
+            keep = M.target_scored(extras, where.modality, where.count)
+            self._scored_at = {key: None if keep is None else M.scored(keep, batch, where.count)}
+        return self._scored_at[key]
 
     # --- backward -----------------------------------------------------------------------------
     def _send_back(

@@ -6,7 +6,9 @@ count; the shards' values then add up to the mean exactly as the oracle computes
 gradients add up the same way. ``contrastive`` (symmetric InfoNCE) couples every pair of
 samples, so it is not split: the runtime pools and normalises each shard's sink outputs (a
 per-sample step), gathers the two readouts of the whole batch on one device and computes the
-loss there.
+loss there. Rows with lengths (``masks.py``) score only their real text targets, each lm
+shard dividing by the number of those in the whole batch, and read out only their real
+positions.
 """
 
 from __future__ import annotations
@@ -70,17 +72,26 @@ def check_task(graph: MetaGraph, task: TaskInfo) -> None:
 
 
 def lm_loss_part(
-    head: torch.nn.Module, out: torch.Tensor, ids: torch.Tensor, where: LmTarget, batch: int
+    head: torch.nn.Module,
+    out: torch.Tensor,
+    ids: torch.Tensor,
+    where: LmTarget,
+    batch: int,
+    *,
+    targets: torch.Tensor | None = None,
+    scored: int | None = None,
 ) -> torch.Tensor:
-    """This shard's share of the mean next-token cross-entropy of a batch of ``batch``."""
+    """This shard's share of the mean next-token cross-entropy of a batch of ``batch``;
+    ``targets``: the shard's targets with -100 where nothing is scored (``masks.lm_targets``),
+    ``scored``: how many targets the whole batch scores (default: every one)."""
     n = where.count
     hidden = out[:, where.offset : where.offset + n - 1]
     logits = head(hidden)
-    targets = ids[:, 1:n]
+    chosen = ids[:, 1:n] if targets is None else targets
     total = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
-    )
-    return total / (batch * (n - 1))
+        logits.reshape(-1, logits.shape[-1]), chosen.reshape(-1), reduction="sum"
+    )  # (-100, the default ignore_index, scores nothing)
+    return total / (scored if scored is not None else batch * (n - 1))
 
 
 def lm_loss_positions(
@@ -90,7 +101,7 @@ def lm_loss_positions(
     positions bring (``hidden``: one head input per position; ``targets``: the next token of
     each). A spread lm loss scores any run of positions this way (``Plan.loss_devices``)."""
     logits = head(hidden)
-    total = F.cross_entropy(logits, targets, reduction="sum")
+    total = F.cross_entropy(logits, targets, reduction="sum")  # -100 scores nothing
     return total / count
 
 
@@ -100,9 +111,14 @@ def mse_loss_part(out: torch.Tensor, target: torch.Tensor, batch: int) -> torch.
     return ((out - target) ** 2).sum() / (batch * per_sample)
 
 
-def readout(out: torch.Tensor) -> torch.Tensor:
-    """Mean over tokens, then L2-normalised: what a contrastive loss compares (per sample)."""
-    return F.normalize(out.mean(dim=1), dim=-1)
+def readout(out: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over tokens (the real ones, with ``mask``), then L2-normalised: what a
+    contrastive loss compares (per sample)."""
+    if mask is None:
+        return F.normalize(out.mean(dim=1), dim=-1)
+    weights = mask.to(out.dtype).unsqueeze(-1)
+    mean = (out * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+    return F.normalize(mean, dim=-1)
 
 
 def infonce(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

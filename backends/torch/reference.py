@@ -23,6 +23,7 @@ from spindle_dsl.phases import MixSchedule
 from spindle_dsl.recipe import LrDecay, lr_at
 
 from . import losses as L
+from . import masks as M
 from .data import TaskData
 from .optim import make_optimizer, scale_of, set_lr
 from .params import DTYPES, PartStore, build_part
@@ -67,6 +68,7 @@ class ReferenceModel:
     def forward(self, task: TaskInfo, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every MetaOp output of ``task`` on the raw rows ``raw``, by MetaOp id."""
         acts: dict[str, torch.Tensor] = {}
+        lengths = M.lengths_of(raw)
         for op in self.graph.metaops:
             if op.task != task.name:
                 continue
@@ -75,12 +77,14 @@ class ReferenceModel:
                 if inp.from_modality:
                     stage = self.store[Part(op.segments[0][0], f"input.{inp.source}")]
                     pieces.append(stage(raw[inp.source][:, : inp.tokens]))
+                    M.check_stage_tokens(op.id, pieces[-1], inp.tokens, inp.source in lengths)
                 else:
                     pieces.append(acts[inp.source])
             x = torch.cat(pieces, dim=1)
+            mask = M.input_mask(self.graph, op, lengths, x.shape[0])
             for module, count in op.segments:
                 for j in range(count):
-                    x = self.store[Part(module, f"layer.{j}")](x)
+                    x, mask = M.call_layer(self.store[Part(module, f"layer.{j}")], x, mask)
             acts[op.id] = x
         return acts
 
@@ -101,24 +105,31 @@ class ReferenceModel:
             raw = self.data.rows(task.name, step, 0, task.batch)
             acts = self.forward(task, raw)
             if task.loss == "lm":
-                out[task.name] = sum(
-                    L.lm_loss_part(
-                        self.store[Part(head_module(self.graph.op(s)), "head")],
-                        acts[s],
-                        raw[L.lm_target(self.graph, s).modality],
-                        L.lm_target(self.graph, s),
-                        task.batch,
-                    )
-                    for s in task.sinks
-                )
+                out[task.name] = sum(self._lm_loss(task, s, acts[s], raw) for s in task.sinks)
             elif task.loss == "mse":
                 out[task.name] = sum(
                     L.mse_loss_part(acts[s], raw[f"target:{s}"], task.batch) for s in task.sinks
                 )
             else:
-                a, b = (L.readout(acts[s]) for s in task.sinks)
+                lengths, rows = M.lengths_of(raw), task.batch
+                a, b = (
+                    L.readout(acts[s], M.output_mask(self.graph, self.graph.op(s), lengths, rows))
+                    for s in task.sinks
+                )
                 out[task.name] = L.infonce(a, b)
         return out
+
+    def _lm_loss(
+        self, task: TaskInfo, sink: str, out: torch.Tensor, raw: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """The mean next-token loss of an lm sink over the real targets of its whole batch."""
+        where = L.lm_target(self.graph, sink)
+        targets = M.lm_targets(raw, where.modality, where.count)
+        head = self.store[Part(head_module(self.graph.op(sink)), "head")]
+        return L.lm_loss_part(
+            head, out, raw[where.modality], where, task.batch, targets=targets,
+            scored=M.scored(targets, task.batch, where.count),
+        )  # fmt: skip
 
     def train(
         self,

@@ -38,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     synth.add_argument("--samples", type=int, required=True, metavar="N", help="samples per task")
     synth.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
     synth.add_argument("--seed", type=int, default=0, help="the run seed (default: 0)")
+    synth.add_argument(
+        "--variable-length",
+        action="store_true",
+        help="give every row of token ids or features a length (MODALITY.len.npy, between half "
+        "its tokens and all of them, zeros after it): padded rows, to train and test masks",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.samples < 1:
         raise ExecutionError(f"--samples must be at least 1, got {args.samples}")
     graph = load_graph(args)
-    folders = synthesize(graph, args.out, args.samples, args.seed)
+    folders = synthesize(graph, args.out, args.samples, args.seed, args.variable_length)
     for task, folder in folders.items():
         names = ", ".join(sorted(p.name for p in folder.glob("*.npy")))
         print(f"{task}: {args.samples} samples in {folder} ({names})")

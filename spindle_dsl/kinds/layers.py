@@ -14,11 +14,24 @@ from torch import nn
 from spindle_dsl.kinds.common import BlockShape, RopeScaling, default_norm_eps
 
 
-def pool_tokens(x: torch.Tensor, out_tokens: int | None) -> torch.Tensor:
-    """Adaptive average pooling along the token axis; a no-op when already ``out_tokens`` long."""
+def pool_tokens(
+    x: torch.Tensor, out_tokens: int | None, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Adaptive average pooling along the token axis; a no-op when already ``out_tokens`` long.
+    ``mask`` (batch, tokens), True at real tokens: each row pools its real tokens alone, as
+    adaptive pooling pools a row of just those (pooled token ``o`` of ``n`` real ones averages
+    the real tokens ranked ``floor(o n / out)`` to ``ceil((o + 1) n / out) - 1``)."""
     if out_tokens is None or x.shape[1] == out_tokens:
         return x
-    return F.adaptive_avg_pool1d(x.transpose(1, 2), out_tokens).transpose(1, 2)
+    if mask is None:
+        return F.adaptive_avg_pool1d(x.transpose(1, 2), out_tokens).transpose(1, 2)
+    rank = (mask.long().cumsum(1) - 1)[:, None, :]  # (batch, 1, tokens)
+    n = mask.long().sum(1)[:, None, None]
+    o = torch.arange(out_tokens, device=x.device)[None, :, None]  # (1, out, 1)
+    first, end = o * n // out_tokens, -(-(o + 1) * n // out_tokens)
+    inside = mask[:, None, :] & (rank >= first) & (rank < end)  # (batch, out, tokens)
+    weights = inside.to(x.dtype)
+    return (weights / weights.sum(-1, keepdim=True).clamp_min(1.0)) @ x
 
 
 def activate(x: torch.Tensor, act: str) -> torch.Tensor:
@@ -118,18 +131,40 @@ def rotate(x: torch.Tensor, theta: float, scaling: RopeScaling | None = None) ->
     return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Scaled dot-product attention where k/v may have fewer heads than q (grouped-query):
-    each K/V head serves ``q_heads / kv_heads`` consecutive query heads."""
+    each K/V head serves ``q_heads / kv_heads`` consecutive query heads. ``mask`` (batch,
+    tokens), True at real tokens: a padded token attends only to itself, and no token attends
+    to one."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=padding_mask(mask, causal))
+
+
+def padding_mask(mask: torch.Tensor, causal: bool) -> torch.Tensor:
+    """(batch, 1, tokens, tokens) booleans for ``scaled_dot_product_attention``: query i sees
+    key j where both are real (and j <= i if ``causal``), and always itself."""
+    t = mask.shape[1]
+    seen = mask[:, None, None, :] & mask[:, None, :, None]
+    if causal:
+        seen = seen & torch.ones(t, t, dtype=torch.bool, device=mask.device).tril()
+    return seen | torch.eye(t, dtype=torch.bool, device=mask.device)
 
 
 class SelfAttentionBlock(nn.Module):
     """Pre-norm transformer block (``BlockShape``); optionally causal; optionally pools tokens
-    at the end."""
+    at the end; takes a padding mask (``backends/torch/masks.py``)."""
+
+    takes_mask = True
 
     def __init__(self, shape: BlockShape, causal: bool, out_tokens: int | None):
         super().__init__()
@@ -155,7 +190,7 @@ class SelfAttentionBlock(nn.Module):
         k_zero = self.q_bias.new_zeros(self.shape.kv_width)
         return F.linear(x, self.qkv.weight, torch.cat((self.q_bias, k_zero, self.v_bias)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         s = self.shape
         kv_width = s.kv_width
         q, k, v = self._qkv(self.ln1(x)).split((s.q_width, kv_width, kv_width), dim=-1)
@@ -163,13 +198,20 @@ class SelfAttentionBlock(nn.Module):
         if s.rotary:
             q = rotate(q, s.rope_theta, s.rope_scaling)
             k = rotate(k, s.rope_theta, s.rope_scaling)
-        x = x + self.proj(_merge_heads(attention(q, k, v, self.causal)))
+        y = (
+            attention(q, k, v, self.causal)
+            if mask is None
+            else attention(q, k, v, self.causal, mask)
+        )
+        x = x + self.proj(_merge_heads(y))
         x = x + self.ffn(self.ln2(x))
-        return pool_tokens(x, self.out_tokens)
+        return pool_tokens(x, self.out_tokens, mask)
 
 
 class MlpLayer(nn.Module):
     """Linear(in, hidden)-GELU-Linear(hidden, out), or Linear(in, out) without ``hidden``."""
+
+    takes_mask = True  # per token; the mask matters only to its pooling
 
     def __init__(self, n_in: int, n_out: int, hidden: int | None, out_tokens: int | None):
         super().__init__()
@@ -179,12 +221,15 @@ class MlpLayer(nn.Module):
         else:
             self.net = nn.Sequential(nn.Linear(n_in, hidden), nn.GELU(), nn.Linear(hidden, n_out))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return pool_tokens(self.net(x), self.out_tokens)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return pool_tokens(self.net(x), self.out_tokens, mask)
 
 
 class ResamplerLayer(nn.Module):
-    """Learned queries cross-attend to the inputs, then a feed-forward; out_tokens x hidden."""
+    """Learned queries cross-attend to the inputs (their real tokens, with a mask), then a
+    feed-forward; out_tokens x hidden."""
+
+    takes_mask = True
 
     def __init__(self, n_in: int, hidden: int, heads: int, out_tokens: int, ffn: int):
         super().__init__()
@@ -200,13 +245,14 @@ class ResamplerLayer(nn.Module):
         self.ln2 = nn.LayerNorm(hidden)
         self.ffn = FeedForward(hidden, ffn)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         kv = self.ln_kv(x)
         base = self.queries.unsqueeze(0).expand(x.shape[0], -1, -1)
         q = _split_heads(self.q(self.ln_q(base)), self.heads)
         k = _split_heads(self.k(kv), self.heads)
         v = _split_heads(self.v(kv), self.heads)
-        y = base + self.proj(_merge_heads(F.scaled_dot_product_attention(q, k, v)))
+        keys = None if mask is None else (mask | ~mask.any(1, keepdim=True))[:, None, None, :]
+        y = base + self.proj(_merge_heads(F.scaled_dot_product_attention(q, k, v, keys)))
         return y + self.ffn(self.ln2(y))
 
 
