@@ -201,7 +201,7 @@ def _train(
 ) -> RunResult | None:
     config, graph = job.config, job.graph
     phases = run_phases(graph, plan, job.schedule)
-    tracer = Tracer(rank, enabled=bool(config.trace))
+    tracer = Tracer(rank, enabled=bool(config.trace), device=device)
     positions = job.schedule.first_sample if job.schedule is not None else None
 
     def make(g: MetaGraph, p: Plan, store: Any = None) -> Trainer:
