@@ -29,6 +29,18 @@ from spindle_dsl.errors import ExecutionError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``spindle train`` flags, in the order ``--help`` and docs/cli.md list them."""
+    _add_plan_arguments(parser)
+    _add_output_arguments(parser)
+    _add_execution_arguments(parser)
+    _add_data_arguments(parser)
+    _add_reporting_arguments(parser)
+    _add_recipe_arguments(parser)
+
+
+def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The spec, which plan to run (given, or made here by a scheduler) and how many local
+    workers to spawn for it."""
     from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S, SCHEDULERS
 
     add_spec_arguments(parser)
@@ -42,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S")
     parser.add_argument("--nproc", type=int, help="spawn this many local worker processes")
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the run's step log, scalars, checkpoints and measured trace go."""
     parser.add_argument(
         "--log-json",
         metavar="FILE",
@@ -59,6 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-resume", action="store_true", help="start afresh even if DIR has a checkpoint"
     )
     parser.add_argument("--trace", metavar="FILE.json", help="write a measured Chrome trace")
+
+
+def _add_execution_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the workers train: dtype, device, activation recompute and optimizer sharding."""
     parser.add_argument(
         "--dtype",
         choices=("float32", "float64", "bfloat16"),
@@ -86,6 +106,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="shard each part's AdamW state over the ranks holding the part (ZeRO-1), as the "
         "planner's memory model assumes; off keeps it whole on every holder (default: on)",
     )
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The training data, and the levers (micro-batches, ZeRO stage) that override a plan's."""
     parser.add_argument("--data", action="append", metavar="DIR|TASK=PATH", help=DATA_HELP)
     parser.add_argument(
         "--micro-batches",
@@ -103,6 +127,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "state over its holders, 2 its gradients too; the plan made here is made for it, "
         "with --plan it replaces the plan's (with a warning)",
     )
+
+
+def _add_reporting_arguments(parser: argparse.ArgumentParser) -> None:
+    """Hang detection, the progress line and the JSON summary of the run."""
     parser.add_argument(
         "--hang-timeout",
         type=float,
@@ -116,7 +144,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="write measured and predicted step time (and the plan's baselines) as JSON",
     )
-    _add_recipe_arguments(parser)
 
 
 # (flag, type, metavar, help): each overrides the train block's setting of the same name
@@ -162,25 +189,13 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spindle_dsl.backends.base import RunConfig
-    from spindle_dsl.backends.torch import TorchBackend, torchrun_env
-    from spindle_dsl.backends.torch.progress import analytic_hint, summary
-    from spindle_dsl.cost.comm import is_cpu
-    from spindle_dsl.plan.bundle import PlanBundle, read_plan_file
-    from spindle_dsl.plan.model import Plan
+    """Compile the spec, pick or make the plan, and train it: in this process's rank under
+    torchrun, else in spawned local workers; rank 0 (or the parent) prints the summary."""
+    from spindle_dsl.backends.torch import TorchBackend
+    from spindle_dsl.plan.bundle import read_plan_file
 
-    if args.zero_stage is None and args.optimizer_sharding == "off" and args.dtype != "bfloat16":
-        args.zero_stage = 0  # what runs: plan (and warn about a --plan) for it
-    env = None if args.nproc is not None else torchrun_env()
-    world = args.nproc if args.nproc is not None else env[1] if env else None
-    if world is not None and args.devices is None and args.plan is None:
-        args.devices = world  # plan for as many devices as there are ranks
-    overrides = train_overrides(args)
-    compiled = load_compiled(
-        args, show_warnings=env is None or env[0] == 0, train_overrides=overrides
-    )
-    if env is not None and args.plan is None and args.devices_per_node is None:
-        compiled = _for_launched_nodes(args, compiled, lead=env[0] == 0, overrides=overrides)
+    env, world = _launch(args)
+    compiled = _compile(args, env)
     graph, schedule, settings = compiled.graph, compiled.schedule, compiled.train
     if world is None:
         if graph.cluster.device.name != "cpu":
@@ -191,9 +206,72 @@ def run(args: argparse.Namespace) -> int:
         world = graph.cluster.devices
         args.nproc = world
 
-    made: list[Plan | PlanBundle] = []
+    made: list[Any] = []
+    planner = _planner(args, graph, schedule, made)
+    plan = read_plan_file(args.plan) if args.plan else None
+    if plan is not None and (env is None or env[0] == 0):
+        _warn_overridden_levers(args, plan)
+    trace, own_trace = _trace_path(args, settings.steps)
+    config = _run_config(args, settings, trace)
+    datasets = bind_data(args.data, graph)
+    eval_datasets = eval_data(graph, bind_data(args.eval_data, graph, flag="--eval-data"))
+    if env is None or env[0] == 0:
+        _describe_inputs(graph, settings, datasets, eval_datasets)
+    try:
+        result = TorchBackend().train(
+            graph,
+            plan,
+            config,
+            nproc=args.nproc,
+            planner=planner,
+            datasets=datasets,
+            schedule=schedule,
+            eval_datasets=eval_datasets,
+        )
+        if result is not None:  # rank 0 (or the parent of --nproc workers)
+            used = plan or (made[-1] if made else None)
+            _report(args, graph, result, used, trace, own_trace)
+    finally:
+        if own_trace and trace:
+            with contextlib.suppress(OSError):
+                os.unlink(trace)
+    sys.stdout.flush()
+    return 0
 
-    def planner() -> Plan | PlanBundle:
+
+def _launch(args: argparse.Namespace) -> tuple[Any, int | None]:
+    """The torchrun environment (None with ``--nproc`` or outside torchrun) and the number of
+    ranks where it is known yet; settles the ZeRO stage that ``--optimizer-sharding off``
+    means, and plans for as many devices as there are ranks unless told otherwise."""
+    from spindle_dsl.backends.torch import torchrun_env
+
+    if args.zero_stage is None and args.optimizer_sharding == "off" and args.dtype != "bfloat16":
+        args.zero_stage = 0  # what runs: plan (and warn about a --plan) for it
+    env = None if args.nproc is not None else torchrun_env()
+    world = args.nproc if args.nproc is not None else env[1] if env else None
+    if world is not None and args.devices is None and args.plan is None:
+        args.devices = world  # plan for as many devices as there are ranks
+    return env, world
+
+
+def _compile(args: argparse.Namespace, env: Any) -> Any:
+    """The compiled spec with the recipe flags applied (warnings shown on the lead rank only),
+    recompiled for the node layout torchrun launched where a plan is to be made here."""
+    overrides = train_overrides(args)
+    compiled = load_compiled(
+        args, show_warnings=env is None or env[0] == 0, train_overrides=overrides
+    )
+    if env is not None and args.plan is None and args.devices_per_node is None:
+        compiled = _for_launched_nodes(args, compiled, lead=env[0] == 0, overrides=overrides)
+    return compiled
+
+
+def _planner(args: argparse.Namespace, graph: Any, schedule: Any, made: list[Any]) -> Any:
+    """The callback the backend calls when it needs a plan: a plan bundle for a spec with a
+    schedule, else one plan; each plan made is appended to ``made`` so the summary can set
+    its prediction against the run."""
+
+    def planner() -> Any:
         from spindle_dsl.planner import isolate, make_plan
 
         try:
@@ -216,11 +294,14 @@ def run(args: argparse.Namespace) -> int:
         finally:  # the solver and planning helper processes are idle while training runs
             isolate.shutdown()
 
-    plan = read_plan_file(args.plan) if args.plan else None
-    if plan is not None and (env is None or env[0] == 0):
-        _warn_overridden_levers(args, plan)
-    trace, own_trace = _trace_path(args, settings.steps)
-    config = RunConfig(
+    return planner
+
+
+def _run_config(args: argparse.Namespace, settings: Any, trace: str | None) -> Any:
+    """The backend's ``RunConfig``: the train block's recipe plus the run flags."""
+    from spindle_dsl.backends.base import RunConfig
+
+    return RunConfig(
         **settings.run_fields(),
         dtype=args.dtype,
         device=args.run_on,
@@ -237,54 +318,55 @@ def run(args: argparse.Namespace) -> int:
         micro_batches=args.micro_batches,
         zero_stage=args.zero_stage,
     )
-    datasets = bind_data(args.data, graph)
-    eval_datasets = eval_data(graph, bind_data(args.eval_data, graph, flag="--eval-data"))
-    if env is None or env[0] == 0:
-        describe_data(graph, datasets, settings.seed, eval_datasets)
-        if settings.eval_every and not eval_datasets:
-            print(
-                f"note: eval_every = {settings.eval_every}, but no task has held-out data "
-                '(eval_data = "..." in a task, or --eval-data): nothing is evaluated',
-                file=sys.stderr,
-            )
-    try:
-        result = TorchBackend().train(
-            graph,
-            plan,
-            config,
-            nproc=args.nproc,
-            planner=planner,
-            datasets=datasets,
-            schedule=schedule,
-            eval_datasets=eval_datasets,
-        )
-        if result is not None:  # rank 0 (or the parent of --nproc workers)
-            sequential = result.extra.get("baselines", {}).get("sequential_s")
-            scheduler = result.extra.get("scheduler", "?")
-            print(f"plan: {scheduler}")
-            shown = replace(result, trace=None) if own_trace else result  # ours: not the user's
-            print(summary(shown, sequential))
-            planned_here = not args.plan and not args.profile and is_cpu(graph.cluster)
-            if planned_here and result.steps and result.predicted_step_s > 0:
-                ratio = result.measured_step_s / result.predicted_step_s
-                hint = analytic_hint(ratio, args.spec, args.nproc)
-                if hint:
-                    print(hint)
-            if "phases" in result.extra:
-                from spindle_dsl.backends.torch.phased import phases_summary
 
-                print(phases_summary(result))
-            used = plan or (made[-1] if made else None)
-            if isinstance(used, Plan) and trace and os.path.exists(trace):
-                print(_where_the_time_goes(used, trace))
-            if args.summary_json:
-                write_atomic(args.summary_json, json.dumps(summary_json(result), indent=1) + "\n")
-    finally:
-        if own_trace and trace:
-            with contextlib.suppress(OSError):
-                os.unlink(trace)
-    sys.stdout.flush()
-    return 0
+
+def _describe_inputs(
+    graph: Any, settings: Any, datasets: dict[str, str], eval_datasets: dict[str, str]
+) -> None:
+    """Say what data each task trains and evaluates on, and note an evaluation interval that
+    has no held-out data to evaluate."""
+    describe_data(graph, datasets, settings.seed, eval_datasets)
+    if settings.eval_every and not eval_datasets:
+        print(
+            f"note: eval_every = {settings.eval_every}, but no task has held-out data "
+            '(eval_data = "..." in a task, or --eval-data): nothing is evaluated',
+            file=sys.stderr,
+        )
+
+
+def _report(
+    args: argparse.Namespace,
+    graph: Any,
+    result: Any,
+    used: Any,
+    trace: str | None,
+    own_trace: bool,
+) -> None:
+    """Print the run's summary (plan, step times, an analytic-model hint, phases, where the
+    time goes against the prediction) and write ``--summary-json``."""
+    from spindle_dsl.backends.torch.progress import analytic_hint, summary
+    from spindle_dsl.cost.comm import is_cpu
+    from spindle_dsl.plan.model import Plan
+
+    sequential = result.extra.get("baselines", {}).get("sequential_s")
+    scheduler = result.extra.get("scheduler", "?")
+    print(f"plan: {scheduler}")
+    shown = replace(result, trace=None) if own_trace else result  # ours: not the user's
+    print(summary(shown, sequential))
+    planned_here = not args.plan and not args.profile and is_cpu(graph.cluster)
+    if planned_here and result.steps and result.predicted_step_s > 0:
+        ratio = result.measured_step_s / result.predicted_step_s
+        hint = analytic_hint(ratio, args.spec, args.nproc)
+        if hint:
+            print(hint)
+    if "phases" in result.extra:
+        from spindle_dsl.backends.torch.phased import phases_summary
+
+        print(phases_summary(result))
+    if isinstance(used, Plan) and trace and os.path.exists(trace):
+        print(_where_the_time_goes(used, trace))
+    if args.summary_json:
+        write_atomic(args.summary_json, json.dumps(summary_json(result), indent=1) + "\n")
 
 
 def _warn_overridden_levers(args: argparse.Namespace, plan: Any) -> None:
