@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from spindle_dsl.errors import ExecutionError
-from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.metagraph import MetaGraph, TaskInfo
 
 from . import losses as L
 from . import masks as M
@@ -339,6 +339,39 @@ class StepExecutor:
         outputs: dict[StageKey, torch.Tensor],
         cache: ContrastiveCache | None,
     ) -> tuple[dict[str, float], dict[StageKey, torch.Tensor]]:
+        """The loss phase of micro-batch ``m``: each active task's loss share on this rank and,
+        when training, the gradients of this rank's sink outputs (after back-propagating the
+        losses through the loss-phase flows). Every rank runs the same exchanges in the same
+        order, so the collectives match."""
+        shares, seeds, sink_leaves, readouts = self._local_losses(step, m, outputs)
+        flows = self.flows[m][self.schedule.n_waves]
+        if not self.training:
+            flows = tuple(f for f in flows if self._runs(f))
+        gathered = self._gathered_losses(step, m, flows, cache, readouts, shares, seeds)
+        if not self.training:
+            return shares, {}
+        if seeds:
+            torch.autograd.backward(seeds)
+        if any(f.involves(self.rank) and f.backward for f in flows):
+            self._backward_readouts(m, flows, cache, readouts, gathered)
+        out_grads: dict[StageKey, torch.Tensor] = {}
+        for key, y in sink_leaves:
+            if y.grad is not None:
+                _accumulate(out_grads, key, y.grad)
+        return shares, out_grads
+
+    def _local_losses(
+        self, step: int, m: int, outputs: dict[StageKey, torch.Tensor]
+    ) -> tuple[
+        dict[str, float],
+        list[torch.Tensor],
+        list[tuple[StageKey, torch.Tensor]],
+        dict[str, torch.Tensor],
+    ]:
+        """The losses this rank scores from its own sink outputs, before any exchange: the
+        loss shares per task, the loss tensors to back-propagate, the sink outputs as leaves
+        (their gradients go back to the stages) and the readouts this rank sends in the loss
+        phase (contrastive readouts and spread lm head inputs)."""
         shares: dict[str, float] = {}
         seeds: list[torch.Tensor] = []  # loss tensors to back-propagate
         sink_leaves: list[tuple[StageKey, torch.Tensor]] = []
@@ -354,36 +387,61 @@ class StepExecutor:
                 key = (sink_id, last.index)
                 y = outputs[key].detach().requires_grad_(outputs[key].requires_grad)
                 sink_leaves.append((key, y))
-                lo, hi = self.rows(last, task.batch, m)
-                if task.loss == "contrastive":
-                    with torch.set_grad_enabled(y.requires_grad):
-                        mask = self._sink_mask(sink_id, step, lo, hi)
-                        readouts[f"loss:{task.name}:{i}"] = L.readout(y, mask)
-                    continue
-                if f"{LM_LOSS_FLOW}{sink_id}" in self.flow_by_key:  # scored on its loss devices
-                    where = self.lm_targets[sink_id]
-                    positions = y[:, where.offset : where.offset + where.count - 1]
-                    readouts[f"{LM_LOSS_FLOW}{sink_id}"] = positions.reshape(-1, y.shape[-1])
-                    continue
-                if hi == lo:
-                    continue
-                raw = self.data.rows(task.name, step, lo, hi)
-                if task.loss == "lm":
-                    head = self.store[Part(head_module(self.graph.op(sink_id)), "head")]
-                    where = self.lm_targets[sink_id]
-                    part = L.lm_loss_part(
-                        head, y, raw[where.modality], where, task.batch,
-                        targets=M.lm_targets(raw, where.modality, where.count),
-                        scored=self._scored(task.name, sink_id, step),
-                    )  # fmt: skip
-                else:
-                    part = L.mse_loss_part(y, raw[f"target:{sink_id}"], task.batch)
-                shares[task.name] += float(part.detach())
-                if part.requires_grad:
-                    seeds.append(part)
-        flows = self.flows[m][self.schedule.n_waves]
-        if not self.training:
-            flows = tuple(f for f in flows if self._runs(f))
+                part = self._sink_loss(task, i, sink_id, step, m, last, y, readouts)
+                if part is not None:
+                    _add_loss(shares, seeds, task.name, part)
+        return shares, seeds, sink_leaves, readouts
+
+    def _sink_loss(
+        self,
+        task: TaskInfo,
+        i: int,
+        sink_id: str,
+        step: int,
+        m: int,
+        last: Stage,
+        y: torch.Tensor,
+        readouts: dict[str, torch.Tensor],
+    ) -> torch.Tensor | None:
+        """The loss of one sink scored here, or None where it is scored elsewhere (its readout
+        or head inputs are put in ``readouts`` to send) or this micro-batch has no rows here."""
+        lo, hi = self.rows(last, task.batch, m)
+        if task.loss == "contrastive":
+            with torch.set_grad_enabled(y.requires_grad):
+                mask = self._sink_mask(sink_id, step, lo, hi)
+                readouts[f"loss:{task.name}:{i}"] = L.readout(y, mask)
+            return None
+        if f"{LM_LOSS_FLOW}{sink_id}" in self.flow_by_key:  # scored on its loss devices
+            where = self.lm_targets[sink_id]
+            positions = y[:, where.offset : where.offset + where.count - 1]
+            readouts[f"{LM_LOSS_FLOW}{sink_id}"] = positions.reshape(-1, y.shape[-1])
+            return None
+        if hi == lo:
+            return None
+        raw = self.data.rows(task.name, step, lo, hi)
+        if task.loss == "lm":
+            head = self.store[Part(head_module(self.graph.op(sink_id)), "head")]
+            where = self.lm_targets[sink_id]
+            return L.lm_loss_part(
+                head, y, raw[where.modality], where, task.batch,
+                targets=M.lm_targets(raw, where.modality, where.count),
+                scored=self._scored(task.name, sink_id, step),
+            )  # fmt: skip
+        return L.mse_loss_part(y, raw[f"target:{sink_id}"], task.batch)
+
+    def _gathered_losses(
+        self,
+        step: int,
+        m: int,
+        flows: tuple[Flow, ...],
+        cache: ContrastiveCache | None,
+        readouts: dict[str, torch.Tensor],
+        shares: dict[str, float],
+        seeds: list[torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        """Exchange the loss-phase readouts and score what arrives here, adding to ``shares``
+        and ``seeds``; returns the readouts received (as autograd leaves where they carry a
+        gradient back)."""
         # Contrastive tasks gather both readouts of the whole batch on the loss device (unless
         # cached for the step); spread lm sinks re-split their head inputs over their loss
         # devices, which score the rows they receive.
@@ -395,45 +453,41 @@ class StepExecutor:
         for f in moving:
             if _lm_flow(f) and f.key in gathered:
                 task_name, part = self._score_rows(step, m, f, gathered[f.key])
-                shares[task_name] += float(part.detach())
-                if part.requires_grad:
-                    seeds.append(part)
+                _add_loss(shares, seeds, task_name, part)
         if cache is None:
             for task in self.tasks:
                 if task.loss == "contrastive" and f"loss:{task.name}:0" in gathered:
                     if task.name not in self.active:
                         continue
                     a, b = gathered[f"loss:{task.name}:0"], gathered[f"loss:{task.name}:1"]
-                    loss = L.infonce(a, b)
-                    shares[task.name] += float(loss.detach())
-                    if loss.requires_grad:
-                        seeds.append(loss)
-        if not self.training:
-            return shares, {}
-        if seeds:
-            torch.autograd.backward(seeds)
-        if any(f.involves(self.rank) and f.backward for f in flows):
-            if cache is None:
-                grads = {k: _grad_of(v) for k, v in gathered.items()}
-            else:  # this micro-batch's rows of the cached whole-batch readout gradients
-                grads = {
-                    f.key: cache.grads[f.key][slice(*self.micro_rows(f.batch_whole, m))]
-                    for f in flows
-                    if f.key in cache.grads
-                }
-                grads.update((k, _grad_of(v)) for k, v in gathered.items())
-            back = exchange(
-                self.rank, flows, grads, reverse=True, dtype=self.dtype, device=self.device
-            )
-            # (an empty shard's readout has no graph: nothing to propagate)
-            pending = [(readouts[k], g) for k, g in back.items() if readouts[k].requires_grad]
-            if pending:
-                torch.autograd.backward([r for r, _ in pending], [g for _, g in pending])
-        out_grads: dict[StageKey, torch.Tensor] = {}
-        for key, y in sink_leaves:
-            if y.grad is not None:
-                _accumulate(out_grads, key, y.grad)
-        return shares, out_grads
+                    _add_loss(shares, seeds, task.name, L.infonce(a, b))
+        return gathered
+
+    def _backward_readouts(
+        self,
+        m: int,
+        flows: tuple[Flow, ...],
+        cache: ContrastiveCache | None,
+        readouts: dict[str, torch.Tensor],
+        gathered: dict[str, torch.Tensor],
+    ) -> None:
+        """Send the gradients of the received readouts back to their senders (with a cache,
+        this micro-batch's rows of the cached readout gradients too) and back-propagate the
+        gradients that arrive here into this rank's readouts."""
+        if cache is None:
+            grads = {k: _grad_of(v) for k, v in gathered.items()}
+        else:  # this micro-batch's rows of the cached whole-batch readout gradients
+            grads = {
+                f.key: cache.grads[f.key][slice(*self.micro_rows(f.batch_whole, m))]
+                for f in flows
+                if f.key in cache.grads
+            }
+            grads.update((k, _grad_of(v)) for k, v in gathered.items())
+        back = exchange(self.rank, flows, grads, reverse=True, dtype=self.dtype, device=self.device)
+        # (an empty shard's readout has no graph: nothing to propagate)
+        pending = [(readouts[k], g) for k, g in back.items() if readouts[k].requires_grad]
+        if pending:
+            torch.autograd.backward([r for r, _ in pending], [g for _, g in pending])
 
     def _contrastive_cache(self, step: int) -> ContrastiveCache:
         """The contrastive losses of the whole batch and their readout gradients, from a
@@ -572,6 +626,15 @@ def _micro_flow(flow: Flow, k: int, m: int) -> MicroFlow:
     lo, hi = unit_bounds(flow.batch, k, flow.src_unit)[m]  # whole rows in each pass
     fields = {f.name: getattr(flow, f.name) for f in dataclasses.fields(Flow)}
     return MicroFlow(**{**fields, "batch": hi - lo}, batch_whole=flow.batch)
+
+
+def _add_loss(
+    shares: dict[str, float], seeds: list[torch.Tensor], task: str, loss: torch.Tensor
+) -> None:
+    """Count a loss in its task's share and, where it has a graph, back-propagate it later."""
+    shares[task] += float(loss.detach())
+    if loss.requires_grad:
+        seeds.append(loss)
 
 
 def _lm_flow(flow: Flow) -> bool:
