@@ -17,7 +17,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-NAMES = ("quickstart.ipynb", "interactive_planning.ipynb", "train_tiny_mm.ipynb", "digits.ipynb")
+NAMES = (
+    "quickstart.ipynb",
+    "interactive_planning.ipynb",
+    "train_tiny_mm.ipynb",
+    "digits.ipynb",
+    "hf_vlm.ipynb",
+)
 SWEEP = (8, 16, 24, 32, 48, 64)  # interactive_planning's device counts
 
 
