@@ -199,9 +199,84 @@ def _train(
     device: torch.device,
     beat: Callable[[str], None],
 ) -> RunResult | None:
+    """Train ``plan`` (a bundle's phases in turn, switching plans between them) on this rank:
+    resume from the latest checkpoint where asked, run the steps, then gather the trace and
+    every rank's reports on rank 0, which alone returns the result. Every rank makes the same
+    collectives in the same order."""
     config, graph = job.config, job.graph
     phases = run_phases(graph, plan, job.schedule)
     tracer = Tracer(rank, enabled=bool(config.trace), device=device)
+    make = _trainer_factory(job, rank, world_size, device, tracer, beat)
+    meta = {"spec_sha256": graph.spec_sha256, "dtype": config.dtype, "seed": config.seed}
+    info = _resume_point(config, meta)
+    start = min(info.step, config.steps) if info is not None else 0
+    current = phase_index(phases, min(start, max(config.steps - 1, 0)))
+    trainer = make(phases[current].graph, phases[current].plan)
+    others = _compared_trainers(job, rank, world_size, device, beat)
+    parked = _resume_parts(info, job, trainer, phases, rank, world_size)
+    run = _Run(
+        job=job, phases=phases, rank=rank, world_size=world_size, beat=beat, tracer=tracer,
+        make=make, meta=meta, trainer=trainer, current=current, others=others, parked=parked,
+        compared=[[] for _ in others],
+    )  # fmt: skip
+    del trainer  # held by ``run`` alone, so a plan switch frees the trainer it replaces
+    _run_steps(run, start)
+    trace_path = _gather_trace(run, backend)
+    lead = rank == 0
+    if job.schedule is not None:  # every rank's view of the switches, for the result
+        views: list[Any] = [None] * world_size if lead else []
+        dist.gather_object(run.switches, views if lead else None, dst=0)
+        run.switches = [
+            {**s, "per_rank": [v[i] for v in views]} for i, s in enumerate(run.switches)
+        ]
+    # What each rank holds of the optimizer state, and its measured peak memory, for the
+    # result (memory accounting, tests).
+    held = [_memory_report(t) for t in (run.trainer, *others)]
+    every: list[Any] = [None] * world_size if lead else []
+    dist.gather_object(held, every if lead else None, dst=0)
+    beat("done")
+    dist.barrier()
+    if not lead:
+        return None
+    return _result(run, start, backend, trace_path, len(held), every)
+
+
+@dataclass
+class _Run:
+    """One rank's training run under way: what stepping needs (the job, its phases, the
+    trainer factory, the checkpoint metadata, the plans compared alongside) and what it has
+    made so far (the current trainer and phase, parked parts, records, switches and the last
+    checkpoint), shared by the functions that make up ``_train``."""
+
+    job: Job
+    phases: tuple[RunPhase, ...]
+    rank: int
+    world_size: int
+    beat: Callable[[str], None]
+    tracer: Tracer
+    make: Callable[..., Trainer]
+    meta: dict[str, Any]
+    trainer: Trainer
+    current: int
+    others: list[Trainer]
+    parked: Parked
+    compared: list[list[StepRecord]]
+    records: list[StepRecord] = field(default_factory=list)
+    switches: list[dict[str, Any]] = field(default_factory=list)
+    last_ckpt: Any = None
+
+
+def _trainer_factory(
+    job: Job,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    tracer: Tracer,
+    beat: Callable[[str], None],
+) -> Callable[..., Trainer]:
+    """Makes the main trainer for a phase's graph and plan (optionally on an existing part
+    store, as a plan switch does), traced and fed the job's data."""
+    config = job.config
     positions = job.schedule.first_sample if job.schedule is not None else None
 
     def make(g: MetaGraph, p: Plan, store: Any = None) -> Trainer:
@@ -209,24 +284,46 @@ def _train(
                        store=store, positions=positions,
                        eval_datasets=job.eval_datasets)  # fmt: skip
 
-    meta = {"spec_sha256": graph.spec_sha256, "dtype": config.dtype, "seed": config.seed}
+    return make
+
+
+def _resume_point(config: RunConfig, meta: dict[str, Any]) -> Any:
+    """The latest checkpoint to resume from (None when not resuming or there is none),
+    checked to have been made by the same spec, dtype and seed."""
     info = None
     if config.checkpoint_dir and config.resume:
         info = checkpoint.latest(config.checkpoint_dir)
         if info is not None:
             checkpoint.check_compatible(info, meta)
-    start = min(info.step, config.steps) if info is not None else 0
-    current = phase_index(phases, min(start, max(config.steps - 1, 0)))
-    trainer = make(phases[current].graph, phases[current].plan)
-    # Plans to compare on these same processes: fresh models stepped in turn with the main
-    # one, never traced, logged or checkpointed.
-    others = [
+    return info
+
+
+def _compared_trainers(
+    job: Job, rank: int, world_size: int, device: torch.device, beat: Callable[[str], None]
+) -> list[Trainer]:
+    """Plans to compare on these same processes: fresh models stepped in turn with the main
+    one, never traced, logged or checkpointed."""
+    config = job.config
+    return [
         Trainer(
-            graph, p, replace(config, **changes), job.datasets, rank, world_size, device,
+            job.graph, p, replace(config, **changes), job.datasets, rank, world_size, device,
             Tracer(rank, False), beat,
         )
         for p, changes in map(compare_item, job.compare)
     ]  # fmt: skip
+
+
+def _resume_parts(
+    info: Any,
+    job: Job,
+    trainer: Trainer,
+    phases: tuple[RunPhase, ...],
+    rank: int,
+    world_size: int,
+) -> Parked:
+    """Load the checkpoint's parts into the trainer (with a schedule, only those the current
+    phase lists) and return the parts parked for other phases (none without a checkpoint)."""
+    config = job.config
     parked = Parked()
     if info is not None:
         scheduled = job.schedule is not None
@@ -236,103 +333,130 @@ def _train(
                 info, set(trainer.schedule.holder_map), phases, rank, world_size,
                 seed=config.seed, dtype=DTYPES[config.dtype],
             )  # fmt: skip
-    lead = rank == 0
+    return parked
+
+
+def _run_steps(run: _Run, start: int) -> None:
+    """Run the optimizer steps from ``start`` on and the final checkpoint; rank 0 logs each
+    step and shows progress, closing both however the loop ends."""
+    config = run.job.config
+    lead = run.rank == 0
     log = StepLog(config.log_json, config.tensorboard, append=bool(start)) if lead else None
     progress = (
-        Progress(config.steps, sum(t.batch for t in trainer.graph.tasks))
+        Progress(config.steps, sum(t.batch for t in run.trainer.graph.tasks))
         if lead and config.progress
         else None
     )
-    records: list[StepRecord] = []
-    compared: list[list[StepRecord]] = [[] for _ in others]
-    switches: list[dict[str, Any]] = []
-    last_ckpt = None
     try:
         for step in range(start, config.steps):
-            switch_s = None
-            if phase_index(phases, step) != current:
-                current = phase_index(phases, step)
-                phase = phases[current]
-                beat(f"step {step + 1} switching to mix {phase.mix}")
-                with tracer.span(f"switch to {phase.mix}", "switch", step=step + 1):
-                    trainer, stats = switch(
-                        trainer, phase.graph, phase.plan, parked, make, rank=rank,
-                        world_size=world_size, seed=config.seed, dtype=DTYPES[config.dtype],
-                    )  # fmt: skip
-                switch_s = stats.seconds
-                switches.append({"step": step, "mix": phase.mix, **stats.__dict__})
-                if progress is not None:
-                    progress.samples = sum(t.batch for t in phase.graph.tasks)
-                    progress.note(
-                        f"switched to mix {phase.mix} (phase {current + 1} of {len(phases)}) "
-                        f"before step {step + 1} in {stats.seconds:.3f} s"
-                    )
-            record = trainer.step(step)
-            if switch_s is not None:
-                record = replace(record, switch_s=switch_s)
-            if trainer.eval_tasks and _eval_due(config, step):
-                record = replace(record, eval_losses=trainer.evaluate(config.eval_batches))
-            for i, other in enumerate(others):
-                compared[i].append(other.step(step))
-            records.append(record)
-            if log is not None:
-                log.write(record)
-            if progress is not None:
-                progress.update(record)
-            every = config.checkpoint_every
-            if (
-                config.checkpoint_dir
-                and every
-                and (step + 1) % every == 0
-                and step + 1 < config.steps
-            ):
-                beat(f"step {step + 1} checkpoint")
-                last_ckpt = _save(config, step + 1, trainer, parked, rank, meta)
-            if config.step_delay_s:
-                time.sleep(config.step_delay_s)
-        if config.checkpoint_dir and (records or checkpoint.latest(config.checkpoint_dir) is None):
-            beat("final checkpoint")
-            last_ckpt = _save(config, config.steps, trainer, parked, rank, meta)
+            _run_step(run, step, log, progress)
+        if config.checkpoint_dir and (
+            run.records or checkpoint.latest(config.checkpoint_dir) is None
+        ):
+            run.beat("final checkpoint")
+            run.last_ckpt = _save(config, config.steps, run.trainer, run.parked, run.rank, run.meta)
     finally:
         if progress is not None:
             progress.close()
         if log is not None:
             log.close()
-    trace_path = None
-    if config.trace:
-        gathered: list[Any] = [None] * world_size if lead else []
-        dist.gather_object(tracer.spans, gathered if lead else None, dst=0)
-        if lead:
-            spans = [s for part in gathered for s in part]
-            meta = {
-                "spec": graph.spec_path,
-                "ranks": world_size,
-                "backend": backend,
-                "scheduler": trainer.plan.solver.name,
-                "predicted_iteration_s": trainer.plan.iteration_s,
-                **({"phases": _phase_meta(phases)} if job.schedule is not None else {}),
-            }
-            compiled = [build_schedule(p.graph, p.plan, world_size) for p in phases]
 
-            def schedule_at(step: int) -> Schedule:  # 1-based, as the spans record it
-                return compiled[phase_index(phases, step - 1)]
 
-            dpn = trainer.plan.cluster.devices_per_node
-            write_measured_trace(config.trace, spans, schedule_at, dpn, meta)
-            trace_path = config.trace
-    if job.schedule is not None:  # every rank's view of the switches, for the result
-        views: list[Any] = [None] * world_size if lead else []
-        dist.gather_object(switches, views if lead else None, dst=0)
-        switches = [{**s, "per_rank": [v[i] for v in views]} for i, s in enumerate(switches)]
-    # What each rank holds of the optimizer state, and its measured peak memory, for the
-    # result (memory accounting, tests).
-    held = [_memory_report(t) for t in (trainer, *others)]
-    every: list[Any] = [None] * world_size if lead else []
-    dist.gather_object(held, every if lead else None, dst=0)
-    beat("done")
-    dist.barrier()
+def _run_step(run: _Run, step: int, log: StepLog | None, progress: Progress | None) -> None:
+    """One optimizer step (after a plan switch where a new phase begins): the main trainer's
+    step, its evaluation when due, the compared plans' steps, the log and progress line, a
+    periodic checkpoint and the configured delay."""
+    config = run.job.config
+    switch_s = _switch_if_due(run, step, progress)
+    record = run.trainer.step(step)
+    if switch_s is not None:
+        record = replace(record, switch_s=switch_s)
+    if run.trainer.eval_tasks and _eval_due(config, step):
+        record = replace(record, eval_losses=run.trainer.evaluate(config.eval_batches))
+    for i, other in enumerate(run.others):
+        run.compared[i].append(other.step(step))
+    run.records.append(record)
+    if log is not None:
+        log.write(record)
+    if progress is not None:
+        progress.update(record)
+    every = config.checkpoint_every
+    if config.checkpoint_dir and every and (step + 1) % every == 0 and step + 1 < config.steps:
+        run.beat(f"step {step + 1} checkpoint")
+        run.last_ckpt = _save(config, step + 1, run.trainer, run.parked, run.rank, run.meta)
+    if config.step_delay_s:
+        time.sleep(config.step_delay_s)
+
+
+def _switch_if_due(run: _Run, step: int, progress: Progress | None) -> float | None:
+    """Where ``step`` begins a new phase, switch the trainer to its plan (recording the
+    switch and noting it on the progress line) and return the seconds it took; else None."""
+    if phase_index(run.phases, step) == run.current:
+        return None
+    config = run.job.config
+    run.current = phase_index(run.phases, step)
+    phase = run.phases[run.current]
+    run.beat(f"step {step + 1} switching to mix {phase.mix}")
+    with run.tracer.span(f"switch to {phase.mix}", "switch", step=step + 1):
+        run.trainer, stats = switch(
+            run.trainer, phase.graph, phase.plan, run.parked, run.make, rank=run.rank,
+            world_size=run.world_size, seed=config.seed, dtype=DTYPES[config.dtype],
+        )  # fmt: skip
+    run.switches.append({"step": step, "mix": phase.mix, **stats.__dict__})
+    if progress is not None:
+        progress.samples = sum(t.batch for t in phase.graph.tasks)
+        progress.note(
+            f"switched to mix {phase.mix} (phase {run.current + 1} of {len(run.phases)}) "
+            f"before step {step + 1} in {stats.seconds:.3f} s"
+        )
+    return stats.seconds
+
+
+def _gather_trace(run: _Run, backend: str) -> str | None:
+    """With ``trace`` set, gather every rank's measured spans on rank 0, which writes the
+    trace (against each phase's schedule) and gets its path; None elsewhere or untraced."""
+    config, world_size, trainer = run.job.config, run.world_size, run.trainer
+    if not config.trace:
+        return None
+    lead = run.rank == 0
+    gathered: list[Any] = [None] * world_size if lead else []
+    dist.gather_object(run.tracer.spans, gathered if lead else None, dst=0)
     if not lead:
         return None
+    phases = run.phases
+    spans = [s for part in gathered for s in part]
+    meta = {
+        "spec": run.job.graph.spec_path,
+        "ranks": world_size,
+        "backend": backend,
+        "scheduler": trainer.plan.solver.name,
+        "predicted_iteration_s": trainer.plan.iteration_s,
+        **({"phases": _phase_meta(phases)} if run.job.schedule is not None else {}),
+    }
+    compiled = [build_schedule(p.graph, p.plan, world_size) for p in phases]
+
+    def schedule_at(step: int) -> Schedule:  # 1-based, as the spans record it
+        return compiled[phase_index(phases, step - 1)]
+
+    dpn = trainer.plan.cluster.devices_per_node
+    write_measured_trace(config.trace, spans, schedule_at, dpn, meta)
+    return config.trace
+
+
+def _result(
+    run: _Run,
+    start: int,
+    backend: str,
+    trace_path: str | None,
+    n_held: int,
+    every: list[Any],
+) -> RunResult:
+    """Rank 0's result: the step records, the predicted step time, and in ``extra`` the
+    plan's baselines, phases and switches, the compared plans' records, and every rank's
+    optimizer state and peak memory (``every``: per rank, one report per trainer of
+    ``n_held``, the main one first)."""
+    trainer, records, world_size = run.trainer, run.records, run.world_size
+    phases = run.phases
     predicted = _predicted(phases, records) if records else trainer.plan.iteration_s
     return RunResult(
         steps=tuple(records),
@@ -340,27 +464,27 @@ def _train(
         backend=backend,
         resumed_from=start,
         predicted_step_s=predicted,
-        checkpoint=str(last_ckpt) if last_ckpt else None,
+        checkpoint=str(run.last_ckpt) if run.last_ckpt else None,
         trace=trace_path,
         extra={
             "baselines": dict(trainer.plan.baselines),
             "scheduler": trainer.plan.solver.name,
             **(
-                {"phases": _phase_meta(phases), "switches": switches}
-                if job.schedule is not None
+                {"phases": _phase_meta(phases), "switches": run.switches}
+                if run.job.schedule is not None
                 else {}
             ),
-            "compared": [tuple(c) for c in compared],
+            "compared": [tuple(c) for c in run.compared],
             # per rank: optimizer-state elements by part key, and bytes; then per compared plan
             "optimizer_state": [r[0][0] for r in every],
             "optimizer_state_bytes": [r[0][1] for r in every],
-            "compared_optimizer_state": [[r[i][0] for r in every] for i in range(1, len(held))],
+            "compared_optimizer_state": [[r[i][0] for r in every] for i in range(1, n_held)],
             # per rank: measured peak tensor bytes, the plan's prediction, the terms at the peak
             "measured_peak_bytes": [r[0][2] for r in every],
             "predicted_peak_bytes": _predicted_peaks(trainer.plan, world_size),
             "peak_terms": [r[0][3] for r in every],
             "kept_by_stage": [r[0][4] for r in every],  # activation bytes each stage kept
-            "compared_peak_bytes": [[r[i][2] for r in every] for i in range(1, len(held))],
+            "compared_peak_bytes": [[r[i][2] for r in every] for i in range(1, n_held)],
             "micro_batches": trainer.micro_batches,
             "zero_stage": trainer.zero_stage,
         },
