@@ -69,22 +69,8 @@ def check(
     )
     checker = TaskChecker(r, names)
     drafts = [checker.check(t) for t in tasks]
-    reads: dict[str, set[str]] = {}
-    for t in drafts:
-        for e in t.edges:
-            if e.from_modality and e.source in modalities:
-                reads.setdefault(e.target, set()).add(e.source)
-    check_tied_embeddings(modules, reads, modalities, r)
-    check_data(  # the data against what Hugging Face configs fix; stages that add tokens
-        DataContext(
-            modules,
-            modalities,
-            {d.name.name: d for d in modality_decls},
-            {d.name.name: d for d in module_decls},
-            tuple((t.name, tuple(t.edges)) for t in drafts),
-        ),
-        r,
-    )
+    check_tied_embeddings(modules, _modality_reads(drafts, modalities), modalities, r)
+    _check_data(drafts, modalities, modules, modality_decls, module_decls, r)
     mixes = resolve_mixes(mix_decls, r, [t.name.name for t in tasks])
     schedule = resolve_schedule(spec.schedules, r, mixes)
     train = resolve_train(spec, r, train_overrides)
@@ -94,10 +80,7 @@ def check(
     phase_batches = _phase_batches(drafts, schedule, mixes, r)
     if not checker.unknown_names:
         _warn_unused(spec, drafts, r)
-    if not tasks:
-        r.error("the spec declares no task", hint="add one: task NAME { text -> lm; batch = 8 }")
-    elif not r.has_errors and not any(batches.get(t.name, 0) > 0 for t in drafts):
-        r.error(f"no task gets any samples under mix '{selected}'")
+    _check_some_samples(tasks, drafts, batches, selected, r)
     r.raise_if_errors()
     assert cluster is not None, "a cluster that failed to resolve reports an error"
     assert train is not None, "train settings that failed to resolve report an error"
@@ -105,10 +88,7 @@ def check(
         ResolvedPhase(p.first_step, p.mix, _resolved(drafts, phase_batches[p.mix], mixes[p.mix]))
         for p in follow
     )
-    most: dict[str, int] = {}
-    for per_task in phase_batches.values():
-        for task, batch in per_task.items():
-            most[task] = max(most.get(task, 0), batch)
+    most = _largest_batches(phase_batches)
     return Checked(
         spec=spec,
         cluster=cluster,
@@ -121,6 +101,64 @@ def check(
         sizing_tasks=_resolved(drafts, most, None),
         train=train,
     )
+
+
+def _modality_reads(drafts: list[TaskDraft], modalities: dict[str, Any]) -> dict[str, set[str]]:
+    """The modalities each module reads directly (by module name), from the tasks' edges:
+    what tied embeddings are checked against."""
+    reads: dict[str, set[str]] = {}
+    for t in drafts:
+        for e in t.edges:
+            if e.from_modality and e.source in modalities:
+                reads.setdefault(e.target, set()).add(e.source)
+    return reads
+
+
+def _check_data(
+    drafts: list[TaskDraft],
+    modalities: dict[str, Any],
+    modules: dict[str, Any],
+    modality_decls: list[ModalityDecl],
+    module_decls: list[ModuleDecl],
+    r: Reporter,
+) -> None:
+    """Check the data against what Hugging Face configs fix, and the stages that add
+    tokens, reporting into ``r``."""
+    check_data(
+        DataContext(
+            modules,
+            modalities,
+            {d.name.name: d for d in modality_decls},
+            {d.name.name: d for d in module_decls},
+            tuple((t.name, tuple(t.edges)) for t in drafts),
+        ),
+        r,
+    )
+
+
+def _check_some_samples(
+    tasks: list[TaskDecl],
+    drafts: list[TaskDraft],
+    batches: dict[str, int],
+    selected: str | None,
+    r: Reporter,
+) -> None:
+    """Report a spec with no task, or (when nothing else is wrong) one whose selected mix
+    gives no task any samples: there would be nothing to train."""
+    if not tasks:
+        r.error("the spec declares no task", hint="add one: task NAME { text -> lm; batch = 8 }")
+    elif not r.has_errors and not any(batches.get(t.name, 0) > 0 for t in drafts):
+        r.error(f"no task gets any samples under mix '{selected}'")
+
+
+def _largest_batches(phase_batches: dict[str, dict[str, int]]) -> dict[str, int]:
+    """Each task's largest batch over the phases' mixes: what the input stages are sized
+    for, so the parameters are the same whichever phase runs."""
+    most: dict[str, int] = {}
+    for per_task in phase_batches.values():
+        for task, batch in per_task.items():
+            most[task] = max(most.get(task, 0), batch)
+    return most
 
 
 def _resolved(
