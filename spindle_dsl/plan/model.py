@@ -335,91 +335,31 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
+        """The plan a ``to_dict`` dictionary holds; keys it does not know are kept in
+        ``extra``. Anything malformed raises ``PlanFormatError`` (the first problem found, in
+        the order of the fields)."""
         try:
             if d.get("format") != FORMAT or d.get("version") != VERSION:
                 raise PlanFormatError(
                     f"not a {FORMAT} version {VERSION} file "
                     f"(format={d.get('format')!r}, version={d.get('version')!r})"
                 )
-            known = {
-                "format",
-                "version",
-                "spec",
-                "cluster",
-                "metaops",
-                "waves",
-                "iteration_s",
-                "lower_bound_s",
-                "baselines",
-                "solver",
-                "breakdown",
-                "memory_bytes",
-                "notes",
-                "micro_batches",
-                "zero_stage",
-                "loss_devices",
-            }
             return cls(
                 spec=SpecRef(d["spec"]["path"], d["spec"]["sha256"], d["spec"]["mix"]),
-                cluster=ClusterRef(
-                    int(d["cluster"]["devices"]),
-                    str(d["cluster"]["device"]),
-                    int(d["cluster"]["devices_per_node"]),
-                    int(d["cluster"]["memory_bytes"]),
-                ),
-                metaops=tuple(
-                    PlanMetaOp(
-                        id=m["id"],
-                        task=m["task"],
-                        module=m["module"],
-                        kind=m["kind"],
-                        layers=int(m["layers"]),
-                        batch=int(m["batch"]),
-                        tokens=int(m["tokens"]),
-                        deps=tuple(m["deps"]),
-                        forward_flops_per_layer=float(m["forward_flops_per_layer"]),
-                        param_bytes_per_layer=int(m["param_bytes_per_layer"]),
-                        seconds_per_layer=tuple(
-                            sorted((int(n), float(s)) for n, s in m["seconds_per_layer"].items())
-                        ),
-                        recompute=_flag(m.get("recompute", False), f"metaop {m['id']} recompute"),
-                    )
-                    for m in d["metaops"]
-                ),
-                waves=tuple(
-                    Wave(
-                        index=int(w["index"]),
-                        start_s=float(w["start_s"]),
-                        duration_s=float(w["duration_s"]),
-                        entries=tuple(
-                            Entry(
-                                metaop=e["metaop"],
-                                first=int(e["layers"][0]),
-                                end=int(e["layers"][1]),
-                                devices=tuple(int(x) for x in e["devices"]),
-                                time_s=float(e["time_s"]),
-                            )
-                            for e in w["entries"]
-                        ),
-                    )
-                    for w in d["waves"]
-                ),
+                cluster=_cluster_from_dict(d["cluster"]),
+                metaops=tuple(_metaop_from_dict(m) for m in d["metaops"]),
+                waves=tuple(_wave_from_dict(w) for w in d["waves"]),
                 iteration_s=float(d["iteration_s"]),
                 lower_bound_s=float(d["lower_bound_s"]),
                 baselines=tuple((k, float(v)) for k, v in d["baselines"].items()),
-                solver=SolverInfo(
-                    d["solver"]["name"],
-                    d["solver"]["status"],
-                    float(d["solver"]["wall_s"]),
-                    d["solver"].get("gap"),
-                ),
+                solver=_solver_from_dict(d["solver"]),
                 breakdown=tuple((k, float(v)) for k, v in d.get("breakdown", {}).items()),
                 memory_bytes=tuple(int(x) for x in d.get("memory_bytes", ())),
                 notes=tuple(d.get("notes", ())),
                 micro_batches=_count(d.get("micro_batches", 1), "micro_batches", 1),
                 zero_stage=_count(d.get("zero_stage", 1), "zero_stage", 0, 2),
                 loss_devices=_loss_devices(d.get("loss_devices", {})),
-                extra={k: v for k, v in d.items() if k not in known},
+                extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS},
             )
         except PlanFormatError:
             raise
@@ -438,6 +378,81 @@ class Plan:
         if not isinstance(data, dict):
             raise PlanFormatError(f"{path}: a plan is a JSON object")
         return cls.from_dict(data)
+
+
+# the top-level keys ``Plan.from_dict`` reads; any others are kept in ``Plan.extra``
+_KNOWN_KEYS = {
+    "format",
+    "version",
+    "spec",
+    "cluster",
+    "metaops",
+    "waves",
+    "iteration_s",
+    "lower_bound_s",
+    "baselines",
+    "solver",
+    "breakdown",
+    "memory_bytes",
+    "notes",
+    "micro_batches",
+    "zero_stage",
+    "loss_devices",
+}
+
+
+def _cluster_from_dict(c: dict[str, Any]) -> ClusterRef:
+    """A plan's ``cluster`` object."""
+    return ClusterRef(
+        int(c["devices"]),
+        str(c["device"]),
+        int(c["devices_per_node"]),
+        int(c["memory_bytes"]),
+    )
+
+
+def _metaop_from_dict(m: dict[str, Any]) -> PlanMetaOp:
+    """One of a plan's ``metaops`` (its per-width layer times sorted by width)."""
+    return PlanMetaOp(
+        id=m["id"],
+        task=m["task"],
+        module=m["module"],
+        kind=m["kind"],
+        layers=int(m["layers"]),
+        batch=int(m["batch"]),
+        tokens=int(m["tokens"]),
+        deps=tuple(m["deps"]),
+        forward_flops_per_layer=float(m["forward_flops_per_layer"]),
+        param_bytes_per_layer=int(m["param_bytes_per_layer"]),
+        seconds_per_layer=tuple(
+            sorted((int(n), float(s)) for n, s in m["seconds_per_layer"].items())
+        ),
+        recompute=_flag(m.get("recompute", False), f"metaop {m['id']} recompute"),
+    )
+
+
+def _wave_from_dict(w: dict[str, Any]) -> Wave:
+    """One of a plan's ``waves``, with its entries (``layers`` as ``[first, end]``)."""
+    return Wave(
+        index=int(w["index"]),
+        start_s=float(w["start_s"]),
+        duration_s=float(w["duration_s"]),
+        entries=tuple(
+            Entry(
+                metaop=e["metaop"],
+                first=int(e["layers"][0]),
+                end=int(e["layers"][1]),
+                devices=tuple(int(x) for x in e["devices"]),
+                time_s=float(e["time_s"]),
+            )
+            for e in w["entries"]
+        ),
+    )
+
+
+def _solver_from_dict(s: dict[str, Any]) -> SolverInfo:
+    """A plan's ``solver`` object (``gap`` optional)."""
+    return SolverInfo(s["name"], s["status"], float(s["wall_s"]), s.get("gap"))
 
 
 def _flag(value: Any, what: str) -> bool:
