@@ -10,13 +10,23 @@ its module and layer range written inside when the text fits.
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
+from typing import Any
 
 from spindle_dsl.errors import SpindleError
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.render.colors import IDLE_FILL, Palette
 from spindle_dsl.render.dot_waves import plan_title
 from spindle_dsl.render.fmt import device_runs, time_unit
-from spindle_dsl.render.schedule import Idle, idle_spans, overhead, placed_entries, plan_palette
+from spindle_dsl.render.schedule import (
+    Idle,
+    Overhead,
+    Placed,
+    idle_spans,
+    overhead,
+    placed_entries,
+    plan_palette,
+)
 
 TIMELINE_FORMATS = ("svg", "png", "pdf")
 WIDTH_IN = 13.0
@@ -55,8 +65,6 @@ def timeline_figure(
     """Build the figure (not saved): callers pick the format. ``total_s`` lengthens the time
     axis (the report draws a measured step under it on one scale)."""
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch, Rectangle
-    from matplotlib.transforms import blended_transform_factory
 
     colours = colours or plan_palette(plan)
     placed = placed_entries(plan)
@@ -69,11 +77,48 @@ def timeline_figure(
     ax = fig.add_subplot()
     ax.set_xlim(0, total * scale)
     ax.set_ylim(devices, 0)
-    ax_width_px = WIDTH_IN * 0.85 * DPI  # the axes' share once labels take their room
-    row_px = (height - 1.6) * DPI / devices
+    frame = _Frame(
+        ax=ax,
+        scale=scale,
+        total=total,
+        devices=devices,
+        ax_width_px=WIDTH_IN * 0.85 * DPI,  # the axes' share once labels take their room
+        row_px=(height - 1.6) * DPI / devices,
+    )
+    _draw_idle(frame, plan, placed)
+    tail = overhead(plan)
+    if tail is not None:
+        _draw_overhead(frame, tail)
+    _draw_entries(frame, placed, colours)
+    _draw_waves(frame, plan)
+    _draw_device_axis(ax, plan)
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_title(plan_title(plan), fontsize=10, pad=22)
+    _draw_legend(fig, colours, tail)
+    return fig
 
+
+@dataclass(frozen=True)
+class _Frame:
+    """The axes the timeline is drawn on and how to place things on them: ``scale`` turns
+    seconds into the time axis' unit, ``total`` is the axis' length in seconds, and the
+    pixel sizes (the axes' width, one device row's height) decide which labels fit."""
+
+    ax: Any
+    scale: float
+    total: float
+    devices: int
+    ax_width_px: float
+    row_px: float
+
+
+def _draw_idle(frame: _Frame, plan: Plan, placed: tuple[Placed, ...]) -> None:
+    """Hatch each device's idle time in every wave (neighbouring devices merged)."""
+    from matplotlib.patches import Rectangle
+
+    scale = frame.scale
     for start, dur, first, n in _idle_runs(idle_spans(plan, placed)):
-        ax.add_patch(
+        frame.ax.add_patch(
             Rectangle(
                 (start * scale, first),
                 dur * scale,
@@ -85,34 +130,50 @@ def timeline_figure(
                 zorder=1,
             )
         )
-    tail = overhead(plan)
-    if tail is not None:
-        ax.add_patch(
-            Rectangle(
-                (tail.start_s * scale, 0),
-                tail.duration_s * scale,
-                devices,
-                facecolor=OVERHEAD_FILL,
-                edgecolor="#b8b8d0",
-                hatch="..",
-                linewidth=0,
-                zorder=1,
-            )
+
+
+def _draw_overhead(frame: _Frame, tail: Overhead) -> None:
+    """Shade the step's overhead after the waves across every device, labelled where the
+    label fits."""
+    from matplotlib.patches import Rectangle
+
+    ax, scale, devices = frame.ax, frame.scale, frame.devices
+    ax.add_patch(
+        Rectangle(
+            (tail.start_s * scale, 0),
+            tail.duration_s * scale,
+            devices,
+            facecolor=OVERHEAD_FILL,
+            edgecolor="#b8b8d0",
+            hatch="..",
+            linewidth=0,
+            zorder=1,
         )
-        fit = _label_fit(tail.duration_s / total * ax_width_px, devices * row_px, (tail.label,))
-        if fit is not None:
-            ax.text(
-                (tail.start_s + tail.duration_s / 2) * scale,
-                devices / 2,
-                fit[0],
-                ha="center",
-                va="center",
-                rotation=fit[2],
-                fontsize=fit[1],
-                color="#333355",
-                zorder=4,
-                bbox={"facecolor": OVERHEAD_FILL, "edgecolor": "none", "pad": 1},
-            )
+    )
+    fit = _label_fit(
+        tail.duration_s / frame.total * frame.ax_width_px, devices * frame.row_px, (tail.label,)
+    )
+    if fit is not None:
+        ax.text(
+            (tail.start_s + tail.duration_s / 2) * scale,
+            devices / 2,
+            fit[0],
+            ha="center",
+            va="center",
+            rotation=fit[2],
+            fontsize=fit[1],
+            color="#333355",
+            zorder=4,
+            bbox={"facecolor": OVERHEAD_FILL, "edgecolor": "none", "pad": 1},
+        )
+
+
+def _draw_entries(frame: _Frame, placed: tuple[Placed, ...], colours: Palette) -> None:
+    """One bar per entry and run of consecutive devices, in its task's colour, with its
+    module and layer range (or the range alone) inside where the text fits."""
+    from matplotlib.patches import Rectangle
+
+    ax, scale = frame.ax, frame.scale
     for p in placed:
         col = colours[p.op.task]
         x, w = p.start_s * scale, p.entry.time_s * scale
@@ -129,8 +190,8 @@ def timeline_figure(
                 )
             )
             fit = _label_fit(
-                p.entry.time_s / total * ax_width_px,
-                n * row_px,
+                p.entry.time_s / frame.total * frame.ax_width_px,
+                n * frame.row_px,
                 (
                     f"{p.op.module} [{p.entry.first},{p.entry.end})",
                     f"[{p.entry.first},{p.entry.end})",
@@ -151,12 +212,19 @@ def timeline_figure(
                     zorder=4,
                 )
 
+
+def _draw_waves(frame: _Frame, plan: Plan) -> None:
+    """A dashed line at each wave boundary (and after the last wave), with the wave's index
+    above it, skipping labels that would touch the previous one."""
+    from matplotlib.transforms import blended_transform_factory
+
+    ax, scale = frame.ax, frame.scale
     top = blended_transform_factory(ax.transData, ax.transAxes)
     waves = sorted(plan.waves, key=lambda w: w.index)
     last_label_px = -1e9
     for wave in waves:
         ax.axvline(wave.start_s * scale, color="#444444", linestyle="--", linewidth=0.8)
-        mid_px = (wave.start_s + wave.duration_s / 2) / total * ax_width_px
+        mid_px = (wave.start_s + wave.duration_s / 2) / frame.total * frame.ax_width_px
         if mid_px - last_label_px >= 8 * len(f"w{wave.index}"):  # skip labels that would touch
             last_label_px = mid_px
             mid = (wave.start_s + wave.duration_s / 2) * scale
@@ -176,6 +244,11 @@ def timeline_figure(
             (last.start_s + last.duration_s) * scale, color="#444444", linestyle="--", linewidth=0.8
         )
 
+
+def _draw_device_axis(ax: Any, plan: Plan) -> None:
+    """Lines at node boundaries and a label per device row (per node's first device on
+    clusters over 32 devices)."""
+    devices = plan.cluster.devices
     per_node = plan.cluster.devices_per_node
     for b in range(per_node, devices, per_node):
         ax.axhline(b, color="#222222", linewidth=1.0, zorder=1.5)
@@ -186,8 +259,12 @@ def timeline_figure(
         ticks = list(range(0, devices, per_node))
         labels = [f"node {d // per_node} · dev {d}" for d in ticks]
     ax.set_yticks([t + 0.5 for t in ticks], labels, fontsize=7)
-    ax.set_xlabel(f"time ({unit})")
-    ax.set_title(plan_title(plan), fontsize=10, pad=22)
+
+
+def _draw_legend(fig: Any, colours: Palette, tail: Overhead | None) -> None:
+    """The legend under the axes: each task's colour, idle time, and the overhead if any."""
+    from matplotlib.patches import Patch
+
     handles = [Patch(facecolor=c.base, label=c.task) for c in colours.colours]
     handles.append(Patch(facecolor=IDLE_FILL, edgecolor="#c8c8c8", hatch="///", label="idle"))
     if tail is not None:
@@ -201,7 +278,6 @@ def timeline_figure(
         fontsize=8,
         frameon=False,
     )
-    return fig
 
 
 def timeline_bytes(
