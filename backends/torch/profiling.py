@@ -30,9 +30,9 @@ from spindle_dsl.cost.overheads import (
     Line,
     StepOverheads,
     analytic_overheads,
-    part_class,
 )
-from spindle_dsl.cost.profile import Profile, ProfileEntry, mode_of
+from spindle_dsl.cost.profile import Profile, ProfileEntry, mode_of, shape_key
+from spindle_dsl.cost.profile_needs import ProfileSelection, part_classes
 from spindle_dsl.cost.profiler import (
     TimingBudget,
     needs_first_layer_ratio,
@@ -62,6 +62,8 @@ class ProfileSettings:
     points: int = 5  # batch sizes (and message sizes) per fitted line
     budget: TimingBudget = field(default_factory=lambda: TimingBudget(statistic="mean"))
     progress: bool = True  # a progress bar on rank 0
+    # only these terms (what the profile cache lacks, ``cost.profile_needs``); None: all
+    only: ProfileSelection | None = None
     collective_timeout_s: float = 300.0
     hang_timeout_s: float = 120.0  # no heartbeat for this long: a rank is hung
 
@@ -154,19 +156,26 @@ class _Plan:
     opt_sizes: tuple[int, ...]
     part_keys: dict  # part class -> a part of that class
     group_sizes: tuple[int, ...]
+    machine: bool  # the terms every spec shares: collectives, exchange, stage, sharing
 
     @classmethod
-    def of(cls, graph: MetaGraph, world: int, points: int) -> _Plan:
+    def of(
+        cls, graph: MetaGraph, world: int, points: int, only: ProfileSelection | None = None
+    ) -> _Plan:
+        """Everything ``graph``'s step is priced with, or only what ``only`` selects."""
         devices = graph.cluster.devices
-        groups = shape_groups(graph)
+        groups = [g for g in shape_groups(graph) if only is None or shape_key(g[0]) in only.shapes]
         stages: dict[str, tuple] = {}
         steps = op_steps(graph)
         for op in graph.metaops:
             modal = [i for i in op.inputs if i.from_modality]
             for inp, stage in zip(modal, steps[op.id].inputs, strict=True):
-                if op.batch > 0:
+                if op.batch > 0 and (only is None or stage.key in only.inputs):
                     stages.setdefault(stage.key, (op, inp.source, inp.tokens))
         total = _trainable_bytes(graph)
+        machine = only is None or only.machine
+        sinks = {s.key: s for s in sink_losses(graph) if only is None or s.key in only.losses}
+        parts = {c: k for c, k in part_classes(graph).items() if only is None or c in only.parts}
         return cls(
             groups=groups,
             layer_points=[(ops, b) for ops in groups for b in shape_batches(ops, devices, points)],
@@ -176,12 +185,17 @@ class _Plan:
                 if needs_first_layer_ratio(graph, ops)
             ],
             stages=stages,
-            sinks={s.key: s for s in sink_losses(graph)},
-            comm_sizes=M.log_sizes(4096, min(total, MAX_COMM_BYTES), points),
-            p2p_sizes=M.log_sizes(1024, min(_largest_activation(graph), MAX_COMM_BYTES), points),
+            sinks=sinks,
+            comm_sizes=M.log_sizes(4096, min(total, MAX_COMM_BYTES), points) if machine else (),
+            p2p_sizes=(
+                M.log_sizes(1024, min(_largest_activation(graph), MAX_COMM_BYTES), points)
+                if machine
+                else ()
+            ),
             opt_sizes=M.log_sizes(1 << 16, min(total, MAX_COMM_BYTES), points),
-            part_keys=_part_classes(graph),
-            group_sizes=tuple(range(2, world + 1)),
+            part_keys=parts,
+            group_sizes=tuple(range(2, world + 1)) if machine else (),
+            machine=machine,
         )
 
     def items(self, points: int) -> int:
@@ -194,7 +208,7 @@ class _Plan:
             + (len(self.p2p_sizes) if self.group_sizes else 0)
             + len(self.opt_sizes)
             + len(self.part_keys)
-            + 2
+            + (2 if self.machine else 1)
         )
 
 
@@ -212,18 +226,19 @@ def _measure(
     active = world if cores is None else max(1, min(world, cores))
     dtype = torch.bfloat16 if cuda else torch.float32
     probe = M.Probe(rank, world, active, device, dtype, settings.budget, beat)
-    todo = _Plan.of(graph, world, settings.points)
-    sharing = 1 if world > active else 0  # the taking-turns point (``_sharing``)
+    todo = _Plan.of(graph, world, settings.points, settings.only)
+    sharing = 1 if world > active and todo.machine else 0  # the taking-turns point
     bar = Bar(todo.items(settings.points) + sharing, rank == 0 and settings.progress)
     try:
         entries, jitter = _layers(probe, todo, bar)
-        slowdown = _sharing(probe, todo, bar)
+        slowdown = _sharing(probe, todo, bar) if todo.machine else 1.0
         data = TaskData(graph, 0, None, dtype, device)
         inputs, losses = _inputs_and_losses(probe, graph, data, todo, settings.points, bar)
         comm = _communication(probe, graph, todo, bar)
         optimizer = _optimizer(probe, graph, todo, bar)
-        stage = M.stage_seconds(probe)
-        bar.step("stage bookkeeping")
+        stage = M.stage_seconds(probe) if todo.machine else 0.0
+        if todo.machine:
+            bar.step("stage bookkeeping")
     finally:
         bar.close()
     if rank != 0:
@@ -371,19 +386,6 @@ def _line(points: list[tuple[int, float | None]]) -> Line:
     if not pts:
         return Line(0.0, 0.0)
     return Line(*fit_line(pts))
-
-
-def _part_classes(graph: MetaGraph) -> dict[str, str]:
-    """A trainable part of every class the optimizer steps (``part_class``), by class."""
-    out: dict[str, str] = {}
-    for op in op_steps(graph).values():
-        keys = [k for k, b in op.layer_parts if b > 0] + [s.part for s in op.inputs if s.grad_bytes]
-        for key in keys:
-            out.setdefault(part_class(key), key)
-    for s in sink_losses(graph):
-        if s.head_part and s.head_bytes:
-            out.setdefault(part_class(s.head_part), s.head_part)
-    return out
 
 
 def _trainable_bytes(graph: MetaGraph) -> int:
