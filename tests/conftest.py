@@ -31,6 +31,28 @@ from specfixtures import SPEC_DIR  # noqa: E402
 os.environ[CORES_ENV] = "1024"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def profile_cache_off(tmp_path_factory: pytest.TempPathFactory):
+    """The profile cache (``spindle plan``/``train`` on cpu clusters, ``cli.calibration``)
+    in a folder of the session's, never the user's ``~/.cache``, and off: tests that plan or
+    train a cpu spec price it with the analytic model, as they were written for, instead of
+    profiling the machine first (seconds per spec). The cache's own tests turn it on
+    (``monkeypatch.delenv(NO_CACHE_ENV)``) with a folder of their own. Subprocesses inherit
+    both settings."""
+    from spindle_dsl.cli.calibration import NO_CACHE_ENV
+    from spindle_dsl.cost.profile_cache import CACHE_ENV
+
+    saved = {k: os.environ.get(k) for k in (CACHE_ENV, NO_CACHE_ENV)}
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("spindle-cache"))
+    os.environ[NO_CACHE_ENV] = "1"
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
 def spec_dir() -> Path:
     """``tests/fixtures/spec``, the reference specs (``spec_dir / "tiny_mm.spindle"``)."""

@@ -10,7 +10,6 @@ sees at once how far the cost model is from this machine.
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 from typing import TextIO
@@ -80,8 +79,12 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
-def summary(result: RunResult, sequential_s: float | None = None) -> str:
-    """Measured vs predicted step time, and where the run left its files."""
+def summary(
+    result: RunResult, sequential_s: float | None = None, *, calibrated: bool = True
+) -> str:
+    """Measured vs predicted step time, and where the run left its files. ``calibrated``
+    False: the prediction is the analytic model's first guess for CPU workers, so no ratio is
+    printed (the caller says why, and how to calibrate it)."""
     lines = [f"trained {len(result.steps)} steps on {result.world_size} ranks ({result.backend})"]
     if result.resumed_from:
         lines[0] += f", resumed from step {result.resumed_from}"
@@ -99,7 +102,8 @@ def summary(result: RunResult, sequential_s: float | None = None) -> str:
     measured, predicted = result.measured_step_s, result.predicted_step_s
     lines.append(f"{'step time':<22}{'measured':>12}{'predicted':>12}{'ratio':>9}")
     ratio = measured / predicted if predicted > 0 else float("nan")
-    lines.append(f"{'  this plan':<22}{measured:>11.4f}s{predicted:>11.4f}s{ratio:>9.2f}")
+    shown = f"{ratio:>9.2f}" if calibrated else f"{'-':>9}  (uncalibrated: see the note below)"
+    lines.append(f"{'  this plan':<22}{measured:>11.4f}s{predicted:>11.4f}s{shown}")
     if sequential_s is not None:
         lines.append(f"{'  sequential (plan)':<22}{'-':>12}{sequential_s:>11.4f}s")
     held = result.extra.get("optimizer_state_bytes")
@@ -114,28 +118,6 @@ def summary(result: RunResult, sequential_s: float | None = None) -> str:
     if result.trace:
         lines.append(f"measured trace: {result.trace}")
     return "\n".join(lines)
-
-
-# measured / predicted step time outside this range, with the analytic model on CPU workers,
-# earns the hint below (bench/predict_accuracy.py holds profiled plans to 25%, 35% where
-# workers share cores)
-ANALYTIC_RANGE = (0.75, 1.35)
-
-
-def analytic_hint(ratio: float, spec: str, nproc: int | None) -> str | None:
-    """What to run when an analytic-cost prediction on CPU workers missed the measured step:
-    the analytic model's CPU figures are a datasheet-style guess (a core's FLOP/s, gloo's
-    bandwidth), and a profile measures this machine's. None when the ratio is within range."""
-    low, high = ANALYTIC_RANGE
-    if math.isnan(ratio) or low <= ratio <= high:
-        return None
-    n = f" --nproc {nproc}" if nproc else ""
-    return (
-        f"note: measured {ratio:.2f}x the prediction of the analytic cost model, a first guess "
-        f"for CPU workers; for a prediction of this machine profile it and plan with the "
-        f"profile: spindle profile {spec}{n} --out profile.json, then spindle train {spec}"
-        f"{n} --profile profile.json"
-    )
 
 
 def memory_lines(result: RunResult) -> list[str]:

@@ -20,6 +20,12 @@ import sys
 import warnings
 from typing import Any
 
+from spindle_dsl.cli.calibration import (
+    Calibration,
+    add_cache_argument,
+    calibrate_plan,
+    uncalibrated_text,
+)
 from spindle_dsl.cli.common import add_spec_arguments, load_compiled, load_cost_model
 from spindle_dsl.cli.plan_phases import add_jobs_argument, run_scheduled
 from spindle_dsl.plan.model import Plan
@@ -32,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S, SCHEDULERS
 
     add_spec_arguments(parser)
+    add_cache_argument(parser)
     parser.add_argument(
         "--scheduler",
         default="default",
@@ -270,6 +277,24 @@ def memory_line(memory: list[int], capacity: int) -> str:
     )
 
 
+def _print_plan(args: argparse.Namespace, plan: Plan, calibration: Calibration) -> None:
+    """The wave table and the summary (or the summary as JSON), with the plain statement
+    that a CPU cluster's prediction is uncalibrated where the analytic model priced it."""
+    s = summary(plan)
+    # why a CPU cluster's prediction is the analytic first guess (None: a profile priced it,
+    # or the cluster is GPUs, priced by their presets)
+    s["uncalibrated"] = calibration.uncalibrated
+    if args.json:
+        print(json.dumps(s, indent=1))
+        return
+    if not args.quiet:
+        print(wave_table(plan))
+        print()
+    print(summary_text(s))
+    if calibration.uncalibrated:
+        print(uncalibrated_text(calibration, args.spec, plan.cluster.devices))
+
+
 def run(args: argparse.Namespace) -> int:
     from spindle_dsl.planner import RUNNERS_UP, make_plan
     from spindle_dsl.planner.isolate import SolverCrashWarning, warm_up
@@ -287,8 +312,15 @@ def run(args: argparse.Namespace) -> int:
         warm_up(after=helpers)
     compiled = load_compiled(args)
     if compiled.schedule is not None:
-        return run_scheduled(args, compiled.schedule)
+        calibration = calibrate_plan(args, [p.graph for p in compiled.schedule.phases])
+        code = run_scheduled(args, compiled.schedule)
+        if calibration.uncalibrated:
+            out = sys.stderr if args.json else sys.stdout
+            ranks = compiled.graph.cluster.devices
+            print(uncalibrated_text(calibration, args.spec, ranks), file=out)
+        return code
     graph = compiled.graph
+    calibration = calibrate_plan(args, [graph])
     cost = load_cost_model(args, graph)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SolverCrashWarning)
@@ -308,14 +340,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: {w.message}", file=sys.stderr)
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    s = summary(plan)
-    if args.json:
-        print(json.dumps(s, indent=1))
-    else:
-        if not args.quiet:
-            print(wave_table(plan))
-            print()
-        print(summary_text(s))
+    _print_plan(args, plan, calibration)
     if args.out:
         plan.write(args.out)
         print(f"wrote {args.out}", file=sys.stderr)

@@ -23,6 +23,12 @@ from dataclasses import replace
 from typing import Any
 
 from spindle_dsl.atomic import write_atomic
+from spindle_dsl.cli.calibration import (
+    Calibration,
+    add_cache_argument,
+    calibrate_train,
+    uncalibrated_text,
+)
 from spindle_dsl.cli.cmd_data import DATA_HELP, bind_data, describe_data
 from spindle_dsl.cli.common import add_spec_arguments, load_compiled, load_cost_model
 from spindle_dsl.errors import ExecutionError
@@ -44,6 +50,7 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S, SCHEDULERS
 
     add_spec_arguments(parser)
+    add_cache_argument(parser)
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--plan", metavar="PLAN.json", help="run this plan (from `spindle plan`)")
     source.add_argument(
@@ -207,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
         args.nproc = world
 
     made: list[Any] = []
-    planner = _planner(args, graph, schedule, made)
+    calibrations: list[Calibration] = []
+    planner = _planner(args, graph, schedule, made, calibrations)
     plan = read_plan_file(args.plan) if args.plan else None
     if plan is not None and (env is None or env[0] == 0):
         _warn_overridden_levers(args, plan)
@@ -230,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if result is not None:  # rank 0 (or the parent of --nproc workers)
             used = plan or (made[-1] if made else None)
-            _report(args, graph, result, used, trace, own_trace)
+            calibration = calibrations[-1] if calibrations else Calibration()
+            _report(args, result, used, calibration, trace, own_trace)
     finally:
         if own_trace and trace:
             with contextlib.suppress(OSError):
@@ -266,14 +275,23 @@ def _compile(args: argparse.Namespace, env: Any) -> Any:
     return compiled
 
 
-def _planner(args: argparse.Namespace, graph: Any, schedule: Any, made: list[Any]) -> Any:
+def _planner(
+    args: argparse.Namespace,
+    graph: Any,
+    schedule: Any,
+    made: list[Any],
+    calibrations: list[Calibration],
+) -> Any:
     """The callback the backend calls when it needs a plan: a plan bundle for a spec with a
-    schedule, else one plan; each plan made is appended to ``made`` so the summary can set
-    its prediction against the run."""
+    schedule, else one plan, priced by the cost model ``calibrate_train`` picks; each plan
+    made is appended to ``made``, and the calibration to ``calibrations``, so the summary can
+    set its prediction against the run."""
 
     def planner() -> Any:
         from spindle_dsl.planner import isolate, make_plan
 
+        graphs = [p.graph for p in schedule.phases] if schedule is not None else [graph]
+        calibrations.append(calibrate_train(args, graphs))
         try:
             if schedule is not None:
                 from spindle_dsl.cli.plan_phases import plan_bundle
@@ -336,29 +354,25 @@ def _describe_inputs(
 
 def _report(
     args: argparse.Namespace,
-    graph: Any,
     result: Any,
     used: Any,
+    calibration: Calibration,
     trace: str | None,
     own_trace: bool,
 ) -> None:
-    """Print the run's summary (plan, step times, an analytic-model hint, phases, where the
-    time goes against the prediction) and write ``--summary-json``."""
-    from spindle_dsl.backends.torch.progress import analytic_hint, summary
-    from spindle_dsl.cost.comm import is_cpu
+    """Print the run's summary (plan, step times, whether the prediction is calibrated,
+    phases, where the time goes against the prediction) and write ``--summary-json``."""
+    from spindle_dsl.backends.torch.progress import summary
     from spindle_dsl.plan.model import Plan
 
     sequential = result.extra.get("baselines", {}).get("sequential_s")
     scheduler = result.extra.get("scheduler", "?")
     print(f"plan: {scheduler}")
     shown = replace(result, trace=None) if own_trace else result  # ours: not the user's
-    print(summary(shown, sequential))
-    planned_here = not args.plan and not args.profile and is_cpu(graph.cluster)
-    if planned_here and result.steps and result.predicted_step_s > 0:
-        ratio = result.measured_step_s / result.predicted_step_s
-        hint = analytic_hint(ratio, args.spec, args.nproc)
-        if hint:
-            print(hint)
+    uncalibrated = calibration.uncalibrated
+    print(summary(shown, sequential, calibrated=uncalibrated is None))
+    if uncalibrated and result.steps:
+        print(uncalibrated_text(calibration, args.spec, args.nproc))
     if "phases" in result.extra:
         from spindle_dsl.backends.torch.phased import phases_summary
 
@@ -366,7 +380,9 @@ def _report(
     if isinstance(used, Plan) and trace and os.path.exists(trace):
         print(_where_the_time_goes(used, trace))
     if args.summary_json:
-        write_atomic(args.summary_json, json.dumps(summary_json(result), indent=1) + "\n")
+        write_atomic(
+            args.summary_json, json.dumps(summary_json(result, uncalibrated), indent=1) + "\n"
+        )
 
 
 def _warn_overridden_levers(args: argparse.Namespace, plan: Any) -> None:
@@ -451,7 +467,7 @@ def _for_launched_nodes(
     return load_compiled(args, show_warnings=False, train_overrides=overrides)
 
 
-def summary_json(result: Any) -> dict[str, Any]:
+def summary_json(result: Any, uncalibrated: str | None = None) -> dict[str, Any]:
     """The run's headline figures for scripts (bench/train_gpu.sh reads them)."""
     return {
         "scheduler": result.extra.get("scheduler"),
@@ -461,6 +477,9 @@ def summary_json(result: Any) -> dict[str, Any]:
         "resumed_from": result.resumed_from,
         "measured_step_s": result.measured_step_s,
         "predicted_step_s": result.predicted_step_s,
+        # why the prediction is the analytic first guess for CPU workers (null: calibrated by
+        # a profile, or a GPU cluster priced by its presets)
+        "uncalibrated": uncalibrated,
         "baselines": result.extra.get("baselines", {}),
         "final_loss": dict(result.steps[-1].losses) if result.steps else {},
         # the last held-out losses the run measured (empty without held-out data)

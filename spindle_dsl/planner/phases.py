@@ -34,12 +34,16 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spindle_dsl.errors import PlanError, SpindleError
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.phases import MixSchedule
 from spindle_dsl.plan.bundle import BundlePhase, PlanBundle
 from spindle_dsl.plan.model import Plan, SpecRef
+
+if TYPE_CHECKING:
+    from spindle_dsl.cost.profile import Profile
 
 _CHILD = "import sys; from spindle_dsl.planner.phases import _serve; _serve(sys.argv[1])"
 
@@ -49,7 +53,8 @@ class PlanRequest:
     """What planning one graph needs (picklable: it travels to a worker process)."""
 
     graph: MetaGraph
-    profile: str | None = None  # a `spindle profile` file, else the analytic model
+    # a `spindle profile` file or a loaded profile (the profile cache's), else the analytic model
+    profile: str | Profile | None = None
     scheduler: str = "default"
     time_limit_s: float | None = None  # None: the planner's default
     check_memory: bool = True
@@ -102,7 +107,7 @@ def distinct_graphs(schedule: MixSchedule) -> tuple[list[MetaGraph], list[int]]:
 def plan_schedule(
     schedule: MixSchedule,
     *,
-    profile: str | None = None,
+    profile: str | Profile | None = None,
     scheduler: str = "default",
     time_limit_s: float | None = None,
     check_memory: bool = True,

@@ -152,16 +152,3 @@ def test_levers_that_override_a_plan_are_warned_about(tmp_path, spec_dir, capfd)
     assert "--micro-batches 3 overrides the plan's micro_batches 1" in err
     assert "overrides the plan's zero_stage" not in err  # the same as the plan's: no warning
     assert "the plan is for 4 devices but 3 processes run it" in err
-
-
-def test_an_analytic_prediction_that_missed_says_how_to_profile():
-    from spindle_dsl.backends.torch.progress import ANALYTIC_RANGE, analytic_hint
-
-    hint = analytic_hint(2.31, "examples/tiny_mm.spindle", 4)
-    assert hint is not None and "2.31x" in hint
-    assert "spindle profile examples/tiny_mm.spindle --nproc 4 --out profile.json" in hint
-    assert "spindle train examples/tiny_mm.spindle --nproc 4 --profile profile.json" in hint
-    low, high = ANALYTIC_RANGE
-    assert analytic_hint((low + high) / 2, "s.spindle", 2) is None
-    assert analytic_hint(float("nan"), "s.spindle", 2) is None
-    assert "--nproc" not in (analytic_hint(0.5, "s.spindle", None) or "--nproc")
