@@ -66,6 +66,11 @@ from spindle_dsl.metagraph import ArgValue, MetaGraph, MetaOp
 
 FORMAT = "spindle-profile"
 VERSION = 1
+# How far a profiled prediction of one plan against another can be off: the measured ratio of
+# two plans' step times against their predicted ratio (``bench/predict_accuracy.py``,
+# docs/benchmarks.md). The default scheduler keeps the data-parallel plan unless another is
+# predicted faster by more than this.
+PREDICTION_MARGIN = 0.05
 Mode = Literal["train", "input_grad", "forward"]
 ShapeKey = tuple[str, tuple[tuple[str, ArgValue], ...], int, str]
 
@@ -283,6 +288,8 @@ class ProfiledCostModel(comm.LinkPricing):
     """T_m(n) from measured layer times (data parallelism, idle devices allowed); the rest of
     the step (gradient reduction, exchange, losses, optimizer) from the profile's measured
     overheads, or the analytic ones for a profile made without ``--nproc``."""
+
+    prediction_margin = PREDICTION_MARGIN
 
     def __init__(self, cluster: Cluster, profile: Profile, source: str = "profile"):
         self.cluster = cluster

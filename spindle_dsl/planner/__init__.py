@@ -250,13 +250,16 @@ def make_plan(
             chosen, ctx = best
             if pick.fits and pick.iteration_s < chosen.iteration_s:
                 chosen = ranked[pick.schedule.name] = pick
+        chosen, ctx, margin_note = _data_parallel_within_margin(cost, chosen, ctx, tuned)
+    else:
+        margin_note = ()
     baselines = {k: ranked[k].iteration_s for k in BASELINES}
     candidates = {k: e.iteration_s for k, e in ranked.items()}
     notes = _notes(scheduler, chosen, ranked, baselines)
     notes += tuple(
         n for n in chosen.schedule.notes if n.startswith((RENAME_NOTE, SPREAD_LOSS_NOTE))
     )
-    notes += runner_up_note
+    notes += runner_up_note + margin_note
     notes += _idle_workers_note(ctx, chosen)
     if search is not None:
         asked = tuple(
@@ -342,6 +345,31 @@ def _runner_up_note(
     return head + (
         f"{pick.iteration_s:.4g} s against {chosen.iteration_s:.4g} s with {mine} ({verdict})"
     )
+
+
+def _data_parallel_within_margin(
+    cost: CostModel,
+    chosen: Evaluated,
+    ctx: PlanContext,
+    tuned: dict[str, tuple[Evaluated, PlanContext]],
+) -> tuple[Evaluated, PlanContext, tuple[str, ...]]:
+    """The sequential plan (every MetaOp data parallel over all devices, the layout plain DDP
+    runs) instead of ``chosen`` where ``chosen`` is predicted faster by less than the cost
+    model's measured prediction error (``prediction_margin``): a gain the model cannot tell
+    from its own error is not worth the exchanges and the uneven groups that buy it."""
+    margin = float(getattr(cost, "prediction_margin", 0.0))
+    sequential = tuned.get("sequential")
+    if margin <= 0 or sequential is None or chosen.schedule.name == "sequential":
+        return chosen, ctx, ()
+    plain, plain_ctx = sequential
+    if not plain.fits or chosen.iteration_s * (1 + margin) < plain.iteration_s:
+        return chosen, ctx, ()
+    gain = plain.iteration_s / chosen.iteration_s - 1
+    note = (
+        f"kept the sequential (data-parallel) plan: the '{chosen.schedule.name}' plan is "
+        f"predicted {gain:.1%} faster, within the cost model's prediction error ({margin:.0%})"
+    )
+    return plain, plain_ctx, (note,)
 
 
 def _tuned_baselines(search: LeverSearch | None) -> dict[str, tuple[Evaluated, PlanContext]]:

@@ -42,3 +42,24 @@ def test_a_profiled_plan_comes_out_whole(profiled, scheduler) -> None:
     plan = make_plan(graph, cost, scheduler=scheduler, time_limit_s=0.5)
     assert validate_plan(plan) == []
     assert plan.lower_bound_s <= plan.iteration_s
+
+
+@pytest.mark.parametrize("margin", [0.0, 10.0])
+def test_default_keeps_the_data_parallel_plan_unless_the_gain_beats_the_margin(
+    profiled, margin, monkeypatch
+) -> None:
+    """Under a margin no plan can beat, the default scheduler runs the sequential plan (the
+    layout plain DDP runs) and says why; with none it keeps the quickest plan."""
+    graph, cost = profiled
+    monkeypatch.setattr(cost, "prediction_margin", margin)
+    plan = make_plan(graph, cost, scheduler="default", time_limit_s=0.5)
+    sequential = plan.baseline("sequential_s")
+    kept = [n for n in plan.notes if n.startswith("kept the sequential (data-parallel) plan")]
+    quickest = min(plan.extra["candidates_s"].values())
+    if margin:
+        assert plan.iteration_s == pytest.approx(sequential, rel=1e-12)
+        assert len(kept) == 1
+        assert quickest < sequential  # the case is one where another plan is predicted faster
+    else:
+        assert not kept
+        assert plan.iteration_s == pytest.approx(quickest)
