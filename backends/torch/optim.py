@@ -35,7 +35,7 @@ from .grads import GradSync
 from .params import PartStore
 from .parts import Part
 from .schedule import Schedule
-from .shards import MAX_BUCKET_ELEMENTS
+from .shards import MAX_BUCKET_ELEMENTS, MIN_BUCKET_ELEMENTS
 from .trace import Tracer
 
 
@@ -112,12 +112,14 @@ def scale_of(lr_scales: Iterable[tuple[str, float]]) -> Callable[[Part], float]:
 
 
 def squares(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-    """The sum of squares of every element, in float64 (a 0-d tensor on their device)."""
-    total = torch.zeros((), dtype=torch.float64)
-    for t in tensors:
-        if t.numel():
-            total = total.to(t.device) + torch.linalg.vector_norm(t, dtype=torch.float64) ** 2
-    return total
+    """The sum of squares of every element, in float64 (a 0-d tensor on their device). One
+    fused norm over the list (the kernel ``clip_grad_norm_`` uses), not a call per tensor:
+    the step logs the gradient norm every step, so its cost is paid every step."""
+    present = [t for t in tensors if t.numel()]
+    if not present:
+        return torch.zeros((), dtype=torch.float64)
+    norms = torch._foreach_norm(present, 2, dtype=torch.float64)
+    return torch.stack(norms).square().sum()
 
 
 def world_sum(value: torch.Tensor) -> float:
@@ -207,6 +209,7 @@ class ReplicatedAdamW:
         tracer: Tracer | None = None,
         keep: Callable[[torch.Tensor, str], None] | None = None,
         max_bucket_elements: int = MAX_BUCKET_ELEMENTS,
+        min_bucket_elements: int = MIN_BUCKET_ELEMENTS,
         clip_grad: float = 0.0,
         lr_scales: Iterable[tuple[str, float]] = (),
     ):
@@ -234,6 +237,7 @@ class ReplicatedAdamW:
             ready=ready,
             keep=self.keep,
             max_bucket_elements=max_bucket_elements,
+            min_bucket_elements=min_bucket_elements,
         )
 
     def step(self, lr: float | None = None) -> StepStats:
