@@ -83,20 +83,21 @@ class Heartbeat:
             self._width = path.stat().st_size
         except OSError:
             self._width = 0
+        self._fd: int | None = None
 
     def beat(self, what: str) -> None:
-        # Overwritten in place, never truncated: on ext4 a truncate-then-write pushes the data
-        # to disk at close (auto_da_alloc), 3.2 ms per beat on this machine against 7 us in
-        # place, at some twenty beats a step. Spaces cover a longer previous text.
+        # Overwritten in place through one descriptor held open, never truncated: on ext4 a
+        # truncate-then-write pushes the data to disk at close (auto_da_alloc), and an open
+        # and close per beat is two more system calls at some twenty beats a step. Spaces
+        # cover a longer previous text; the write moves the file's modified time, which the
+        # parent's watchdog reads.
         data = what.encode().ljust(self._width)
         self._width = len(data)
         # OSError: the run folder went away, so the parent is gone and PDEATHSIG follows.
         with contextlib.suppress(OSError):
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.pwrite(self._fd, data, 0)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
