@@ -43,9 +43,9 @@ class Tracer:
     only read the clock would measure the kernel launches; while tracing, the tracer waits for
     the compute stream at each span's start and end, so a span holds the GPU work it
     launched. The communication streams are not waited for, so the gradient reductions that
-    the backward overlaps keep overlapping. Each span is also a ``record_function`` region,
-    so it carries its name in ``torch.profiler`` traces. On a CPU device neither changes what
-    is measured."""
+    the backward overlaps keep overlapping. While ``torch.profiler`` records, each span is
+    also a ``record_function`` region, so it carries its name in the profiler's trace. On a
+    CPU device neither changes what is measured."""
 
     def __init__(self, rank: int, enabled: bool, device: torch.device | None = None):
         self.rank, self.enabled = rank, enabled
@@ -64,7 +64,10 @@ class Tracer:
         self._sync()
         start = time.time()
         try:
-            with torch.profiler.record_function(f"{cat}:{name}"):
+            if torch.autograd._profiler_enabled():  # a region only where a profiler records
+                with torch.profiler.record_function(f"{cat}:{name}"):
+                    yield
+            else:
                 yield
         finally:
             self._sync()
