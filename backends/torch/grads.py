@@ -50,7 +50,7 @@ from spindle_dsl.metagraph import MetaGraph, MetaOp
 from .params import PartStore
 from .parts import Part
 from .schedule import Schedule, layer_module
-from .shards import MAX_BUCKET_ELEMENTS, Bucket, PartShard, plan_buckets
+from .shards import MAX_BUCKET_ELEMENTS, MIN_BUCKET_ELEMENTS, Bucket, PartShard, plan_buckets
 from .trace import Tracer
 
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -130,10 +130,12 @@ class GradSync:
         ready: Mapping[Part, tuple[int, ...]] | None = None,
         keep: Callable[[torch.Tensor, str], None] | None = None,
         max_bucket_elements: int = MAX_BUCKET_ELEMENTS,
+        min_bucket_elements: int = MIN_BUCKET_ELEMENTS,
     ):
         """``ready``: each part's ready tick per holder (``ready_ticks``); without it every
         bucket waits for the end of the backward. ``keep(tensor, what)`` tells the memory
-        meter about a buffer this creates."""
+        meter about a buffer this creates. ``min_bucket_elements``: the size below which a
+        bucket stays open across ticks (``shards.least_bucket_elements``)."""
         self.rank, self.store, self.groups, self.stage = rank, store, groups, stage
         self.reduce_scatter = reduce_scatter
         self.tracer = tracer or Tracer(rank, enabled=False)
@@ -150,6 +152,7 @@ class GradSync:
             ),
             max_bucket_elements,
             ready,
+            min_bucket_elements,
         )
         self.shard_of: dict[Part, PartShard] = {ps.part: ps for b in self.buckets for ps in b.parts}
         # per group, its buckets in the order every holder issues them

@@ -42,6 +42,16 @@ MAX_BUCKET_ELEMENTS = 1 << 22
 MIN_BUCKET_ELEMENTS = 1 << 16
 
 
+def least_bucket_elements(cores_shared: bool, cap: int = MAX_BUCKET_ELEMENTS) -> int:
+    """The size below which a bucket stays open across ticks. Where a node's ranks outnumber
+    its cores, every core is busy with some rank's compute, so a collective issued early
+    overlaps nothing and only adds its latency (and a context switch per ring step): the
+    buckets then fill to the cap, as few collectives as the cap allows. Elsewhere a bucket
+    closes with its tick once it holds ``MIN_BUCKET_ELEMENTS``, overlapping the rest of the
+    backward."""
+    return cap if cores_shared else MIN_BUCKET_ELEMENTS
+
+
 @dataclass(frozen=True)
 class PartShard:
     """One part's place in its bucket."""

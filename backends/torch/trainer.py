@@ -33,6 +33,7 @@ from .memory import WATCHED_STEPS, MemoryMeter
 from .optim import RankOptimizer, ReplicatedAdamW
 from .params import DTYPES, PartStore
 from .schedule import Schedule, build_schedule
+from .shards import MAX_BUCKET_ELEMENTS, least_bucket_elements
 from .trace import Tracer
 from .zero import ShardedAdamW, gloo_has_reduce_scatter
 
@@ -88,8 +89,10 @@ def make_rank_optimizer(
     stage: int = 1,
     ready: Mapping | None = None,
     keep: Callable[[torch.Tensor, str], None] | None = None,
+    cores_shared: bool = False,
 ) -> RankOptimizer:
-    """The optimizer of ZeRO ``stage`` (a collective: it creates the holder groups)."""
+    """The optimizer of ZeRO ``stage`` (a collective: it creates the holder groups);
+    ``cores_shared``: a node's ranks outnumber its cores (``shards.least_bucket_elements``)."""
     groups = holder_groups(schedule, rank)
     hyper = dict(lr=config.lr, weight_decay=config.weight_decay, betas=config.betas, eps=config.eps)
     common = dict(
@@ -99,8 +102,9 @@ def make_rank_optimizer(
         clip_grad=config.clip_grad,
         lr_scales=config.lr_scales,
     )
-    if config.bucket_elements is not None:
-        common["max_bucket_elements"] = config.bucket_elements
+    cap = config.bucket_elements if config.bucket_elements is not None else MAX_BUCKET_ELEMENTS
+    common["max_bucket_elements"] = cap
+    common["min_bucket_elements"] = least_bucket_elements(cores_shared, cap)
     if stage == 0:
         return ReplicatedAdamW(schedule, rank, store, groups, **common, **hyper)
     gloo_only = dist.get_backend() == "gloo" and not gloo_has_reduce_scatter()
@@ -167,6 +171,7 @@ class Trainer:
             stage=self.zero_stage,
             ready=ready_ticks(graph, self.schedule),
             keep=self.meter.keep,
+            cores_shared=graph.cluster.shared_cores is not None,
         )
         data = TaskData(graph, config.seed, datasets, dtype, device, positions)
         self.executor = StepExecutor(

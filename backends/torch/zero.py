@@ -48,7 +48,7 @@ from .optim import StepStats, adamw_step, clip_factor, scale_of, squares, world_
 from .params import PartStore
 from .parts import Part
 from .schedule import Schedule
-from .shards import MAX_BUCKET_ELEMENTS, Bucket, PartShard
+from .shards import MAX_BUCKET_ELEMENTS, MIN_BUCKET_ELEMENTS, Bucket, PartShard
 from .trace import Tracer
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
@@ -118,6 +118,7 @@ class ShardedAdamW:
         tracer: Tracer | None = None,
         keep: Callable[[torch.Tensor, str], None] | None = None,
         max_bucket_elements: int = MAX_BUCKET_ELEMENTS,
+        min_bucket_elements: int = MIN_BUCKET_ELEMENTS,
         clip_grad: float = 0.0,
         lr_scales: Sequence[tuple[str, float]] = (),
     ):
@@ -144,6 +145,7 @@ class ShardedAdamW:
             ready=ready,
             keep=self.keep,
             max_bucket_elements=max_bucket_elements,
+            min_bucket_elements=min_bucket_elements,
         )
         self.buckets: tuple[Bucket, ...] = self.sync.buckets
         self.shard_of = self.sync.shard_of

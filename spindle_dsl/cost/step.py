@@ -484,7 +484,8 @@ class StepModel:
         parts with the same holders, in the order their backward ends (later waves first,
         later layers first inside one), cut where a bucket would pass ``bucket_bytes``, and
         where the backward moves on to an earlier wave once the bucket holds
-        ``min_bucket_bytes`` (each bucket one collective, each paying its latency). The
+        ``min_bucket_bytes`` (each bucket one collective, each paying its latency; where a
+        node's devices share its cores, only at the cap: ``shards.least_bucket_elements``). The
         runtime issues a bucket from the accumulation hook of its last gradient, so inside
         the wave's backward (``backends/torch/grads.py``)."""
         groups: dict[tuple[int, ...], list[Held]] = {}
@@ -496,7 +497,8 @@ class StepModel:
                     ranks = ranks_of[h.devices] = tuple(sorted(h.devices))
                 groups.setdefault(ranks, []).append(h)
         out = []
-        cap, least = self.overheads.bucket_bytes, self.overheads.min_bucket_bytes
+        cap = self.overheads.bucket_bytes
+        least = self.overheads.min_bucket_bytes if self.core_each else cap
         for ranks, parts in groups.items():
             parts.sort(key=lambda h: (-h.wave, -h.order))
             size, ready, lag = 0.0, 0, 0.0

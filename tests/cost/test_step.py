@@ -409,3 +409,19 @@ def test_a_wave_lasts_its_slowest_forward_plus_its_slowest_backward() -> None:
     assert step.price(alike).durations == pytest.approx([3.0])
     # two ranks on one core: each phase shared on its own (all the work, in turn)
     assert on_cores(1).price(mixed).durations == pytest.approx([(3.0 + 1.0) + (0.0 + 2.0)])
+
+
+def test_where_devices_share_cores_the_buckets_fill_to_the_cap() -> None:
+    """As the runtime cuts them (``shards.least_bucket_elements``): with cores to spare a
+    bucket closes at its wave, on shared cores only at the cap."""
+    probe = make_step_model(graph(cores=8), overheads(), grad_in_curves=False)
+    total = sum(b for op in probe.ops.values() for _, b in op.layer_parts)
+    roomy = overheads(bucket_bytes=2 * total, min_bucket_bytes=0.0)
+    waves = _pieces(graph(), lambda op: (0, 1))
+
+    def buckets(cores: int) -> list:
+        step = make_step_model(graph(cores=cores), roomy, grad_in_curves=False)
+        return step._buckets(step._holders(waves))
+
+    assert len(buckets(8)) > 1
+    assert len(buckets(2)) == 1

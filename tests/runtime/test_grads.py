@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from spindle_dsl.backends.torch.grads import ready_ticks
 from spindle_dsl.backends.torch.parts import Part
 from spindle_dsl.backends.torch.schedule import build_schedule
-from spindle_dsl.backends.torch.shards import plan_buckets
+from spindle_dsl.backends.torch.shards import least_bucket_elements, plan_buckets
 
 
 def test_a_part_is_ready_after_its_last_backward_on_each_holder():
@@ -63,6 +63,20 @@ def test_buckets_follow_the_backward_and_close_when_the_group_tick_moves():
     # a size cap splits one tick's parts
     capped = plan_buckets(parts, 150_000, ready, min_elements=1000)
     assert [[ps.part.key for ps in b.parts] for b in capped][2:4] == [["m/layer.1"], ["m/layer.0"]]
+
+
+def test_where_ranks_share_cores_buckets_fill_to_the_cap():
+    """Ranks that outnumber their cores overlap nothing with an early collective, so the
+    buckets close only at the cap: the parts above, under a cap they fit, in one bucket."""
+    ranks = (0, 1)
+    parts = [(Part("m", f"layer.{i}"), ranks, 100_000) for i in range(4)]
+    ready = {Part("m", f"layer.{i}"): (i, i) for i in range(4)}
+    cap = 1 << 20
+    assert least_bucket_elements(False, cap) < cap
+    apart = plan_buckets(parts, cap, ready, min_elements=least_bucket_elements(False, cap))
+    shared = plan_buckets(parts, cap, ready, min_elements=least_bucket_elements(True, cap))
+    assert len(apart) == 4
+    assert len(shared) == 1 and len(shared[0].parts) == 4
 
 
 ticks = st.integers(0, 6)
