@@ -4,23 +4,18 @@ and (merged) parameter gradients to 1e-10 in float64; a flipped convention (cont
 of SwiGLU's fused fc1, q/k/v split without its K/V groups) makes that comparison fail; the
 weight mapping round-trips bit for bit; ``tp_ok`` says which splits the runtime can run.
 
-The process tests start their workers by running this very file (``__main__`` below), each
-rank one process, joined through a FileStore in a temporary folder and gloo on loopback: one
+The process tests run on workers of the runtime's own launcher (``launch.spawn``: the job
+pickled to each rank, which imports this module, a loopback store, gloo on loopback): one
 launch of 2 ranks (tp = 2) and one of 4 (tp = 4, and two tp = 2 groups side by side) run every
 case, and the tests read the launch's results.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spindle_dsl.backends.torch.launch import loopback_interface
+from spindle_dsl.backends.torch.launch import spawn
 from spindle_dsl.backends.torch.masks import call_layer
 from spindle_dsl.backends.torch.tensor_parallel import layout_of, shard_layer
 from spindle_dsl.backends.torch.tp_split import (
@@ -266,72 +261,66 @@ def _worse(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {k: (a[k] and b[k]) if isinstance(a[k], bool) else max(a[k], b[k]) for k in a}
 
 
-def worker(rank: int, world: int, store_path: str, out_path: str) -> None:
-    torch.set_num_threads(1)
-    store = dist.FileStore(store_path, world)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))  # fmt: skip
-    setups = [("tp2", None, 2, rank)]
-    if world == 4:
-        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-        setups = [("tp4", None, 4, rank), ("tp2x2", pairs[rank // 2], 2, rank % 2)]
-    mine = {
-        f"{label}:{name}": compare(name, r, tp, g) for label, g, tp, r in setups for name in CASES
-    }
-    every: list[Any] = [None] * world
-    dist.all_gather_object(every, mine)
-    if rank == 0:
+@dataclass(frozen=True)
+class CaseLaunch:
+    """What every rank of a launch runs: each case at each setup of its world size, the
+    results of all ranks joined on rank 0 (the worst error, the first message)."""
+
+    collective_timeout_s: float = 120.0
+
+    @property
+    def config(self) -> CaseLaunch:  # the launcher reads ``job.config.collective_timeout_s``
+        return self
+
+    def run_rank(
+        self, rank: int, world: int, local: int, *, store: Any, heartbeat: Callable[[str], None]
+    ) -> dict[str, Any] | None:
+        torch.set_num_threads(1)
+        timeout = timedelta(seconds=self.collective_timeout_s)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+        try:
+            setups = [("tp2", None, 2, rank)]
+            if world == 4:
+                pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+                setups = [("tp4", None, 4, rank), ("tp2x2", pairs[rank // 2], 2, rank % 2)]
+            mine = {}
+            for label, group, tp, r in setups:
+                for name in CASES:
+                    heartbeat(f"{label} {name}")
+                    mine[f"{label}:{name}"] = compare(name, r, tp, group)
+            every: list[Any] = [None] * world
+            dist.all_gather_object(every, mine)
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+        if rank != 0:
+            return None
         joined = dict(every[0])
         for other in every[1:]:
             joined = {k: _worse(v, other[k]) for k, v in joined.items()}
-        Path(out_path).write_text(json.dumps(joined, indent=1))
-    dist.barrier()
-    dist.destroy_process_group()
+        return joined
 
 
 # --- the process tests -------------------------------------------------------------------------
 
 
-def _launch(world: int, folder: Path) -> dict[str, Any]:
-    """Run ``world`` ranks of this file and return rank 0's joined results."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    loopback = loopback_interface()
-    if loopback is not None:
-        env["GLOO_SOCKET_IFNAME"] = loopback
-    out = folder / "results.json"
-    argv = [str(world), str(folder / "store"), str(out)]
-    logs = [folder / f"rank{r}.log" for r in range(world)]
-    procs = []
-    try:
-        for r, log in enumerate(logs):
-            with log.open("w") as sink:
-                procs.append(subprocess.Popen([sys.executable, __file__, str(r), *argv], env=env,
-                                              stdout=sink, stderr=subprocess.STDOUT))  # fmt: skip
-        deadline = time.monotonic() + 300
-        for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    if any(p.returncode for p in procs) or not out.exists():
-        tails = [f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs]
-        pytest.fail("tensor-parallel workers failed:\n" + "\n".join(tails))
-    return json.loads(out.read_text())
+def _launch(world: int) -> dict[str, Any]:
+    """Run every case on ``world`` ranks and return rank 0's joined results. The job is made
+    from this module imported under its plain name, which the workers import too (this
+    folder is on their path, as it is on the tests')."""
+    plain = importlib.import_module("test_tensor_parallel")
+    return spawn(plain.CaseLaunch(), world, hang_timeout_s=120.0)
 
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory) -> Callable[[str], dict[str, Any]]:
+def launched() -> Callable[[str], dict[str, Any]]:
     """The results of the launch a setup runs in (each launch runs once per module)."""
     held: dict[int, dict[str, Any]] = {}
 
     def results(label: str) -> dict[str, Any]:
         world = 2 if label == "tp2" else 4
         if world not in held:
-            held[world] = _launch(world, tmp_path_factory.mktemp(f"tp_world{world}"))
+            held[world] = _launch(world)
         return held[world]
 
     return results
@@ -512,7 +501,3 @@ def test_tp_ok_agrees_with_what_shard_layer_accepts(kind, args, tp):
     else:
         with pytest.raises(ExecutionError):
             shard_layer(layer, 0, tp)
-
-
-if __name__ == "__main__":  # one rank of a launch: RANK WORLD STORE_FILE RESULTS_FILE
-    worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
