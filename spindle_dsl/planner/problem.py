@@ -308,8 +308,3 @@ def schedule_errors(problem: Problem, sched: Schedule) -> list[str]:
         if next_layer[op.id] != op.layers:
             errs.append(f"{op.id}: covers {next_layer[op.id]} of {op.layers} layers")
     return errs
-
-
-def merge_waves(waves: Iterable[tuple[Piece, ...]]) -> tuple[tuple[Piece, ...], ...]:
-    """Drop empty waves (schedulers may leave some behind after moving pieces around)."""
-    return tuple(tuple(w) for w in waves if w)

@@ -195,17 +195,6 @@ def optimizer_floor_s(step: StepModel) -> float:
     return max(average, single, 0.0)
 
 
-def holder_split(step: StepModel) -> tuple[dict[str, float], float]:
-    """The optimizer split for the LP (module docstring, last paragraph): per op the least
-    over its layers of the layer part's per-holder work (``_holder_lines``) over the number of
-    ops sharing that part, and the rest: ``alpha + (beta T + P' - over) / N`` with P' the
-    per-part work of the parts that are not layers (input stages, LM heads), each on at least
-    one holder, and ``over`` what the holder lines give back. Nothing (an empty map and 0)
-    where a negative slope or per-part price voids the argument."""
-    per_op, rest, _ = _holder_terms(step)
-    return per_op, rest
-
-
 def holder_groups(step: StepModel) -> tuple[tuple[tuple[str, ...], float], ...]:
     """The groups of ops the LP may weigh by their widest member (module docstring,
     "Groups"): two or more ops whose layers are the same parts, one each, held by no other
@@ -217,7 +206,13 @@ def holder_groups(step: StepModel) -> tuple[tuple[tuple[str, ...], float], ...]:
 def _holder_terms(
     step: StepModel,
 ) -> tuple[dict[str, float], float, tuple[tuple[tuple[str, ...], float], ...]]:
-    """``holder_split`` and ``holder_groups`` from one pass over the parts and their users."""
+    """The optimizer split for the LP (module docstring, last paragraph) and
+    ``holder_groups``, from one pass over the parts and their users: per op the least over its
+    layers of the layer part's per-holder work (``_holder_lines``) over the number of ops
+    sharing that part; the rest, ``alpha + (beta T + P' - over) / N`` with P' the per-part work
+    of the parts that are not layers (input stages, LM heads), each on at least one holder, and
+    ``over`` what the holder lines give back. Nothing (an empty map and 0) where a negative
+    slope or per-part price voids the argument."""
     o = step.overheads
     got = _part_work(step)
     if got is None:
@@ -285,7 +280,6 @@ __all__ = [
     "NO_FLOOR",
     "StepFloor",
     "holder_groups",
-    "holder_split",
     "loss_floor_s",
     "optimizer_floor_s",
     "step_floor",
