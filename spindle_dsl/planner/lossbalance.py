@@ -53,10 +53,12 @@ def loss_loads(step: StepModel, waves: Waves, micro_batches: int) -> dict[int, f
 
 def relabeled(waves: Waves, label: Sequence[int], cut: int, prefix: bool = True) -> Waves:
     """``waves`` with device ``x`` renamed ``label[x]`` in every wave before ``cut`` (with
-    ``prefix``; else in every wave from ``cut`` on), ``label`` a permutation of the ids."""
+    ``prefix``; else in every wave from ``cut`` on), ``label`` a permutation of the ids. A
+    piece keeps its devices' order (the shard order placement chose: the k-th device takes
+    the k-th rows), each device renamed in its place."""
 
     def move(p: PlacedPiece) -> PlacedPiece:
-        ids = tuple(sorted(label[x] for x in p.devices))
+        ids = tuple(label[x] for x in p.devices)
         return p if ids == p.devices else PlacedPiece(p.op, p.first, p.end, ids)
 
     return tuple(tuple(map(move, w)) if (i < cut) == prefix else w for i, w in enumerate(waves))

@@ -153,3 +153,15 @@ def test_a_round_skips_what_cannot_win_but_always_spreads_the_named(ctx):
     assert out["b"] is piled  # even spread evenly it could not beat "a"
     out = spread_round(ctx, {"a": quick, "b": piled}, always=("b",))
     assert out["b"].iteration_s < piled.iteration_s
+
+
+def test_a_renaming_keeps_each_piece_s_device_order() -> None:
+    """The k-th device of a piece takes the k-th rows (the shard order placement chose): a
+    renaming renames each device in its place and never sorts them."""
+    waves = ((PlacedPiece("a", 0, 2, (3, 0, 2)),), (PlacedPiece("b", 0, 1, (1, 2)),))
+    label = [1, 0, 3, 2]  # 0 <-> 1, 2 <-> 3
+    assert relabeled(waves, label, 1) == (
+        (PlacedPiece("a", 0, 2, (2, 1, 3)),),
+        (PlacedPiece("b", 0, 1, (1, 2)),),  # from the cut on, unchanged
+    )
+    assert relabeled(waves, label, 1, prefix=False)[1] == (PlacedPiece("b", 0, 1, (0, 3)),)
