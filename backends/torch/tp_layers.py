@@ -146,33 +146,28 @@ class ColumnGatherLinear(_Comm, nn.Linear):
         return self.gather_last(super().forward(self.enter(x)))
 
 
-class TpFeedForward(_Comm, FeedForward):
+class _TpFeed(_Comm):
+    """A feed-forward net's tensor-parallel form, whichever net it extends: fc1
+    column-parallel (``ffn`` local), fc2 row-parallel and summed over the group."""
+
+    def __init__(
+        self, width: int, ffn: int, bias: bool, act: str, tp: int, tp_rank: int, group: Group
+    ):
+        super().__init__(width, ffn, bias=bias, act=act)  # the net's own layers, ``ffn`` wide
+        self._set_group(tp, tp_rank, group)
+        self.fc2 = RowParallelLinear(ffn, width, bias, tp, tp_rank, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.enter(x))
+
+
+class TpFeedForward(_TpFeed, FeedForward):
     """``FeedForward`` with fc1 column-parallel and fc2 row-parallel (``ffn`` local)."""
 
-    def __init__(
-        self, width: int, ffn: int, bias: bool, act: str, tp: int, tp_rank: int, group: Group
-    ):
-        super().__init__(width, ffn, bias=bias, act=act)
-        self._set_group(tp, tp_rank, group)
-        self.fc2 = RowParallelLinear(ffn, width, bias, tp, tp_rank, group)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(self.enter(x))
-
-
-class TpSwiGLUFeedForward(_Comm, SwiGLUFeedForward):
+class TpSwiGLUFeedForward(_TpFeed, SwiGLUFeedForward):
     """``SwiGLUFeedForward`` whose fused fc1 holds this rank's gate rows then the same rows of
     up (``ffn`` local), so its ``chunk(2)`` pairs them as the full layer does."""
-
-    def __init__(
-        self, width: int, ffn: int, bias: bool, act: str, tp: int, tp_rank: int, group: Group
-    ):
-        super().__init__(width, ffn, bias=bias, act=act)
-        self._set_group(tp, tp_rank, group)
-        self.fc2 = RowParallelLinear(ffn, width, bias, tp, tp_rank, group)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(self.enter(x))
 
 
 def feed_forward(
