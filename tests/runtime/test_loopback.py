@@ -40,12 +40,17 @@ task listen { audio -> ear -> lm; text -> lm; loss = lm; batch = 4 }
 
 
 def _tree(pid: int) -> list[int]:
-    """``pid`` and every process below it (from /proc/PID/task/TID/children)."""
+    """``pid`` and every process below it (from /proc/PID/task/TID/children); a process
+    that ends while it is read is simply not descended into."""
     found, todo = [], [pid]
     while todo:
         p = todo.pop()
         found.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*"):
+        try:
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
+        except OSError:  # the process ended between being listed and being read
+            continue
+        for task in tasks:
             try:
                 todo.extend(int(c) for c in (task / "children").read_text().split())
             except OSError:
