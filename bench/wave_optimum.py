@@ -5,11 +5,11 @@ short of better waves, or no waves come closer (the bound, a relaxation, is belo
 schedule). This separates the two where a solver can tell. For each case it plans as
 ``spindle plan`` does (default scheduler, memory enforced, the planner's time limit), rebuilds
 the planning context under the plan's own levers (micro-batches, ZeRO stage, recompute), and
-solves the wave MILP (``planner.milp``: which MetaOps run in which wave, on how many devices,
+solves the wave MILP (``wave_milp.py``: which MetaOps run in which wave, on how many devices,
 for how many layers, with precedence) over *every* allocation of every MetaOp, with one spare
 wave, for ``--milp-seconds``, warm-started from the plan's own waves or, where they have less
-compute, the scheduler's waves on compute alone (no objective, so no polish). The planner gives
-its global MILP a fraction of a second and a few allocations around each MetaOp's level optimum.
+compute, the scheduler's waves on compute alone (no objective, so no polish). The planner
+itself solves no wave MILP: its starts, re-splits and polish are heuristics this bounds.
 Both schedules are then placed and timed by the same step model, the MILP's after the local
 search the planner runs on its own candidates (``planner.polish``), so the iterations compare:
 
@@ -42,6 +42,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from wave_milp import WaveModelSpec, solve_waves  # noqa: E402
 
 from spindle_dsl.cost import make_cost_model  # noqa: E402
 from spindle_dsl.language import compile_file  # noqa: E402
@@ -50,7 +53,6 @@ from spindle_dsl.planner.build import context, evaluate  # noqa: E402
 from spindle_dsl.planner.levers import Levers  # noqa: E402
 from spindle_dsl.planner.lossspread import relabel_and_spread  # noqa: E402
 from spindle_dsl.planner.lp_bound import lp_bound  # noqa: E402
-from spindle_dsl.planner.milp import WaveModelSpec, solve_waves  # noqa: E402
 from spindle_dsl.planner.milp_scheduler import _compute_cap, milp_schedule  # noqa: E402
 from spindle_dsl.planner.polish import polish  # noqa: E402
 from spindle_dsl.planner.problem import Piece, Problem, Schedule  # noqa: E402

@@ -4,8 +4,9 @@
 
 * ``paper``: Spindle's algorithm as published (per-MetaLevel continuous optimum, bi-point
   discretisation, greedy wavefront), see ``wavefront``;
-* ``milp``: the paper's plan improved by python-mip (level MILPs, cross-level backfilling,
-  a global MILP with precedence when small enough), see ``milp_scheduler``;
+* ``milp``: the paper's plan and five other starts, each with its layers re-split between
+  waves (python-mip) and its waves rebalanced, then local search on the placed plan, see
+  ``milp_scheduler``;
 * ``default``: ``milp``, ``paper`` and the baselines all placed and timed with transfers and
   gradient sync, keeping the fastest that fits in memory (the plan says which won);
 * ``sequential``, ``distmm``, ``optimus``: the baselines, as plans of their own.

@@ -18,8 +18,8 @@ allocations fit in the devices is found by bisection; devices left over go to th
 ends last, one faster allocation at a time (``minmax.give_to_slowest``). Levels run one after
 another; spans are cut into waves at every boundary (``listsched.waveify``): a large op
 spans several waves at one allocation, its layers cut where the lanes' ops change, so it
-moves nothing. As every start, the scheduler then improves (backfill across levels, layer
-re-splits) and polishes it.
+moves nothing. As every start, the scheduler then improves it (layer re-splits,
+rebalanced waves) and polishes it.
 """
 
 from __future__ import annotations

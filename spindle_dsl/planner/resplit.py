@@ -30,22 +30,48 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import mip
 
 from spindle_dsl.planner import isolate
-from spindle_dsl.planner.milp import add_area
-from spindle_dsl.planner.problem import Piece, Problem, Schedule, wave_phases, wave_seconds
+from spindle_dsl.planner.problem import (
+    OpSpec,
+    Piece,
+    Problem,
+    Schedule,
+    wave_phases,
+    wave_seconds,
+)
 from spindle_dsl.planner.solver import SolverChoice, new_model
 
 GAP = 1e-2  # stop within 1% of the optimum: the solution comes at once, proving it is slow
 Split = dict[tuple[int, int], int]  # (wave, position in the wave) -> layers
 
 
+def add_area(
+    model: mip.Model,
+    work: list[tuple[OpSpec, Any]],
+    duration: Any,
+    phases: tuple[Any, Any] | None,
+    name: str,
+) -> None:
+    """Shared cores (``area``): a wave's ``duration``, or each of its ``phases`` where the
+    ops split their time unalike, at least its pieces' ``work`` (per piece: its op and its
+    device-seconds over the cores, a linear expression), split by each op's backward share.
+    The wave MILP of ``bench/wave_milp.py`` adds the same constraint over its variables."""
+    if phases is None:
+        model.add_constr(duration >= mip.xsum(a for _, a in work), name)
+        return
+    forward = mip.xsum((1 - op.backward_share) * a for op, a in work)
+    model.add_constr(phases[0] >= forward, f"{name}_f")
+    model.add_constr(phases[1] >= mip.xsum(op.backward_share * a for op, a in work), f"{name}_b")
+
+
 def _build(problem: Problem, sched: Schedule, scale: float, solver: str, integer: bool = True):
     """The model, its wave durations ``d``, layer counts ``k`` and, where the ops split their
-    time between forward and backward unalike, each wave's phases (``milp`` module
-    docstring: d >= forward + backward, each bounding its share of every piece)."""
+    time between forward and backward unalike, each wave's phases (module docstring:
+    d >= forward + backward, each bounding its share of every piece)."""
     model = new_model("resplit", solver)
     model.max_mip_gap = GAP
     W = len(sched.waves)

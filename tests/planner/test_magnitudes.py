@@ -29,9 +29,8 @@ mix m { global_batch = 256; match = 1; other = 1 }
 
 def test_a_tiny_op_behind_a_huge_one_is_planned():
     """A 0.5 ms head after 10^6 s of text encoder, through the whole planner: a time axis cut
-    with a relative tolerance would give the head no wave, and ``backfill`` (crosslevel's
-    ``_try_wave``) would then fail looking it up. Every MetaOp must be planned, with numbers
-    the checker accepts."""
+    with a relative tolerance would give the head no wave, and the improvements would then
+    fail looking it up. Every MetaOp must be planned, with numbers the checker accepts."""
     graph = compile_text(SPREAD).graph
     plan = make_plan(graph, make_cost_model(graph.cluster))
     assert validate_plan(plan) == []

@@ -8,9 +8,9 @@ import pytest
 from synth import random_problem
 
 from spindle_dsl.planner.crosslevel import improve
-from spindle_dsl.planner.milp_scheduler import _rebalance_waves, milp_schedule
+from spindle_dsl.planner.milp_scheduler import milp_schedule
 from spindle_dsl.planner.passes import ALL_PASSES, NO_PASSES, PassOptions
-from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
+from spindle_dsl.planner.problem import schedule_errors
 from spindle_dsl.planner.solver import SolverChoice
 from spindle_dsl.planner.wavefront import paper_schedule
 
@@ -24,42 +24,27 @@ def test_without_switches_one_pass_off_and_rejects_unknown_names():
         ALL_PASSES.without("polsh")
 
 
-def test_no_passes_leaves_level_waves_and_no_milp():
+def test_no_passes_leaves_level_waves_unpolished():
     p = random_problem(random.Random(11), 8, 6)
     s = milp_schedule(p, 0.5, lambda s: (0.0, s.score(p)), IN_PROCESS, NO_PASSES)
     assert schedule_errors(p, s) == []
     assert s.compute_s(p) <= paper_schedule(p).compute_s(p) * (1 + 1e-9)
     notes = " ".join(s.notes)
-    assert "level MILPs: 0 solved" in notes
     assert "best start: levels" in notes or "best start: paper" in notes  # no CPA, no tasks
-    assert "global MILP skipped" in notes and "polished" not in notes
+    assert "polished" not in notes
 
 
-def test_improve_without_backfill_or_resplit_keeps_levels_apart():
-    """Without backfill or re-split, ``improve`` only rebalances: no op moves to another
-    wave. (With backfill on, this problem's MetaOps do start earlier.)"""
+def test_improve_without_resplit_keeps_each_op_in_its_waves():
+    """Without the re-splits, ``improve`` only rebalances: no layer moves to another wave;
+    with them, this problem's layers do move and its waves get shorter."""
     p = random_problem(random.Random(7), 8, 6)
     start = paper_schedule(p)
 
-    def ops_per_wave(s):
-        return [{q.op for q in w} for w in s.waves]
+    def layers_per_wave(s):
+        return [{q.op: q.layers for q in w} for w in s.waves]
 
-    off = improve(p, start, 0.2, IN_PROCESS, PassOptions(backfill=False, resplit=False))
-    assert ops_per_wave(off) == ops_per_wave(start)
-    on = improve(p, start, 0.2, IN_PROCESS, PassOptions(resplit=False))
-    assert ops_per_wave(on) != ops_per_wave(start)
+    off = improve(p, start, 0.2, IN_PROCESS, PassOptions(resplit=False))
+    assert layers_per_wave(off) == layers_per_wave(start)
+    on = improve(p, start, 0.2, IN_PROCESS)
+    assert layers_per_wave(on) != layers_per_wave(start)
     assert schedule_errors(p, on) == [] and on.compute_s(p) < start.compute_s(p)
-
-
-def test_refill_gives_idle_devices_to_the_slowest_piece_only_where_the_objective_gains():
-    """A wave on 4 of 8 devices whose pieces could run twice as fast on 4 each: refill
-    re-allocates it when the objective is compute, and leaves it when the objective says
-    the change costs more (as transfers can)."""
-    curve = ((2, 4), (1.0, 0.5))
-    p = Problem(tuple(OpSpec(i, 4, (), *curve) for i in ("a", "b")), 8)
-    start = Schedule("x", ((Piece("a", 0, 4, 2), Piece("b", 0, 4, 2)),))
-    filled, changed = _rebalance_waves(p, start, lambda s: (0.0, s.compute_s(p)))
-    assert changed == 1 and filled.compute_s(p) == pytest.approx(2.0)
-    assert schedule_errors(p, filled) == []
-    kept, changed = _rebalance_waves(p, start, lambda s: (0.0, -s.compute_s(p)))
-    assert changed == 0 and kept == start

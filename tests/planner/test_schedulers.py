@@ -11,13 +11,16 @@ from synth import random_problem, synth_op
 
 from spindle_dsl.planner.baselines import BASELINES, waveify
 from spindle_dsl.planner.bounds import level_reference_s, lower_bound_s
-from spindle_dsl.planner.crosslevel import backfill, improve, rebalance
+from spindle_dsl.planner.crosslevel import improve, rebalance
 from spindle_dsl.planner.listsched import Span, cpa_schedule
 from spindle_dsl.planner.milp_scheduler import milp_schedule
 from spindle_dsl.planner.polish import polish
 from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
 from spindle_dsl.planner.resplit import resplit
+from spindle_dsl.planner.solver import SolverChoice
 from spindle_dsl.planner.wavefront import paper_schedule
+
+IN_PROCESS = SolverChoice("highs", isolated=False)
 
 
 def test_paper_on_two_equal_ops_runs_them_side_by_side():
@@ -27,22 +30,6 @@ def test_paper_on_two_equal_ops_runs_them_side_by_side():
     s = paper_schedule(p)
     assert s.waves == ((Piece("t0/m", 0, 8, 4), Piece("t1/m", 0, 8, 4)),)
     assert s.compute_s(p) == pytest.approx(level_reference_s(p))
-
-
-def test_paper_waits_for_the_level_but_backfill_does_not():
-    N = 8
-    ns = tuple(range(1, N + 1))
-    big = OpSpec("a/big", 16, (), ns[:7], tuple(1.0 / n for n in ns[:7]))
-    small = OpSpec("b/small", 1, (), (1,), (1.0,))
-    after = OpSpec("b/after", 2, ("b/small",), (1,), (1.0,))
-    p = Problem((big, small, after), N)
-    paper = paper_schedule(p)
-    assert schedule_errors(p, paper) == []
-    assert any(pc.op == "b/after" for pc in paper.waves[-1])
-    assert paper.compute_s(p) == pytest.approx(1 + 9 / 7 + 2)
-    filled = backfill(p, paper)
-    assert schedule_errors(p, filled) == []
-    assert filled.compute_s(p) == pytest.approx(1 + 9 / 7 + 1)  # one layer of after moved up
 
 
 def test_rebalance_shortens_a_lopsided_wave():
@@ -77,7 +64,7 @@ def test_every_heuristic_schedule_is_valid_and_above_the_bound(seed, N, k):
     for s in scheds:
         assert schedule_errors(p, s) == [], s.name
         assert s.compute_s(p) >= lb * (1 - 1e-9), s.name
-        for improved in (backfill(p, s), rebalance(p, s)):
+        for improved in (improve(p, s, 0.05, IN_PROCESS), rebalance(p, s)):
             assert schedule_errors(p, improved) == [], s.name
             assert improved.compute_s(p) <= s.compute_s(p) * (1 + 1e-9)
 
@@ -210,10 +197,10 @@ def _lopsided(seconds_big: float) -> Problem:
 def test_a_short_op_after_a_very_long_one_keeps_its_waves(seconds_big):
     """A chain's 60 us head after up to 10^15 s of text encoder is below the float resolution
     of the time axis (and, from 10^5 s on, within any relative tolerance on it): every
-    scheduler must still give it a wave, or ``backfill`` cannot find it. Exact span times give
-    it its wave at any magnitude."""
+    scheduler must still give it a wave, or the improvements cannot find it. Exact span
+    times give it its wave at any magnitude."""
     p = _lopsided(seconds_big)
     for s in (BASELINES["optimus"](p), cpa_schedule(p), paper_schedule(p)):
         assert schedule_errors(p, s) == [], s.name
-        assert schedule_errors(p, backfill(p, s)) == []
+        assert schedule_errors(p, improve(p, s, 0.05, IN_PROCESS)) == []
     assert schedule_errors(p, milp_schedule(p, 0.3)) == []

@@ -14,8 +14,7 @@ from synth import random_problem
 
 from spindle_dsl.errors import PlanError
 from spindle_dsl.planner.bounds import area_bound_s
-from spindle_dsl.planner.crosslevel import backfill, improve, rebalance
-from spindle_dsl.planner.milp import WaveModelSpec, solve_local
+from spindle_dsl.planner.crosslevel import improve, rebalance
 from spindle_dsl.planner.milp_scheduler import milp_schedule, on_the_cores
 from spindle_dsl.planner.passes import ALL_PASSES
 from spindle_dsl.planner.problem import (
@@ -59,16 +58,6 @@ def test_a_problem_checks_its_lanes():
             Problem((a, b), 4, bad)
 
 
-@pytest.mark.parametrize("lanes, seconds, n", [(None, 0.6, 2), (2, 1.0, 1)])
-def test_the_wave_milp_gives_each_op_its_least_area_where_cores_are_few(lanes, seconds, n):
-    """On 4 devices with a core each, both ops take 2 devices (0.6 s); over 2 cores those 4
-    devices' 2.4 device-seconds take 1.2 s, so each op keeps one device (1.0 s)."""
-    spec = WaveModelSpec(_pair(), 4, 1, ((1, 2), (1, 2)), False, lanes=lanes)
-    res = solve_local(spec, 5.0, "highs")
-    assert res.objective_s == pytest.approx(seconds)
-    assert {p.n for w in res.waves for p in w} == {n}
-
-
 def test_resplit_fills_the_cores_a_lone_piece_leaves_idle():
     """Over 2 cores, a wave with one piece on one device leaves a core idle: the re-split
     moves that op's layers into the wave beside the 4-device op, where they share the cores
@@ -90,27 +79,13 @@ def test_resplit_fills_the_cores_a_lone_piece_leaves_idle():
     assert after.compute_s(shared) == pytest.approx(4.0)
 
 
-def test_backfill_weighs_what_it_adds_to_the_wave_it_fills():
-    """On shared cores every layer moved into a wave adds its work there: b's layer on the
-    one idle device would cost the first wave 0.5 s (1 device-second over 2 cores) and save
-    the second 0.45 s (b scales past linear on 2 devices), so backfill leaves it."""
-    a = OpSpec("a/m", 2, (), (1, 3), (1.0, 0.4))
-    b = OpSpec("b/m", 2, (), (1, 2), (1.0, 0.45))
-    shared = Problem((a, b), 4, 2)
-    sched = Schedule("x", ((Piece("a/m", 0, 2, 3),), (Piece("b/m", 0, 2, 2),)))
-    assert sched.compute_s(shared) == pytest.approx(1.2 + 0.9)
-    filled = backfill(shared, sched)
-    assert schedule_errors(shared, filled) == []
-    assert filled.compute_s(shared) == pytest.approx(2.1)
-
-
 @settings(max_examples=12, deadline=None)
 @given(st.integers(0, 100_000), st.sampled_from([(4, 2), (8, 2), (12, 5)]), st.integers(1, 7))
 def test_the_schedulers_stay_valid_above_the_area_and_never_lose_to_their_start(seed, nl, k):
     N, lanes = nl
     p = replace(random_problem(random.Random(seed), N, k), lanes=lanes)
     start = paper_schedule(p)
-    for s in (improve(p, start, 0.1, IN_PROCESS), rebalance(p, start), backfill(p, start)):
+    for s in (improve(p, start, 0.1, IN_PROCESS), rebalance(p, start)):
         assert schedule_errors(p, s) == []
         assert s.compute_s(p) <= start.compute_s(p) * (1 + 1e-9)
         assert s.compute_s(p) >= area_bound_s(p) * (1 - 1e-9)

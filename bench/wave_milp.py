@@ -1,4 +1,6 @@
-"""A MILP over waves (python-mip; HiGHS or CBC, see ``solver``): which MetaOps run in which
+"""The exact wave MILP, for ``wave_optimum.py``: what the planner's heuristics leave.
+
+A MILP over waves (python-mip; HiGHS or CBC, see ``solver``): which MetaOps run in which
 wave, on how many devices, for how many layers, so that the sum of wave durations is least.
 
 Model (``W`` waves, candidate allocations ``n in C_m`` per MetaOp):
@@ -37,6 +39,7 @@ import mip
 
 from spindle_dsl.planner import isolate
 from spindle_dsl.planner.problem import OpSpec, Piece, wave_phases, wave_seconds
+from spindle_dsl.planner.resplit import add_area
 from spindle_dsl.planner.solver import SolverChoice, new_model
 
 ENTRY_PRICE = 1e-5  # objective units (fractions of the scale) charged per entry
@@ -183,25 +186,6 @@ def build(spec: WaveModelSpec, solver: str = "highs") -> _Built:
     if spec.start is not None:
         _warm_start(built)
     return built
-
-
-def add_area(
-    model: mip.Model,
-    work: list[tuple[OpSpec, Any]],
-    duration: Any,
-    phases: tuple[Any, Any] | None,
-    name: str,
-) -> None:
-    """Shared cores (``area``): a wave's ``duration``, or each of its ``phases`` where the
-    ops split their time unalike, at least its pieces' ``work`` (per piece: its op and its
-    device-seconds over the cores, a linear expression), split by each op's backward share.
-    The re-split (``resplit``) adds the same constraint over its layer counts."""
-    if phases is None:
-        model.add_constr(duration >= mip.xsum(a for _, a in work), name)
-        return
-    forward = mip.xsum((1 - op.backward_share) * a for op, a in work)
-    model.add_constr(phases[0] >= forward, f"{name}_f")
-    model.add_constr(phases[1] >= mip.xsum(op.backward_share * a for op, a in work), f"{name}_b")
 
 
 def _add_precedence(
