@@ -41,7 +41,8 @@ from spindle_dsl.cost.analytic import AnalyticCostModel  # noqa: E402
 from spindle_dsl.cost.overheads import analytic_overheads  # noqa: E402
 from spindle_dsl.cost.step import make_step_model  # noqa: E402
 from spindle_dsl.language import compile_file  # noqa: E402
-from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S, make_plan  # noqa: E402
+from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S  # noqa: E402
+from spindle_dsl.planner.search.make import make_plan  # noqa: E402
 
 CASES = (*DEFAULT_CASES, "clip10@16")
 

@@ -30,11 +30,11 @@ MiB = 2**20
 
 
 def predicted_terms(graph, plan, cost) -> list[dict[str, float]]:
-    """Per device, the planner memory model's terms for ``plan`` (``planner/plan_memory.py``:
-    weights and optimizer state of each held part, state shared by its holders; the gradients
-    alive at the peak; kept activations summed; the loss phase's tensors; the largest working
-    set)."""
-    from spindle_dsl.planner.plan_memory import predicted_breakdowns
+    """Per device, the planner memory model's terms for ``plan``
+    (``planner/evaluate/plan_memory.py``: weights and optimizer state of each held part, state
+    shared by its holders; the gradients alive at the peak; kept activations summed; the loss
+    phase's tensors; the largest working set)."""
+    from spindle_dsl.planner.evaluate.plan_memory import predicted_breakdowns
 
     return [
         {
@@ -51,7 +51,7 @@ def predicted_terms(graph, plan, cost) -> list[dict[str, float]]:
 def _stage_table(graph, plan, cost, kept_by_stage) -> None:
     """Per plan entry: the activation bytes the model says one device keeps for the backward,
     beside what the entry's first device measured (its forward's saved tensors and output)."""
-    from spindle_dsl.planner.plan_memory import entry_slices
+    from spindle_dsl.planner.evaluate.plan_memory import entry_slices
 
     print(f"  {'entry':<34}{'devices':>9}{'kept pred MiB':>15}{'measured':>10}{'pred/meas':>11}")
     for e, sm in entry_slices(graph, plan, cost):

@@ -5,7 +5,7 @@
     .venv/bin/python bench/plan_quality.py --tables gap,ablation   # Tables 4 and 5 only
 
 Every table prints ``it/LP``: the plan's iteration time over its LP lower bound
-(``planner.lp_bound``; 1.00 would be provably optimal).
+(``planner.bound.lp_bound``; 1.00 would be provably optimal).
 
 Table 1: multitask_clip at 8/16/32/64 devices and qwen_val at 16/32/64 devices (both mixes),
 with the analytic cost model: the predicted iteration time (transfers and gradient sync
@@ -65,15 +65,15 @@ beyond the LP and those floors), each with its share of the gap.
 Planning times (``plan s``, ``make_plan``'s wall time) are as a user's plans take them in a
 long-lived process (a notebook, a service): where the lever search leaves runner-up settings,
 a planning helper process plans their rounds beside this one where a core is spare
-(``planner.round_helper``), started with the first such plan and kept for the others.
+(``planner.search.round_helper``), started with the first such plan and kept for the others.
 
 Table 5 (``ablation``): what each pass of the ``milp`` scheduler buys (``PassOptions``):
 the same workloads planned with all passes, with each switched off in turn, and with none,
 printing the ``milp`` candidate's iteration time (and its change against all passes on) and
 the planning time.
 
-Table 6 (``order``): what the shard order of placement (``planner.shard_order``) buys: Table
-4's plans, their activation moves priced with each piece's devices in the order placement
+Table 6 (``order``): what the shard order of placement (``planner.evaluate.shard_order``) buys:
+Table 4's plans, their activation moves priced with each piece's devices in the order placement
 gave them (the order decides which shard of the batch each device holds, so which rows stay
 put) and with the same devices sorted (no shard order).
 
@@ -103,11 +103,12 @@ from spindle_dsl.cost.step import reductions_per_step  # noqa: E402
 from spindle_dsl.errors import PlanError  # noqa: E402
 from spindle_dsl.language import compile_file, compile_text  # noqa: E402
 from spindle_dsl.plan.model import GAP_TERMS  # noqa: E402
-from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S, make_plan  # noqa: E402
-from spindle_dsl.planner.build import flows_of  # noqa: E402
-from spindle_dsl.planner.passes import ALL_PASSES, NO_PASSES, PassOptions  # noqa: E402
-from spindle_dsl.planner.placement import PlacedPiece, Placement  # noqa: E402
-from spindle_dsl.planner.timing import boundary_moves_s, grad_sync_seconds  # noqa: E402
+from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S  # noqa: E402
+from spindle_dsl.planner.evaluate.build import flows_of  # noqa: E402
+from spindle_dsl.planner.evaluate.placement import PlacedPiece, Placement  # noqa: E402
+from spindle_dsl.planner.evaluate.timing import boundary_moves_s, grad_sync_seconds  # noqa: E402
+from spindle_dsl.planner.model.passes import ALL_PASSES, NO_PASSES, PassOptions  # noqa: E402
+from spindle_dsl.planner.search.make import make_plan  # noqa: E402
 from spindle_dsl.render.memory import levers_text  # noqa: E402
 
 SPEC = HERE.parent.parent / "shared" / "spec"

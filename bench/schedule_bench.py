@@ -41,7 +41,7 @@ def workloads():
 
 
 def time_planning(schedule, jobs: int | None, repeat: int, limit: float | None) -> float:
-    from spindle_dsl.planner.phases import plan_schedule
+    from spindle_dsl.planner.search.phases import plan_schedule
 
     times = []
     for _ in range(repeat):
@@ -54,7 +54,7 @@ def time_planning(schedule, jobs: int | None, repeat: int, limit: float | None) 
 def time_shareable(schedule) -> float:
     """Seconds to price one phase's curves and build its planning context (the first's)."""
     from spindle_dsl.cost import make_cost_model
-    from spindle_dsl.planner.build import context
+    from spindle_dsl.planner.evaluate.build import context
 
     graph = schedule.phases[0].graph
     t0 = time.perf_counter()
@@ -63,7 +63,7 @@ def time_shareable(schedule) -> float:
 
 
 def planning_table(repeat: int, limit: float | None) -> None:
-    from spindle_dsl.planner.phases import distinct_graphs, idle_cores
+    from spindle_dsl.planner.search.phases import distinct_graphs, idle_cores
 
     print(f"Table 1: planning every phase (median of {repeat} runs; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, {idle_cores()} idle)")  # fmt: skip
@@ -85,7 +85,7 @@ def planning_table(repeat: int, limit: float | None) -> None:
 def switch_table(repeat: int) -> None:
     from spindle_dsl.backends.base import RunConfig
     from spindle_dsl.backends.torch import TorchBackend
-    from spindle_dsl.planner.phases import plan_schedule
+    from spindle_dsl.planner.search.phases import plan_schedule
 
     name, schedule = workloads()[0]
     bundle = plan_schedule(schedule)

@@ -43,7 +43,7 @@ def worker(seed: int, plans: int, solver: str) -> int:
     from spindle_dsl.cost import make_cost_model
     from spindle_dsl.language import compile_file
     from spindle_dsl.planner import make_plan
-    from spindle_dsl.planner.isolate import SolverCrashWarning
+    from spindle_dsl.planner.solver.isolate import SolverCrashWarning
 
     rng = random.Random(seed)
     graphs = []

@@ -37,10 +37,10 @@ from typing import Any
 
 import mip
 
-from spindle_dsl.planner import isolate
-from spindle_dsl.planner.problem import OpSpec, Piece, wave_phases, wave_seconds
-from spindle_dsl.planner.resplit import add_area
-from spindle_dsl.planner.solver import SolverChoice, new_model
+from spindle_dsl.planner.improve.resplit import add_area
+from spindle_dsl.planner.model.problem import OpSpec, Piece, wave_phases, wave_seconds
+from spindle_dsl.planner.solver import isolate
+from spindle_dsl.planner.solver.choice import SolverChoice, new_model
 
 ENTRY_PRICE = 1e-5  # objective units (fractions of the scale) charged per entry
 

@@ -11,9 +11,10 @@ wave, for ``--milp-seconds``, warm-started from the plan's own waves or, where t
 compute, the scheduler's waves on compute alone (no objective, so no polish). The planner
 itself solves no wave MILP: its starts, re-splits and polish are heuristics this bounds.
 Both schedules are then placed and timed by the same step model, the MILP's after the local
-search the planner runs on its own candidates (``planner.polish``), so the iterations compare:
+search the planner runs on its own candidates (``planner.improve.polish``), so the iterations
+compare:
 
-- ``LP``: the LP bound on one pass's compute (``planner.lp_bound``, no step floors);
+- ``LP``: the LP bound on one pass's compute (``planner.bound.lp_bound``, no step floors);
 - ``plan``/``start``/``MILP`` compute: one pass's waves, summed (what the MILP minimises);
 - ``plan``/``MILP`` iteration: the placed step (transfers, gradient sync, losses, optimizer)
   after the relabeling passes ``spindle plan`` runs on its pick
@@ -48,16 +49,17 @@ from wave_milp import WaveModelSpec, solve_waves  # noqa: E402
 
 from spindle_dsl.cost import make_cost_model  # noqa: E402
 from spindle_dsl.language import compile_file  # noqa: E402
-from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S, make_plan  # noqa: E402
-from spindle_dsl.planner.build import context, evaluate  # noqa: E402
-from spindle_dsl.planner.levers import Levers  # noqa: E402
-from spindle_dsl.planner.lossspread import relabel_and_spread  # noqa: E402
-from spindle_dsl.planner.lp_bound import lp_bound  # noqa: E402
-from spindle_dsl.planner.milp_scheduler import _compute_cap, milp_schedule  # noqa: E402
-from spindle_dsl.planner.polish import polish  # noqa: E402
-from spindle_dsl.planner.problem import Piece, Problem, Schedule  # noqa: E402
-from spindle_dsl.planner.rounds import round_key  # noqa: E402
-from spindle_dsl.planner.solver import SolverChoice  # noqa: E402
+from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S  # noqa: E402
+from spindle_dsl.planner.bound.lp_bound import lp_bound  # noqa: E402
+from spindle_dsl.planner.evaluate.build import context, evaluate  # noqa: E402
+from spindle_dsl.planner.evaluate.lossspread import relabel_and_spread  # noqa: E402
+from spindle_dsl.planner.improve.polish import polish  # noqa: E402
+from spindle_dsl.planner.model.levers import Levers  # noqa: E402
+from spindle_dsl.planner.model.problem import Piece, Problem, Schedule  # noqa: E402
+from spindle_dsl.planner.search.make import make_plan  # noqa: E402
+from spindle_dsl.planner.search.milp_scheduler import _compute_cap, milp_schedule  # noqa: E402
+from spindle_dsl.planner.search.rounds import round_key  # noqa: E402
+from spindle_dsl.planner.solver.choice import SolverChoice  # noqa: E402
 
 SPECS = (ROOT.parent / "shared" / "spec", ROOT / "bench" / "specs")
 MIXES = {"qwen_val": "pretrain"}

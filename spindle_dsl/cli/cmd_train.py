@@ -288,7 +288,8 @@ def _planner(
     set its prediction against the run."""
 
     def planner() -> Any:
-        from spindle_dsl.planner import isolate, make_plan
+        from spindle_dsl.planner import make_plan
+        from spindle_dsl.planner.solver import isolate
 
         graphs = [p.graph for p in schedule.phases] if schedule is not None else [graph]
         calibrations.append(calibrate_train(args, graphs))

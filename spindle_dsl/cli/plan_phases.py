@@ -35,8 +35,8 @@ def plan_bundle(args: argparse.Namespace, schedule: MixSchedule) -> PlanBundle:
     """Every phase planned with the command line's options (a forced lever, ``--micro-batches``
     or ``--zero-stage``, in every phase); solver crashes become warnings on stderr, as for one
     plan."""
-    from spindle_dsl.planner.isolate import SolverCrashWarning
-    from spindle_dsl.planner.phases import plan_schedule
+    from spindle_dsl.planner.search.phases import plan_schedule
+    from spindle_dsl.planner.solver.isolate import SolverCrashWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SolverCrashWarning)

@@ -218,7 +218,7 @@ class LinkPricing:
     def step_model(self, graph):  # -> cost.step.StepModel
         """The runtime's whole step around the waves (``cost.step``) with the datasheet
         figures; the curves carry each layer's gradient all-reduce, so the step adds only what
-        shared modules cost beyond them (``planner.timing.grad_sync_seconds``)."""
+        shared modules cost beyond them (``planner.evaluate.timing.grad_sync_seconds``)."""
         from spindle_dsl.cost.overheads import analytic_overheads
         from spindle_dsl.cost.step import make_step_model
 

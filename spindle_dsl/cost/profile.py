@@ -257,7 +257,7 @@ def first_input_needs_no_gradient(graph: MetaGraph, op: MetaOp) -> bool:
     """Whether a trained MetaOp's first layer gets an input that needs no gradient: its inputs
     all come from MetaOps without a backward pass (frozen towers), none from a modality's
     input stage. False where ``graph`` leaves an input's MetaOp out (a sub-graph of the
-    MetaOps being priced: the planner includes their inputs' MetaOps, ``planner.levers``)."""
+    MetaOps being priced: the planner includes their inputs' MetaOps, ``planner.model.levers``)."""
     if op.frozen or not op.needs_backward or not op.inputs:
         return False
     for i in op.inputs:

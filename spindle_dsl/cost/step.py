@@ -2,9 +2,10 @@
 
 The curves T_m(n) price one layer's forward and backward. A step of the runtime
 (``backends/torch``) does more, and this module prices each of it once, for the planner
-(``planner.timing`` via ``planner.build``) and for the run summary and ``spindle compare``
-alike, so that what a plan predicts and what a run is compared against are the same sums.
-Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``iteration_s``:
+(``planner.evaluate.timing`` via ``planner.evaluate.build``) and for the run summary and
+``spindle compare`` alike, so that what a plan predicts and what a run is compared against are the
+same sums. Each term is a field of the plan's ``breakdown`` and the breakdown adds up to
+``iteration_s``:
 
 - ``compute_s``: the waves, once per micro-batch pass. A pass runs every wave's forward, the
   losses, then every wave's backward in reverse, so a wave has two phases apart, each lasting
@@ -29,17 +30,17 @@ Each term is a field of the plan's ``breakdown`` and the breakdown adds up to ``
   the expected wait for the wave's latest rank when each rank's stage strays by the measured
   ``rank_jitter`` (``cost.jitter``; none without it): ranks meet at the next exchange or
   collective, the ranks of one data-parallel group at their gradient buckets.
-- ``transfer_s``: activations crossing device groups at wave boundaries (``planner.timing``,
-  with the cost model's point-to-point price). The runtime has no barrier between waves: only
-  the ranks of a move take part in its exchange, so on cores of their own a move delays the
-  groups it connects, and counts only where their stage with it outlasts the wave's slowest
-  group; where devices share cores, every move counts after the wave.
+- ``transfer_s``: activations crossing device groups at wave boundaries
+  (``planner.evaluate.timing``, with the cost model's point-to-point price). The runtime has no
+  barrier between waves: only the ranks of a move take part in its exchange, so on cores of their
+  own a move delays the groups it connects, and counts only where their stage with it outlasts the
+  wave's slowest group; where devices share cores, every move counts after the wave.
 - ``loss_s``: the loss phase after the last forward wave: each device computes the loss heads
   of the sinks whose last entry it runs (lm: vocab head and cross-entropy; mse; contrastive:
   pooled readouts, InfoNCE of the whole batch on one device), forward and backward; the
-  busiest device counts (``loss_load`` gives each device's, which ``planner.lossbalance``
+  busiest device counts (``loss_load`` gives each device's, which ``planner.evaluate.lossbalance``
   evens out). An lm sink's loss may be spread over more devices than its last entry's
-  (``loss_groups``, chosen by ``planner.lossspread``, carried out by the runtime): the
+  (``loss_groups``, chosen by ``planner.evaluate.lossspread``, carried out by the runtime): the
   positions its head reads are re-split over the group, each device paying the loss on its
   share (``spread_shares``), and those inputs move there and their gradients back
   (``loss_moves``: seconds per device, priced by the planner with the cost model's
@@ -76,7 +77,7 @@ the reduction (unless ZeRO-2) and the optimizer once. Where the k-dependence of 
 reduction lives is decided once, by ``reductions_per_step`` (1 all-reduce's worth per step, or
 (k + 1) / 2 under ZeRO-2: a reduce-scatter every pass, one all-gather): this model applies it to
 the buckets it prices; when the curves carry each layer's all-reduce (``grad_in_curves``) the
-planner's pass curves carry that layer's share of it per pass (``planner.levers``,
+planner's pass curves carry that layer's share of it per pass (``planner.model.levers``,
 ``reductions_per_step / k``) and the planner multiplies what shared modules add by it.
 ``StepOverheads`` holds the machine's figures: measured by ``spindle profile --nproc N`` on the
 backend's own processes, or the analytic defaults of ``cost.overheads`` (assumptions, each
@@ -266,7 +267,7 @@ class StepModel:
         core of its own, else each node's cores (``shared_makespan`` runs a node's work at
         most ``cores`` at a time). Every makespan this model prices (a wave's phases, the loss
         phase, the optimizer) is at least the summed work over ``lanes``, which the lower
-        bounds use (``planner.lp_bound``, ``planner.step_floor``)."""
+        bounds use (``planner.bound.lp_bound``, ``planner.bound.step_floor``)."""
         if self.core_each:
             return self.devices
         assert self.cores is not None
@@ -385,7 +386,7 @@ class StepModel:
         devices of its last piece in ``waves`` (an lm sink in ``groups``: on its group's), as
         the runtime computes them after the last forward wave, plus ``moves`` (the spread
         sinks' rows moving to their groups and their gradients back). The planner reads it
-        to spread the phase (``planner.lossbalance``, ``planner.lossspread``)."""
+        to spread the phase (``planner.evaluate.lossbalance``, ``planner.evaluate.lossspread``)."""
         last: dict[str, PieceTime] = {}
         for wave in waves:
             for p in wave:

@@ -12,7 +12,7 @@ from spindle_dsl.errors import PlanFormatError
 from spindle_dsl.language import compile_file
 from spindle_dsl.plan.bundle import PlanBundle, read_plan_file, validate_bundle
 from spindle_dsl.plan.model import ClusterRef, Plan
-from spindle_dsl.planner.phases import plan_schedule
+from spindle_dsl.planner.search.phases import plan_schedule
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from spindle_dsl.cluster import PRESETS, Cluster
 from spindle_dsl.cost.base import Curve, Curves
 from spindle_dsl.metagraph import MetaGraph, MetaOp, ModuleInfo, OpInput, TaskInfo
-from spindle_dsl.planner.problem import OpSpec, Problem
+from spindle_dsl.planner.model.problem import OpSpec, Problem
 
 
 def curve_seconds(a: float, b: float, grad: float, n: int, per_node: int) -> float:

@@ -1,4 +1,4 @@
-"""Spreading lm losses over the devices that hold their head (``planner.lossspread``)."""
+"""Spreading lm losses over the devices that hold their head (``planner.evaluate.lossspread``)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from spindle_dsl.cost.step import PieceTime, ceil_split, spread_shares
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.plan.validate import validate_plan
-from spindle_dsl.planner.build import context, to_plan
-from spindle_dsl.planner.lossbalance import loss_loads
-from spindle_dsl.planner.lossspread import (
+from spindle_dsl.planner.evaluate.build import context, to_plan
+from spindle_dsl.planner.evaluate.lossbalance import loss_loads
+from spindle_dsl.planner.evaluate.lossspread import (
     SPREAD_LOSS_NOTE,
     balanced_groups,
     shard_order,

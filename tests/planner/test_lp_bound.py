@@ -12,13 +12,10 @@ from hypothesis import strategies as st
 from synth import SynthCost, random_graph, random_problem
 
 from spindle_dsl.cli.cmd_plan import summary, summary_text
-from spindle_dsl.planner import lp_bound as lp_module
 from spindle_dsl.planner import make_plan
-from spindle_dsl.planner.baselines import BASELINES
-from spindle_dsl.planner.bounds import lower_bound_s
-from spindle_dsl.planner.crosslevel import improve
-from spindle_dsl.planner.listsched import cpa_schedule
-from spindle_dsl.planner.lp_bound import (
+from spindle_dsl.planner.bound import lp_bound as lp_module
+from spindle_dsl.planner.bound.area import lower_bound_s
+from spindle_dsl.planner.bound.lp_bound import (
     LpSolution,
     MemoryRoom,
     certify,
@@ -28,10 +25,13 @@ from spindle_dsl.planner.lp_bound import (
     lp_bound,
     lp_input,
 )
-from spindle_dsl.planner.milp_scheduler import milp_schedule
-from spindle_dsl.planner.problem import OpSpec, Problem
-from spindle_dsl.planner.solver import SolverChoice
-from spindle_dsl.planner.wavefront import paper_schedule
+from spindle_dsl.planner.improve.crosslevel import improve
+from spindle_dsl.planner.model.problem import OpSpec, Problem
+from spindle_dsl.planner.search.milp_scheduler import milp_schedule
+from spindle_dsl.planner.solver.choice import SolverChoice
+from spindle_dsl.planner.starts.baselines import BASELINES
+from spindle_dsl.planner.starts.listsched import cpa_schedule
+from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 IN_PROCESS = SolverChoice("highs", isolated=False)
 
@@ -443,8 +443,8 @@ def _tiny(spec_dir, **overrides):
 
 def test_lanes_count_each_nodes_cores(spec_dir):
     from spindle_dsl.cost import make_cost_model
-    from spindle_dsl.planner.build import context
-    from spindle_dsl.planner.levers import Levers
+    from spindle_dsl.planner.evaluate.build import context
+    from spindle_dsl.planner.model.levers import Levers
 
     def lanes(**overrides) -> int:
         graph = _tiny(spec_dir, **overrides)

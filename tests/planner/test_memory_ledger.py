@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spindle_dsl.cost.base import GradientLife, PartBytes, SliceMemory
-from spindle_dsl.planner.ledger import PartLedger, PieceLedger
-from spindle_dsl.planner.placement import Topology, place
-from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
+from spindle_dsl.planner.evaluate.ledger import PartLedger, PieceLedger
+from spindle_dsl.planner.evaluate.placement import Topology, place
+from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule
 
 # Two MetaOps "a/m" and "b/m" share module m's two layers (sharded state 1200 B each); each
 # piece keeps 10 B of activations per layer and a 7 B working set.

@@ -19,9 +19,11 @@ from spindle_dsl.errors import PlanError, PlanFormatError
 from spindle_dsl.language import compile_file, compile_text
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.plan.validate import validate_plan
-from spindle_dsl.planner import _lever_notes, make_plan
-from spindle_dsl.planner.build import alone_bytes_of, context, evaluate
-from spindle_dsl.planner.levers import (
+from spindle_dsl.planner import make_plan
+from spindle_dsl.planner.bound.lp_bound import lp_bound
+from spindle_dsl.planner.bound.step_floor import step_floor
+from spindle_dsl.planner.evaluate.build import alone_bytes_of, context, evaluate
+from spindle_dsl.planner.model.levers import (
     Levers,
     micro_batch_choices,
     micro_graph,
@@ -29,12 +31,11 @@ from spindle_dsl.planner.levers import (
     pass_problem,
     reduction_share,
 )
-from spindle_dsl.planner.leversearch import Fit, Judge, LeverSearch
-from spindle_dsl.planner.lp_bound import lp_bound
-from spindle_dsl.planner.memfit import memory_floor, memory_room
-from spindle_dsl.planner.problem import Piece, Schedule
-from spindle_dsl.planner.step_floor import step_floor
-from spindle_dsl.planner.wavefront import paper_schedule
+from spindle_dsl.planner.model.problem import Piece, Schedule
+from spindle_dsl.planner.search.leversearch import Fit, Judge, LeverSearch
+from spindle_dsl.planner.search.make import _lever_notes
+from spindle_dsl.planner.search.memfit import memory_floor, memory_room
+from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 MiB = 2**20
 
@@ -256,7 +257,7 @@ def test_the_memory_room_holds_every_fitting_plan(graph, mib) -> None:
 
 @pytest.mark.parametrize("mib", [300, 120, 60, 40])
 def test_every_entry_runs_on_an_allocation_offered_at_its_k(graph, mib) -> None:
-    """The premise of the LP's one-device rule (``planner.offered``): a plan runs each
+    """The premise of the LP's one-device rule (``planner.search.offered``): a plan runs each
     MetaOp on an allocation its spec offers at the plan's k without recompute, or with it
     if the MetaOp recomputes (at some ZeRO stage), never on one that one device cannot hold
     where another can."""
@@ -456,7 +457,7 @@ def test_paper_scale_fixtures_fit_with_levers(spec_dir) -> None:
 
 @pytest.mark.parametrize("guess", [None, 0, 1, 3, 7, 12, 40])
 def test_galloping_finds_the_shortest_prefix_from_any_guess(guess) -> None:
-    from spindle_dsl.planner.leversearch import _first
+    from spindle_dsl.planner.search.leversearch import _first
 
     for need in range(0, 14):
         asked: list[int] = []
@@ -474,7 +475,7 @@ def test_a_room_that_no_plan_fits_leaves_out_every_k_but_the_plans(graph, monkey
     """Were the memory floor ever above a fitting plan, the room would call the plan's own
     k infeasible: the bound then leaves the room out at that k instead of reporting an
     infinite bound, and every other k, which it calls infeasible too, is not bounded."""
-    import spindle_dsl.planner as planner
+    import spindle_dsl.planner.search.make as planner
 
     def nothing_fits(search, k):
         room = memory_room(search, k)

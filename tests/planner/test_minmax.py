@@ -1,4 +1,5 @@
-"""Min-max allocations by bisection (``planner.minmax``) against the greedy way they replace."""
+"""Min-max allocations by bisection (``planner.starts.minmax``) against the greedy way they
+replace."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synth import random_problem
 
-from spindle_dsl.planner.minmax import min_max
-from spindle_dsl.planner.problem import OpSpec
+from spindle_dsl.planner.model.problem import OpSpec
+from spindle_dsl.planner.starts.minmax import min_max
 
 
 def _greedy(ops: list[OpSpec], devices: int, layers: dict[str, int]) -> dict[str, int] | None:

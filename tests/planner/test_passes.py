@@ -7,12 +7,12 @@ import random
 import pytest
 from synth import random_problem
 
-from spindle_dsl.planner.crosslevel import improve
-from spindle_dsl.planner.milp_scheduler import milp_schedule
-from spindle_dsl.planner.passes import ALL_PASSES, NO_PASSES, PassOptions
-from spindle_dsl.planner.problem import schedule_errors
-from spindle_dsl.planner.solver import SolverChoice
-from spindle_dsl.planner.wavefront import paper_schedule
+from spindle_dsl.planner.improve.crosslevel import improve
+from spindle_dsl.planner.model.passes import ALL_PASSES, NO_PASSES, PassOptions
+from spindle_dsl.planner.model.problem import schedule_errors
+from spindle_dsl.planner.search.milp_scheduler import milp_schedule
+from spindle_dsl.planner.solver.choice import SolverChoice
+from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 IN_PROCESS = SolverChoice("highs", isolated=False)
 

@@ -9,7 +9,7 @@ import pytest
 from spindle_dsl.errors import PlanError
 from spindle_dsl.language import compile_file, compile_text
 from spindle_dsl.plan.bundle import validate_bundle
-from spindle_dsl.planner.phases import distinct_graphs, plan_schedule
+from spindle_dsl.planner.search.phases import distinct_graphs, plan_schedule
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY = (EXAMPLES / "tiny_schedule.spindle").read_text()
@@ -66,7 +66,7 @@ def test_a_phase_that_cannot_be_planned_is_named():
 def test_by_default_workers_start_only_for_idle_cores(monkeypatch):
     import os
 
-    from spindle_dsl.planner import phases
+    from spindle_dsl.planner.search import phases
 
     monkeypatch.setattr(os, "getloadavg", lambda: (50.0, 0.0, 0.0))
     assert phases.idle_cores() == 0

@@ -7,12 +7,12 @@ import random
 import pytest
 
 from spindle_dsl.cost.base import GradientLife, PartBytes, SliceMemory
-from spindle_dsl.planner import placement
-from spindle_dsl.planner.baselines import BASELINES
-from spindle_dsl.planner.ledger import PartLedger
-from spindle_dsl.planner.listsched import cpa_schedule
-from spindle_dsl.planner.placement import Topology, place
-from spindle_dsl.planner.wavefront import paper_schedule
+from spindle_dsl.planner.evaluate import placement
+from spindle_dsl.planner.evaluate.ledger import PartLedger
+from spindle_dsl.planner.evaluate.placement import Topology, place
+from spindle_dsl.planner.starts.baselines import BASELINES
+from spindle_dsl.planner.starts.listsched import cpa_schedule
+from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 from .placement_reference import place as reference_place
 from .synth import random_problem

@@ -13,7 +13,7 @@ from spindle_dsl.cost.profiler import TimingBudget, profile_graph
 from spindle_dsl.language import compile_file
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner import make_plan
-from spindle_dsl.planner.levers import Levers, PricingCache, pass_curves
+from spindle_dsl.planner.model.levers import Levers, PricingCache, pass_curves
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny_mm.spindle"
 QUICK = TimingBudget(warmup=0, min_repeats=1, max_repeats=1, min_seconds=0.0)

@@ -1,4 +1,4 @@
-"""Runner-up rounds in a helper process (``planner.round_helper``): the same round there as
+"""Runner-up rounds in a helper process (``planner.search.round_helper``): the same round there as
 here, every round done once and in order, a helper that dies or cannot load a round costing
 only its own rounds, and ``make_plan`` using a helper only where asked or a core is spare."""
 
@@ -13,12 +13,14 @@ import standins
 
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_file
-from spindle_dsl.planner import isolate, make_plan, round_helper
-from spindle_dsl.planner import rounds as rounds_module
-from spindle_dsl.planner.build import context
-from spindle_dsl.planner.levers import Levers
-from spindle_dsl.planner.rounds import RoundRequest, plan_round, remote_round
-from spindle_dsl.planner.solver import choose_solver
+from spindle_dsl.planner import make_plan
+from spindle_dsl.planner.evaluate.build import context
+from spindle_dsl.planner.model.levers import Levers
+from spindle_dsl.planner.search import round_helper
+from spindle_dsl.planner.search import rounds as rounds_module
+from spindle_dsl.planner.search.rounds import RoundRequest, plan_round, remote_round
+from spindle_dsl.planner.solver import isolate
+from spindle_dsl.planner.solver.choice import choose_solver
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +127,7 @@ def test_make_plan_hands_runner_ups_to_a_helper_only_where_asked(graph, monkeypa
         seen.append(tuple(helpers))
         return real(own, requests, here, helpers, **options)
 
-    monkeypatch.setattr("spindle_dsl.planner.side_by_side", spy)
+    monkeypatch.setattr("spindle_dsl.planner.search.make.side_by_side", spy)
     cost = make_cost_model(graph.cluster)
     alone = make_plan(graph, cost, time_limit_s=0.3, jobs=0)
     helped = make_plan(graph, cost, time_limit_s=0.3, jobs=1)

@@ -12,9 +12,10 @@ import pytest
 
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_file
-from spindle_dsl.planner import RUNNER_UP_MARGIN, RUNNERS_UP, _quick, _runners_up, make_plan
-from spindle_dsl.planner.levers import Levers
-from spindle_dsl.planner.leversearch import Fit, LeverSearch, Trial, micro_sizes, refine_ks
+from spindle_dsl.planner import make_plan
+from spindle_dsl.planner.model.levers import Levers
+from spindle_dsl.planner.search.leversearch import Fit, LeverSearch, Trial, micro_sizes, refine_ks
+from spindle_dsl.planner.search.make import RUNNER_UP_MARGIN, RUNNERS_UP, _quick, _runners_up
 
 
 def trial(k: int, seconds: float | None, fits: bool = True) -> Trial:

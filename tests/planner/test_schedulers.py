@@ -9,16 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synth import random_problem, synth_op
 
-from spindle_dsl.planner.baselines import BASELINES, waveify
-from spindle_dsl.planner.bounds import level_reference_s, lower_bound_s
-from spindle_dsl.planner.crosslevel import improve, rebalance
-from spindle_dsl.planner.listsched import Span, cpa_schedule
-from spindle_dsl.planner.milp_scheduler import milp_schedule
-from spindle_dsl.planner.polish import polish
-from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
-from spindle_dsl.planner.resplit import resplit
-from spindle_dsl.planner.solver import SolverChoice
-from spindle_dsl.planner.wavefront import paper_schedule
+from spindle_dsl.planner.bound.area import level_reference_s, lower_bound_s
+from spindle_dsl.planner.improve.crosslevel import improve, rebalance
+from spindle_dsl.planner.improve.polish import polish
+from spindle_dsl.planner.improve.resplit import resplit
+from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
+from spindle_dsl.planner.search.milp_scheduler import milp_schedule
+from spindle_dsl.planner.solver.choice import SolverChoice
+from spindle_dsl.planner.starts.baselines import BASELINES, waveify
+from spindle_dsl.planner.starts.listsched import Span, cpa_schedule
+from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 IN_PROCESS = SolverChoice("highs", isolated=False)
 

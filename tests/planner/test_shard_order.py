@@ -1,4 +1,4 @@
-"""A piece's device order keeps its input's rows where they are (``planner.shard_order``),
+"""A piece's device order keeps its input's rows where they are (``planner.evaluate.shard_order``),
 and placement lists its groups so."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 
 from spindle_dsl.cost.base import GradientLife, SliceMemory
 from spindle_dsl.cost.comm import _shard_moves, busiest_bytes
-from spindle_dsl.planner import shard_order
-from spindle_dsl.planner.ledger import PartLedger
-from spindle_dsl.planner.placement import Topology, place
-from spindle_dsl.planner.problem import OpSpec, Piece, Problem, Schedule
-from spindle_dsl.planner.shard_order import kept_share, order_like
+from spindle_dsl.planner.evaluate import shard_order
+from spindle_dsl.planner.evaluate.ledger import PartLedger
+from spindle_dsl.planner.evaluate.placement import Topology, place
+from spindle_dsl.planner.evaluate.shard_order import kept_share, order_like
+from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule
 
 
 def _moved(source, dest) -> float:

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from synth import random_problem
 
 from spindle_dsl.errors import PlanError
-from spindle_dsl.planner.bounds import area_bound_s
-from spindle_dsl.planner.crosslevel import improve, rebalance
-from spindle_dsl.planner.milp_scheduler import milp_schedule, on_the_cores
-from spindle_dsl.planner.passes import ALL_PASSES
-from spindle_dsl.planner.problem import (
+from spindle_dsl.planner.bound.area import area_bound_s
+from spindle_dsl.planner.improve.crosslevel import improve, rebalance
+from spindle_dsl.planner.improve.resplit import resplit
+from spindle_dsl.planner.model.passes import ALL_PASSES
+from spindle_dsl.planner.model.problem import (
     OpSpec,
     Piece,
     Problem,
@@ -25,9 +25,9 @@ from spindle_dsl.planner.problem import (
     schedule_errors,
     wave_seconds,
 )
-from spindle_dsl.planner.resplit import resplit
-from spindle_dsl.planner.solver import SolverChoice
-from spindle_dsl.planner.wavefront import paper_schedule
+from spindle_dsl.planner.search.milp_scheduler import milp_schedule, on_the_cores
+from spindle_dsl.planner.solver.choice import SolverChoice
+from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 IN_PROCESS = SolverChoice("highs", isolated=False)
 

@@ -1,4 +1,4 @@
-"""The task-parallel start with branches side by side (``planner.taskpar``)."""
+"""The task-parallel start with branches side by side (``planner.starts.taskpar``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synth import random_problem
 
-from spindle_dsl.planner.baselines import optimus_schedule
-from spindle_dsl.planner.bounds import lower_bound_s
-from spindle_dsl.planner.problem import OpSpec, Problem, schedule_errors
-from spindle_dsl.planner.taskpar import (
+from spindle_dsl.planner.bound.area import lower_bound_s
+from spindle_dsl.planner.model.problem import OpSpec, Problem, schedule_errors
+from spindle_dsl.planner.starts.baselines import optimus_schedule
+from spindle_dsl.planner.starts.taskpar import (
     TaskLayout,
     group_sizes,
     task_levels,

@@ -12,9 +12,14 @@ from hypothesis import strategies as st
 from spindle_dsl.cost.overheads import BUCKET_BYTES, analytic_overheads
 from spindle_dsl.cost.step import BackwardClock, PieceTime, make_step_model
 from spindle_dsl.language import compile_text
-from spindle_dsl.planner.build import flows_of
-from spindle_dsl.planner.placement import PlacedPiece, Placement
-from spindle_dsl.planner.timing import Flows, SharedModule, grad_sync_seconds, time_placement
+from spindle_dsl.planner.evaluate.build import flows_of
+from spindle_dsl.planner.evaluate.placement import PlacedPiece, Placement
+from spindle_dsl.planner.evaluate.timing import (
+    Flows,
+    SharedModule,
+    grad_sync_seconds,
+    time_placement,
+)
 
 
 def transfer(nbytes, src, dst):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from benchload import load_bench
 
-from spindle_dsl.planner.problem import OpSpec
+from spindle_dsl.planner.model.problem import OpSpec
 
 bench = load_bench("wave_optimum")
 wave_milp = load_bench("wave_milp")

@@ -12,8 +12,14 @@ from synth import random_problem
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_file
 from spindle_dsl.planner import make_plan
-from spindle_dsl.planner.problem import OpSpec, Piece, Problem, schedule_errors
-from spindle_dsl.planner.wavefront import _Tuples, align, extend, merge_repeats, paper_schedule
+from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, schedule_errors
+from spindle_dsl.planner.starts.wavefront import (
+    _Tuples,
+    align,
+    extend,
+    merge_repeats,
+    paper_schedule,
+)
 
 
 def _op(name: str, layers: int, seconds: dict[int, float]) -> OpSpec:

@@ -10,7 +10,7 @@ import pytest
 
 from spindle_dsl.cli import main
 from spindle_dsl.language import compile_file
-from spindle_dsl.planner.phases import plan_schedule
+from spindle_dsl.planner.search.phases import plan_schedule
 from spindle_dsl.render.phases import bundle_palette, phase_bars, phases_svg
 from spindle_dsl.render.report import build_bundle_report
 

@@ -63,7 +63,7 @@ def test_the_memory_model_counts_the_tied_embedding_on_the_head_ranks() -> None:
     tied embedding there as well (and shares its optimizer state between ranks 0 and 1), and
     the planner's prediction for this very plan follows it on every rank."""
     from spindle_dsl.cost import make_cost_model
-    from spindle_dsl.planner.plan_memory import predicted_peaks
+    from spindle_dsl.planner.evaluate.plan_memory import predicted_peaks
 
     graph = compile_text(SPEC.replace("vocab = 64", "vocab = 2048")).graph  # embedding-heavy
     waves = [*WAVES[:2], [("hear/lm", 0, 2, (0,))]]
@@ -80,7 +80,7 @@ def test_a_tied_head_scores_a_spread_loss_and_the_memory_model_follows(tmp_path)
     half of chat's positions with its copy of the tied head, the run still trains the oracle's
     model, and the predicted peak of this very plan follows what each rank measured."""
     from spindle_dsl.cost import make_cost_model
-    from spindle_dsl.planner.plan_memory import predicted_peaks
+    from spindle_dsl.planner.evaluate.plan_memory import predicted_peaks
 
     graph = compile_text(SPEC).graph
     plan = dataclasses.replace(h.make_plan(graph, WAVES), loss_devices=(("chat/lm", (0, 1)),))

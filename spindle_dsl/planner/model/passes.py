@@ -1,0 +1,55 @@
+"""Switches for the ``milp`` scheduler's passes, to measure what each one buys.
+
+The ``milp`` scheduler (``milp_scheduler``) chains several passes, each kept only where it
+improves the plan. ``bench/plan_quality.py --ablation`` plans with each switched off in turn
+and prints the iteration and planning time, so that a pass that does not pay can be seen
+(and dropped). Planning uses ``ALL_PASSES`` unless a caller asks otherwise; the switches
+are for measurement, not a user-facing option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class PassOptions:
+    """Which passes run (all by default).
+
+    ``cross_starts``: the starts besides the paper's waves level by level: three that ignore
+    MetaLevels (CPA list scheduling, the task-parallel chains, the tasks side by side with
+    their branches side by side) and the levels packed with short MetaOps in turn on shared
+    devices (off: only the level-by-level start and the paper's plan).
+    ``resplit``: the LP/MILP re-split of layers between a schedule's pieces (in ``improve``
+    and after a polish edit that dissolves a wave).
+    ``polish``: local search on the placed plan's iteration time.
+    ``on_cores``: where CPU workers share fewer cores, the stages run on as many workers as
+    cores too, each run at half the time, and the better placed plan is kept (off: every
+    worker only; GPU plans never run it).
+    ``match_cuts``: after placement, on every candidate of a round: the renamings of devices
+    at wave boundaries that put pieces where their inputs are, in the search over renamings
+    that weighs them against the loss phase's (``planner.evaluate.relabel``,
+    ``planner.evaluate.cutmatch``; off: the loss phase's renamings alone).
+    """
+
+    cross_starts: bool = True
+    resplit: bool = True
+    polish: bool = True
+    on_cores: bool = True
+    match_cuts: bool = True
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def without(self, name: str) -> PassOptions:
+        """These options with pass ``name`` switched off."""
+        if name not in self.names():
+            raise ValueError(f"unknown pass '{name}' (choose from {', '.join(self.names())})")
+        return replace(self, **{name: False})
+
+
+ALL_PASSES = PassOptions()
+NO_PASSES = PassOptions(**dict.fromkeys(PassOptions.names(), False))
+
+__all__ = ["ALL_PASSES", "NO_PASSES", "PassOptions"]

@@ -1,0 +1,232 @@
+"""The `milp` scheduler: the paper's plan, improved by layer re-splits and local search.
+
+1. Starts: each MetaLevel's waves as the paper cuts them, one level after another, and five
+   layouts that ignore the level boundaries: CPA list scheduling across levels
+   (``listsched``), task-parallel chains (the ``optimus`` layout), tasks side by side on
+   min-max groups with each task's branches side by side (``taskpar``), the levels with
+   their short MetaOps in turn on shared devices (``packing``), and the head of the critical
+   chain alone on its quickest allocations before the rest task-parallel (``chainstart``).
+2. ``improve`` each start: re-split layers between its pieces (an LP/MILP through
+   ``solver``), ``rebalance`` each wave's allocations min-max, re-split again. The paper's
+   own plan joins as it is, and so do the ``distmm`` and ``sequential`` layouts (the least
+   memory-hungry, which polish can make concurrent where memory allows).
+3. ``polish``: local search on the placed plan's real iteration time (transfers and
+   gradient sync included), when the caller gives that objective, from each of the three
+   best distinct candidates (its local optimum depends on where it starts).
+
+Where CPU workers share fewer cores (``Problem.lanes``), the stages run twice, at half the
+time each: on every worker, and on as many workers as cores (``on_the_cores``), the others
+idle; the better placed plan is kept. The fewer workers take no turns on the cores and reduce
+gradients over smaller groups, which only the placed plan prices: over 2 cores, the plan on 2
+of tiny_mm's 4 workers is quicker than the plan on all 4 (with a profile of a 2-core machine
+and with the analytic model alike), and so is wide_adapters' on 2 of 8; where the plan on
+every worker wins (cpu_medium on 4), half the time costs it next to nothing.
+
+Candidates are ranked by memory overflow, then by whether their compute exceeds
+``COMPUTE_SLACK`` x the sum of MetaLevel continuous optima (the planner's quality bar: polish
+may trade compute for less communication, but not past that), then by iteration time.
+Re-splits run through ``solver`` (HiGHS or CBC, isolated in a worker process); a crash turns
+into a warning and the stages after it go on without a solver.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+
+from spindle_dsl.planner.bound.area import level_reference_s
+from spindle_dsl.planner.improve.crosslevel import improve
+from spindle_dsl.planner.improve.polish import Objective, polish
+from spindle_dsl.planner.improve.resplit import resplit
+from spindle_dsl.planner.model.passes import ALL_PASSES, PassOptions
+from spindle_dsl.planner.model.problem import Problem, Schedule
+from spindle_dsl.planner.solver.choice import SolverChoice, choose_solver
+from spindle_dsl.planner.solver.isolate import SolverCrashWarning, crash_count
+from spindle_dsl.planner.starts.baselines import (
+    distmm_schedule,
+    optimus_schedule,
+    sequential_schedule,
+)
+from spindle_dsl.planner.starts.chainstart import chain_head_schedule
+from spindle_dsl.planner.starts.listsched import cpa_schedule
+from spindle_dsl.planner.starts.packing import packed_schedule
+from spindle_dsl.planner.starts.taskpar import task_parallel_schedule
+from spindle_dsl.planner.starts.wavefront import paper_schedule
+
+COMPUTE_SLACK = 1.05  # compute may exceed the level reference by this much (see below)
+# Shares of the time limit: the layer re-splits of ``improve`` and the polishing of several
+# starts decide the plan, so they get the time; what the starts' ``improve`` leaves goes to
+# polish.
+IMPROVE_SHARE = 0.13  # each of the six starts' ``improve``
+POLISHED = 3  # distinct candidates polished (see ``_polish_best``)
+MIN_POLISH_S = 0.02  # a start always gets at least this much polishing
+REFINE_S = 0.05  # layer re-split after a polish edit that dissolves a wave
+
+
+def on_the_cores(problem: Problem) -> Problem | None:
+    """Where the devices share fewer cores, the same ops on as many devices as cores, each
+    with its allocations up to that: any schedule of it is one of ``problem`` that leaves the
+    other devices idle. None where every device has a core, or where an op needs more."""
+    lanes = problem.lanes
+    if lanes is None:
+        return None
+    ops = []
+    for o in problem.ops:
+        keep = [(n, t) for n, t in zip(o.ns, o.seconds, strict=True) if n <= lanes]
+        if not keep:
+            return None
+        ops.append(replace(o, ns=tuple(n for n, _ in keep), seconds=tuple(t for _, t in keep)))
+    return Problem(tuple(ops), lanes)
+
+
+def milp_schedule(
+    problem: Problem,
+    time_limit_s: float,
+    objective: Objective | None = None,
+    solver: SolverChoice | str | None = None,
+    passes: PassOptions = ALL_PASSES,
+) -> Schedule:
+    """Run the stages within about ``time_limit_s`` seconds.
+
+    ``objective`` (memory overflow, iteration time of the placed plan) picks between the
+    stages' results and drives ``polish``; without it, ``Schedule.score`` picks and there is
+    no polish (for callers that have no cost model). ``solver``: a ``SolverChoice``, a solver
+    name, or None for the default (``solver.choose_solver``). A solver process that dies
+    costs only its own solve: the plan notes it ("warning: solver failure ...") and the
+    ``SolverCrashWarning`` is passed on to the caller. ``passes`` switches stages off, to
+    measure what each buys (``passes.PassOptions``).
+    """
+    choice = solver if isinstance(solver, SolverChoice) else choose_solver(solver)
+    cores = on_the_cores(problem) if passes.on_cores else None
+    share = time_limit_s / 2 if cores is not None else time_limit_s
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SolverCrashWarning)
+        best = _stages(problem, share, objective, choice, passes)
+        if cores is not None:  # (module docstring)
+            fewer = _stages(cores, share, objective, choice, passes)
+            key = _ranking(problem, objective, _compute_cap(problem))
+            if key(fewer) < key(best):
+                said = f"planned on {cores.devices} of the {problem.devices} workers"
+                best = replace(fewer, notes=(*fewer.notes, f"{said}, as many as the cores"))
+    crashes = []
+    for w in caught:
+        if issubclass(w.category, SolverCrashWarning):
+            crashes.append(f"warning: {w.message}")
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    notes = (f"solver: {choice.label}", *choice.notes, *best.notes, *crashes)
+    return replace(best, notes=notes)
+
+
+def _compute_cap(problem: Problem) -> float:
+    """The most compute a candidate may have before it ranks below every one within it."""
+    return COMPUTE_SLACK * level_reference_s(problem)
+
+
+def _ranking(
+    problem: Problem, objective: Objective | None, cap: float
+) -> Callable[[Schedule], tuple[float, float, float]]:
+    """How candidates of ``problem`` rank: memory overflow, then whether compute exceeds
+    ``cap``, then time (module docstring)."""
+
+    def key(s: Schedule) -> tuple[float, float, float]:
+        over, secs = objective(s) if objective is not None else (0.0, s.score(problem))
+        return (over, float(s.compute_s(problem) > cap * (1 + 1e-9)), secs)
+
+    return key
+
+
+def _stages(
+    problem: Problem,
+    time_limit_s: float,
+    objective: Objective | None,
+    solver: SolverChoice,
+    passes: PassOptions = ALL_PASSES,
+) -> Schedule:
+    """The stages of the module docstring. Once a solve has crashed, the later re-splits get
+    no time: a solver that died once is likely to die again, and each restart costs its
+    start-up; the heuristics (rebalance, polish) go on."""
+    t0 = time.perf_counter()
+    crashes = crash_count()
+    cap = _compute_cap(problem)
+    key = _ranking(problem, objective, cap)
+
+    def budget(seconds: float) -> float:
+        return 0.0 if crash_count() > crashes else seconds
+
+    each = IMPROVE_SHARE * time_limit_s
+    improved = {
+        k: replace(improve(problem, s, budget(each), solver, passes), name="milp")
+        for k, s in _starts(problem, passes).items()
+    }
+    improved["paper"] = replace(paper_schedule(problem), name="milp")  # never worse than it
+    improved["distmm"] = replace(distmm_schedule(problem), name="milp")
+    improved["sequential"] = replace(sequential_schedule(problem), name="milp")
+    keys = {k: key(s) for k, s in improved.items()}
+    via = min(keys, key=lambda k: keys[k])
+    best = improved[via]
+    notes = [f"best start: {via}"]
+    if objective is not None and passes.polish:
+
+        def refine(s: Schedule) -> Schedule:
+            return resplit(problem, s, budget(REFINE_S) if passes.resplit else 0.0, solver)
+
+        best, via = _polish_best(problem, improved, keys, key, t0 + time_limit_s, cap, refine)
+        notes.append(f"polished on placed iteration time; kept the start from {via}")
+    return replace(best, status="heuristic", gap=None, notes=tuple(notes))
+
+
+def _starts(problem: Problem, passes: PassOptions) -> dict[str, Schedule]:
+    """The schedules ``improve`` starts from (module docstring, step 1)."""
+    starts = {"levels": paper_schedule(problem)}
+    if not passes.cross_starts:
+        return starts
+    starts.update(
+        cpa=cpa_schedule(problem),
+        tasks=optimus_schedule(problem),
+        split=task_parallel_schedule(problem),
+    )
+    packed = packed_schedule(problem)
+    if packed is not None:
+        starts["packed"] = packed
+    chain = chain_head_schedule(problem)
+    if chain is not None:
+        starts["chain"] = chain
+    return starts
+
+
+def _polish_best(
+    problem: Problem,
+    cands: dict[str, Schedule],
+    keys: dict[str, tuple[float, ...]],
+    objective: Objective,
+    deadline: float,
+    compute_cap: float,
+    refine: Callable[[Schedule], Schedule],
+) -> tuple[Schedule, str]:
+    """Polish the ``POLISHED`` best distinct candidates and keep the best result.
+
+    Polish is a local search on the placed plan's real objective, and its local optimum
+    depends on where it starts: the best start on estimated compute is often not the one
+    that ends best once transfers and gradient sync are counted (a plan whose shared
+    layers sit in one node, say). Each start gets an equal share of the time left, what one
+    does not use passes to the next.
+    """
+    order: list[str] = []
+    seen: set[tuple] = set()
+    for k in sorted(keys, key=lambda k: keys[k]):
+        if cands[k].waves not in seen:
+            seen.add(cands[k].waves)
+            order.append(k)
+    order = order[:POLISHED]
+    best_k = order[0]
+    best, best_key = cands[best_k], keys[best_k]
+    for i, k in enumerate(order):
+        left = deadline - time.perf_counter()
+        share = max(left / (len(order) - i), MIN_POLISH_S)
+        polished = polish(problem, cands[k], objective, share, compute_cap, refine)
+        pk = objective(polished)
+        if pk < best_key:
+            best, best_key, best_k = polished, pk, k
+    return best, best_k

@@ -1,0 +1,168 @@
+"""A task-parallel start for the ``milp`` scheduler whose tasks run their branches side by side.
+
+The ``optimus`` layout (``baselines.optimus_schedule``) gives every task a device group and
+runs the task's MetaOps one after another on it, and sizes the groups by greedy marginal
+gain. Two things keep it from the LP bound's shape on many-task jobs (``lp_bound``; encdec7
+at 128 devices, a row of ``bench/plan_quality.py``'s gap table): a task with independent
+branches (doc_vqa's vision and text encoders, which only meet in the decoder) runs them in
+turn on its whole group, where the LP runs them at once on a few devices each; and devices go
+where they save the most seconds, not to the task that ends last, so the critical chain
+(transcribe's speech encoder, 24 layers on 1,500 tokens) gets fewer devices than the LP gives
+it.
+
+This layout fixes both and stays a simple layout: each task's MetaOps are cut into task
+levels (an op's level is one more than its deepest dep inside the task), each level's ops run
+side by side on the task's group, split min-max; and the groups are sized min-max too: the
+least completion time C at which every task, on the least group that ends it within C, fits
+in the devices (a bisection on C, and on each task's group size), devices left over going to
+the task that ends last. The spans are cut into waves at every boundary
+(``listsched.waveify``) and, as every start, improved and polished by the scheduler.
+
+Cost: bisections over pareto allocations only, so 50 tasks on 65,536 devices take about as
+long as the ``optimus`` layout (handing out devices one at a time takes far longer there).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from spindle_dsl.planner.model.problem import OpSpec, Problem, Schedule
+from spindle_dsl.planner.starts.baselines import _groups
+from spindle_dsl.planner.starts.listsched import Span, waveify
+from spindle_dsl.planner.starts.minmax import least_fitting, min_max
+
+_LEFTOVER_ROUNDS = 8  # per task: hand-outs of devices left over after the bisection
+
+
+def task_levels(group: list[OpSpec]) -> list[list[OpSpec]]:
+    """A task's MetaOps by depth inside the task (deps outside it do not count)."""
+    ids = {o.id for o in group}
+    depth: dict[str, int] = {}
+    for o in group:  # ``problem.ops`` is in a topological order
+        depth[o.id] = 1 + max((depth[d] for d in o.deps if d in ids), default=-1)
+    levels: list[list[OpSpec]] = [[] for _ in range(max(depth.values()) + 1)]
+    for o in group:
+        levels[depth[o.id]].append(o)
+    return levels
+
+
+def _seconds(op: OpSpec, n: int) -> float:
+    return op.layers * op.t(n)
+
+
+def split_level(ops: list[OpSpec], devices: int) -> dict[str, int] | None:
+    """Min-max allocations of independent ops side by side on ``devices`` (``minmax``); None
+    if they do not fit side by side at their least."""
+    if len(ops) == 1:
+        o = ops[0]
+        return {o.id: o.fastest_within(devices)} if o.pareto[0] <= devices else None
+    return min_max(ops, devices)
+
+
+class TaskLayout:
+    """One task's levels and its running time per group size (memoised: the bisections ask
+    for the same sizes again and again)."""
+
+    def __init__(self, group: list[OpSpec]):
+        self.levels = task_levels(group)
+        self.by_id = {o.id: o for o in group}
+        self.least = max(o.pareto[0] for level in self.levels for o in level)
+        self._memo: dict[int, float] = {}
+
+    def layout(self, devices: int) -> list[list[dict[str, int]]]:
+        """Per level, rounds of ops side by side (ops that do not fit side by side at their
+        least allocations run in several rounds), each round split min-max."""
+        out = []
+        for level in self.levels:
+            split = split_level(level, devices)
+            if split is not None:
+                out.append([split])
+            else:  # one op at a time
+                out.append([{o.id: o.fastest_within(devices)} for o in level])
+        return out
+
+    def seconds(self, devices: int) -> float:
+        if devices not in self._memo:
+            self._memo[devices] = sum(
+                max(_seconds(self.by_id[i], n) for i, n in alloc.items())
+                for rounds in self.layout(devices)
+                for alloc in rounds
+            )
+        return self._memo[devices]
+
+    def least_within(self, seconds: float, devices: int) -> int | None:
+        """The least group size (up to ``devices``) on which the task ends within ``seconds``,
+        by bisection: a task's time falls as its group grows, except where a level's ops
+        first fit side by side, where the size found may not be the least."""
+        if self.seconds(devices) > seconds:
+            return None
+        lo, hi = self.least, devices
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.seconds(mid) <= seconds:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
+def _sizes_within(tasks: list[TaskLayout], seconds: float, devices: int) -> list[int] | None:
+    """Each task's least group that ends it within ``seconds``; None if some task cannot."""
+    out = []
+    for t in tasks:
+        n = t.least_within(seconds, devices)
+        if n is None:
+            return None
+        out.append(n)
+    return out
+
+
+def group_sizes(tasks: list[TaskLayout], devices: int) -> list[int]:
+    """Min-max group sizes of tasks side by side (module docstring)."""
+
+    def fit(seconds: float) -> list[int] | None:
+        got = _sizes_within(tasks, seconds, devices)
+        return got if got is not None and sum(got) <= devices else None
+
+    lo = max(t.seconds(devices) for t in tasks)
+    hi = max(t.seconds(t.least) for t in tasks)
+    sizes = least_fitting(lo, hi, fit, [t.least for t in tasks], rounds=30, tolerance=1e-9)
+    free = devices - sum(sizes)
+    for _ in range(_LEFTOVER_ROUNDS * len(tasks)):
+        if free <= 0:
+            break
+        slow = max(range(len(tasks)), key=lambda i: tasks[i].seconds(sizes[i]))
+        grown = tasks[slow].least_within(tasks[slow].seconds(sizes[slow]) * (1 - 1e-9),
+                                         sizes[slow] + free)  # fmt: skip
+        if grown is None:
+            break
+        free -= grown - sizes[slow]
+        sizes[slow] = grown
+    return sizes
+
+
+def task_parallel_schedule(problem: Problem) -> Schedule:
+    """Tasks side by side on min-max groups, each task's independent MetaOps side by side
+    on its group (module docstring). Tasks that do not fit side by side at their least
+    groups run in rounds, as in the ``optimus`` layout."""
+    tasks = [TaskLayout(g) for g in _groups(problem)]
+    rounds: list[list[TaskLayout]] = [[]]
+    used = 0
+    for t in tasks:
+        if rounds[-1] and used + t.least > problem.devices:
+            rounds.append([])
+            used = 0
+        rounds[-1].append(t)
+        used += t.least
+    waves = []
+    for batch in rounds:
+        spans: list[Span] = []
+        for task, n in zip(batch, group_sizes(batch, problem.devices), strict=True):
+            at = Fraction(0)
+            for rounds_of_level in task.layout(n):
+                for alloc in rounds_of_level:
+                    row = [Span.after(task.by_id[i], m, at) for i, m in alloc.items()]
+                    spans.extend(row)
+                    at = max(s.end for s in row)
+        waves.extend(waveify(spans))
+    return Schedule("tasks-split", tuple(waves))
