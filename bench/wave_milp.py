@@ -40,7 +40,7 @@ import mip
 from spindle_dsl.planner.improve.resplit import add_area
 from spindle_dsl.planner.model.problem import OpSpec, Piece, wave_phases, wave_seconds
 from spindle_dsl.planner.solver import isolate
-from spindle_dsl.planner.solver.choice import SolverChoice, new_model
+from spindle_dsl.planner.solver.choice import SolverChoice, collector_paused, new_model
 
 ENTRY_PRICE = 1e-5  # objective units (fractions of the scale) charged per entry
 
@@ -285,6 +285,7 @@ def _read_solution(b: _Built) -> tuple[tuple[Piece, ...], ...]:
     return tuple(waves)
 
 
+@collector_paused()
 def solve_local(spec: WaveModelSpec, time_limit_s: float, solver: str) -> MilpResult:
     """Build and solve in this process."""
     return solve(build(spec, solver), time_limit_s)

@@ -170,3 +170,28 @@ def test_a_warm_up_after_other_workers_waits_until_they_are_up(monkeypatch):
     assert not waiting.is_alive() and isolate.alive(channel)
     assert isolate.call(standins.worker_pid, (), 30, channel) != os.getpid()
     isolate.shutdown()
+
+
+@pytest.mark.parametrize("solver", SOLVER_NAMES)
+def test_models_are_solved_with_the_garbage_collector_paused(problem, solver, monkeypatch):
+    """A collection that frees a HiGHS model while cffi parses a type deadlocks the process
+    (``choice.collector_paused``): every solve of the re-split and of the LP bound runs with
+    the collector paused, and it runs again afterwards."""
+    import gc
+
+    import mip
+
+    from spindle_dsl.planner.bound.lp_bound import lp_bound
+
+    seen: list[bool] = []
+    optimize = mip.Model.optimize
+
+    def spy(self, *args, **kwargs):
+        seen.append(gc.isenabled())
+        return optimize(self, *args, **kwargs)
+
+    monkeypatch.setattr(mip.Model, "optimize", spy)
+    resplit.best_split(problem, paper_schedule(problem), 1.0, solver)
+    lp_bound(problem, 1, SolverChoice(solver, isolated=False))
+    assert len(seen) >= 2 and not any(seen)
+    assert gc.isenabled()

@@ -149,7 +149,7 @@ from spindle_dsl.planner.bound.area import lower_bound_s as area_path_bound_s
 from spindle_dsl.planner.improve.resplit import _quiet_stdout
 from spindle_dsl.planner.model.problem import OpSpec, Problem
 from spindle_dsl.planner.solver import isolate
-from spindle_dsl.planner.solver.choice import SolverChoice, new_model
+from spindle_dsl.planner.solver.choice import SolverChoice, collector_paused, new_model
 
 LP_TIME_LIMIT_S = 5.0  # far above what it needs (milliseconds); a hang must still end
 SAFETY = 1e-12  # relative margin against rounding in the certificate's own arithmetic
@@ -352,6 +352,7 @@ def envelope(problems: Sequence[Problem]) -> Problem:
     return Problem(ops, max(p.devices for p in problems))
 
 
+@collector_paused()
 def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
     """Build and solve the LP (in whichever process calls it); duals read back as plain
     floats. With ``inp.shares``, one C, start times, end, precedence and area constraints per

@@ -43,7 +43,7 @@ from spindle_dsl.planner.model.problem import (
     wave_seconds,
 )
 from spindle_dsl.planner.solver import isolate
-from spindle_dsl.planner.solver.choice import SolverChoice, new_model
+from spindle_dsl.planner.solver.choice import SolverChoice, collector_paused, new_model
 
 GAP = 1e-2  # stop within 1% of the optimum: the solution comes at once, proving it is slow
 Split = dict[tuple[int, int], int]  # (wave, position in the wave) -> layers
@@ -224,6 +224,7 @@ def _durations(problem: Problem, sched: Schedule, layers: Split) -> list[float]:
     return [_wave_time(problem, sched, layers, w) for w in range(len(sched.waves))]
 
 
+@collector_paused()
 def best_split(problem: Problem, sched: Schedule, time_limit_s: float, solver: str) -> Split:
     """The best layer split found within ``time_limit_s`` (in this process).
 

@@ -19,9 +19,12 @@ spec in the CLI), and after that a plan pays only for its transfers to and from 
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib.util
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 
@@ -121,12 +124,33 @@ def new_model(label: str, solver: str) -> mip.Model:
     return model
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused while python-mip models are built and solved.
+
+    A HiGHS model frees itself in ``__del__`` through cffi, which takes the lock cffi also
+    holds while it parses a C type the first time it meets it; a model is in a reference
+    cycle, so the collector frees it at whatever allocation comes next, and one that comes
+    inside such a parse deadlocks the process (seen in a planning helper: a re-split's
+    ``optimize`` parsing ``double*`` while a collection freed an earlier model). With the
+    collector paused while any model is live, collections happen between solves, where no
+    cffi lock is held. Usable as a decorator."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 __all__ = [
     "ISOLATE_ENV",
     "SOLVERS",
     "SOLVER_ENV",
     "SolverChoice",
     "choose_solver",
+    "collector_paused",
     "highs_available",
     "new_model",
 ]
