@@ -43,6 +43,7 @@ from spindle_dsl.planner.evaluate.build import (
     Evaluated,
     PlanContext,
     context,
+    evaluate_cached,
     to_plan,
 )
 from spindle_dsl.planner.evaluate.lossspread import SPREAD_LOSS_NOTE, relabel_and_spread
@@ -183,19 +184,20 @@ def make_plan(
     search, fit, ctx = _search_levers(call, micro_batches, zero_stage)
     rivals = _runners_up(fit, ctx) if scheduler in ("default", "milp") else ()
     found = _plan_rounds(call, search, fit, ctx, rivals, helpers, kinds)
-    ctx, chosen, ranked, margin_note = _final_pick(call, found)
+    pick = _final_pick(call, found)
+    ctx, chosen, ranked = pick.ctx, pick.chosen, pick.ranked
     notes = _notes(scheduler, chosen, ranked, {k: ranked[k].iteration_s for k in BASELINES})
     notes += tuple(
         n for n in chosen.schedule.notes if n.startswith((RENAME_NOTE, SPREAD_LOSS_NOTE))
     )
-    notes += found.notes + margin_note + _idle_workers_note(ctx, chosen)
+    notes += found.notes + pick.notes + _idle_workers_note(ctx, chosen)
     if search is not None:
         asked = tuple(
             f"{flag} {value}"
             for flag, value in (("--micro-batches", micro_batches), ("--zero-stage", zero_stage))
             if value is not None
         )
-        notes += _lever_notes(ctx, fit, found.tuned, asked)
+        notes += _lever_notes(ctx, fit, pick.tuned, asked)
     if not chosen.fits:
         notes += ("memory check off: " + overflow_message(ctx, chosen),)
     # the bound taken beside the helper's round holds where it bounded the plan's k (it may
@@ -212,7 +214,7 @@ def make_plan(
         baselines={k: ranked[k].iteration_s for k in BASELINES},
         wall_s=time.perf_counter() - t0,
         notes=notes,
-        extra=_extra(call, ctx, chosen, ranked, found.tuned, bound),
+        extra=_extra(call, ctx, chosen, ranked, pick.tuned, bound),
     )
 
 
@@ -332,26 +334,66 @@ def _plan_rounds(
     return _Rounds(ctx, evaluated, chosen, tuned, early[0] if early else None, notes)
 
 
-def _final_pick(
-    call: _Call, found: _Rounds
-) -> tuple[PlanContext, Evaluated, dict[str, Evaluated], tuple[str, ...]]:
-    """Every candidate as the plan reports it (the baselines tuned with their own levers)
-    and, for the ``default`` scheduler, the pick among them: a baseline tuned with other
-    levers may be quicker still (then the MILP plans again with its levers: it may find
-    concurrency that fits there too), and the sequential plan where the pick's gain is
-    within the cost model's error (``_data_parallel_within_margin``)."""
+@dataclass(frozen=True)
+class _Pick:
+    """The plan's pick and its context, every candidate as the plan reports it, each
+    baseline's best with its context, and the notes the pick adds."""
+
+    ctx: PlanContext
+    chosen: Evaluated
+    ranked: dict[str, Evaluated]
+    tuned: dict[str, tuple[Evaluated, PlanContext]]
+    notes: tuple[str, ...]
+
+
+def _final_pick(call: _Call, found: _Rounds) -> _Pick:
+    """Every candidate as the plan reports it, each baseline at its best levers (its own
+    tuned ones or the plan's, ``_at_plan_levers``), and, for the ``default`` scheduler, the
+    pick among them: a baseline tuned with other levers may be quicker still (then the MILP
+    plans again with its levers: it may find concurrency that fits there too), and the
+    sequential plan where the pick's gain is within the cost model's error
+    (``_data_parallel_within_margin``)."""
     ctx, chosen = found.ctx, found.chosen
     ranked = {**found.evaluated, **{k: ev for k, (ev, _) in found.tuned.items()}}
-    if call.scheduler != "default":
-        return ctx, chosen, ranked, ()
-    best = min(found.tuned.values(), key=lambda t: t[0].iteration_s, default=None)
-    if best is not None and best[0].iteration_s < chosen.iteration_s * (1 - 1e-9):
-        _, pick = call.round(best[1], call.time_limit_s)
-        chosen, ctx = best
-        if pick.fits and pick.iteration_s < chosen.iteration_s:
-            chosen = ranked[pick.schedule.name] = pick
-    chosen, ctx, note = _data_parallel_within_margin(call.cost, chosen, ctx, found.tuned)
-    return ctx, chosen, ranked, note
+    if call.scheduler == "default":
+        best = min(found.tuned.values(), key=lambda t: t[0].iteration_s, default=None)
+        if best is not None and best[0].iteration_s < chosen.iteration_s * (1 - 1e-9):
+            _, pick = call.round(best[1], call.time_limit_s)
+            chosen, ctx = best
+            if pick.fits and pick.iteration_s < chosen.iteration_s:
+                chosen = ranked[pick.schedule.name] = pick
+    tuned = _at_plan_levers(ctx, found.tuned)
+    notes: tuple[str, ...] = ()
+    if call.scheduler == "default":
+        quickest = min(tuned.values(), key=lambda t: t[0].iteration_s, default=None)
+        if quickest is not None and quickest[0].iteration_s < chosen.iteration_s * (1 - 1e-9):
+            chosen, ctx = quickest  # a baseline under the plan's levers, spread
+        before = ctx
+        chosen, ctx, notes = _data_parallel_within_margin(call.cost, chosen, ctx, tuned)
+        if ctx is not before:
+            tuned = _at_plan_levers(ctx, tuned)
+    ranked.update(
+        {k: ev for k, (ev, _) in tuned.items() if ev is not found.tuned.get(k, (None,))[0]}
+    )
+    return _Pick(ctx, chosen, ranked, tuned, notes)
+
+
+def _at_plan_levers(
+    ctx: PlanContext, tuned: dict[str, tuple[Evaluated, PlanContext]]
+) -> dict[str, tuple[Evaluated, PlanContext]]:
+    """``tuned`` with each baseline replaced by its plan under ``ctx``'s levers (the plan's
+    own), devices renamed and losses spread, where that is quicker and fits: the lever search
+    tunes a baseline over the micro-batch counts it explored first, which need not include
+    the plan's, and a speed-up over a baseline must not be more than the speed-up over it
+    run with the plan's own levers."""
+    out = dict(tuned)
+    for name, (ev, own_ctx) in tuned.items():
+        if own_ctx.levers == ctx.levers:
+            continue
+        here = relabel_and_spread(ctx, evaluate_cached(ctx, BASELINES[name](ctx.problem)))
+        if here.fits and here.iteration_s < ev.iteration_s * (1 - 1e-9):
+            out[name] = (here, ctx)
+    return out
 
 
 def _extra(
