@@ -5,11 +5,12 @@ short of better waves, or no waves come closer (the bound, a relaxation, is belo
 schedule). This separates the two where a solver can tell. For each case it plans as
 ``spindle plan`` does (default scheduler, memory enforced, the planner's time limit), rebuilds
 the planning context under the plan's own levers (micro-batches, ZeRO stage, recompute), and
-solves the wave MILP (``wave_milp.py``: which MetaOps run in which wave, on how many devices,
-for how many layers, with precedence) over *every* allocation of every MetaOp, with one spare
-wave, for ``--milp-seconds``, warm-started from the plan's own waves or, where they have less
+solves the wave MILP (``planner.improve.wave_milp``: which MetaOps run in which wave, on how many
+devices, for how many layers, with precedence) over *every* allocation of every MetaOp, with one
+spare wave, for ``--milp-seconds``, warm-started from the plan's own waves or, where they have less
 compute, the scheduler's waves on compute alone (no objective, so no polish). The planner
-itself solves no wave MILP: its starts, re-splits and polish are heuristics this bounds.
+gives its global MILP a fraction of a second and a few allocations around each MetaOp's level
+optimum.
 Both schedules are then placed and timed by the same step model, the MILP's after the local
 search the planner runs on its own candidates (``planner.improve.polish``), so the iterations
 compare:
@@ -43,9 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from wave_milp import WaveModelSpec, solve_waves  # noqa: E402
 
 from spindle_dsl.cost import make_cost_model  # noqa: E402
 from spindle_dsl.language import compile_file  # noqa: E402
@@ -54,6 +53,7 @@ from spindle_dsl.planner.bound.lp_bound import lp_bound  # noqa: E402
 from spindle_dsl.planner.evaluate.build import context, evaluate  # noqa: E402
 from spindle_dsl.planner.evaluate.lossspread import relabel_and_spread  # noqa: E402
 from spindle_dsl.planner.improve.polish import polish  # noqa: E402
+from spindle_dsl.planner.improve.wave_milp import WaveModelSpec, solve_waves  # noqa: E402
 from spindle_dsl.planner.model.levers import Levers  # noqa: E402
 from spindle_dsl.planner.model.problem import Piece, Problem, Schedule  # noqa: E402
 from spindle_dsl.planner.search.make import make_plan  # noqa: E402

@@ -12,7 +12,7 @@ import standins
 from synth import random_problem
 
 from spindle_dsl.errors import PlanError
-from spindle_dsl.planner.improve import resplit
+from spindle_dsl.planner.improve import resplit, wave_milp
 from spindle_dsl.planner.model.problem import Schedule, schedule_errors
 from spindle_dsl.planner.search.milp_scheduler import milp_schedule
 from spindle_dsl.planner.solver import isolate
@@ -66,6 +66,7 @@ def test_a_python_error_in_the_solve_is_reported_and_the_worker_survives():
 
 
 def test_milp_schedule_survives_a_dying_solver(problem, monkeypatch):
+    monkeypatch.setattr(wave_milp, "solve_local", standins.segfault)
     monkeypatch.setattr(resplit, "best_split", standins.segfault)
     with pytest.warns(isolate.SolverCrashWarning, match="SIGSEGV"):
         s = milp_schedule(problem, 1.0, solver=SolverChoice("cbc", isolated=True))
@@ -128,6 +129,7 @@ def test_highs_missing_falls_back_to_cbc_with_a_note(monkeypatch):
 def test_spindle_plan_prints_a_warning_not_a_core_dump(spec_dir, monkeypatch, capsys):
     from spindle_dsl.cli import main
 
+    monkeypatch.setattr(wave_milp, "solve_local", standins.segfault)
     monkeypatch.setattr(resplit, "best_split", standins.segfault)
     spec = spec_dir / "tiny_mm.spindle"
     assert main(["plan", str(spec), "--solver", "cbc", "--time-limit", "0.5", "--quiet"]) == 0

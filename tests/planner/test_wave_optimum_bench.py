@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from benchload import load_bench
 
+from spindle_dsl.planner.improve import wave_milp
 from spindle_dsl.planner.model.problem import OpSpec
 
 bench = load_bench("wave_optimum")
-wave_milp = load_bench("wave_milp")
 
 
 @pytest.mark.parametrize("lanes, seconds, n", [(None, 0.6, 2), (2, 1.0, 1)])

@@ -1,8 +1,12 @@
-"""Improving a start's waves: each wave's allocations re-picked min-max (``rebalance``),
-between two re-splits of layers across the waves (``resplit``), in ``improve``.
+"""Improving a schedule's waves: each wave's allocations re-picked min-max (``rebalance``),
+between two re-splits of layers across the waves (``resplit``), in ``improve``; after polish,
+each wave re-picked so only where the placed plan gets quicker (``refill``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
 
 from spindle_dsl.planner.improve.resplit import resplit
 from spindle_dsl.planner.model.passes import ALL_PASSES, PassOptions
@@ -17,6 +21,8 @@ from spindle_dsl.planner.model.problem import (
 from spindle_dsl.planner.solver.choice import SolverChoice
 from spindle_dsl.planner.solver.isolate import crash_count
 from spindle_dsl.planner.starts.minmax import min_max
+
+Objective = Callable[[Schedule], tuple[float, ...]]  # what ``refill`` keeps a change by
 
 
 def rebalance(problem: Problem, sched: Schedule) -> Schedule:
@@ -78,6 +84,24 @@ def rebalance(problem: Problem, sched: Schedule) -> Schedule:
         else:
             out.append(wave)
     return Schedule(sched.name, tuple(out), sched.status, sched.gap, sched.notes)
+
+
+def refill(problem: Problem, sched: Schedule, objective: Objective) -> tuple[Schedule, int]:
+    """Polish's edits (merges, absorbed pieces, copied allocations) can end on waves whose
+    pieces leave devices idle while the wave's slowest piece could have run faster on them.
+    ``rebalance`` re-picks each wave's allocations min-max; each wave's new allocation is
+    kept only if the placed plan gets better by ``objective`` (its transfers may not allow
+    it). Returns the schedule and how many waves changed."""
+    full = rebalance(problem, sched)
+    best, best_key, changed = sched, objective(sched), 0
+    for wi, wave in enumerate(full.waves):
+        if wave == best.waves[wi]:
+            continue
+        trial = replace(best, waves=(*best.waves[:wi], wave, *best.waves[wi + 1 :]))
+        trial_key = objective(trial)
+        if trial_key < best_key:
+            best, best_key, changed = trial, trial_key, changed + 1
+    return best, changed
 
 
 def improve(

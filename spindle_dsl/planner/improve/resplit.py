@@ -59,7 +59,7 @@ def add_area(
     """Shared cores (``area``): a wave's ``duration``, or each of its ``phases`` where the
     ops split their time unalike, at least its pieces' ``work`` (per piece: its op and its
     device-seconds over the cores, a linear expression), split by each op's backward share.
-    The wave MILP of ``bench/wave_milp.py`` adds the same constraint over its variables."""
+    The wave MILP (``improve.wave_milp``) adds the same constraint over its variables."""
     if phases is None:
         model.add_constr(duration >= mip.xsum(a for _, a in work), name)
         return

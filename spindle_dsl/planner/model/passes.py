@@ -20,9 +20,13 @@ class PassOptions:
     MetaLevels (CPA list scheduling, the task-parallel chains, the tasks side by side with
     their branches side by side) and the levels packed with short MetaOps in turn on shared
     devices (off: only the level-by-level start and the paper's plan).
+    ``global_milp``: one MILP over all waves with precedence, warm-started from the best
+    start (``improve.wave_milp``).
     ``resplit``: the LP/MILP re-split of layers between a schedule's pieces (in ``improve``
     and after a polish edit that dissolves a wave).
     ``polish``: local search on the placed plan's iteration time.
+    ``refill``: after polish, each wave's allocations re-picked min-max (``rebalance``), a
+    wave's change kept where the placed plan gets quicker.
     ``on_cores``: where CPU workers share fewer cores, the stages run on as many workers as
     cores too, each run at half the time, and the better placed plan is kept (off: every
     worker only; GPU plans never run it).
@@ -33,8 +37,10 @@ class PassOptions:
     """
 
     cross_starts: bool = True
+    global_milp: bool = True
     resplit: bool = True
     polish: bool = True
+    refill: bool = True
     on_cores: bool = True
     match_cuts: bool = True
 

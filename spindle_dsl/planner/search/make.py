@@ -5,8 +5,8 @@
 * ``paper``: Spindle's algorithm as published (per-MetaLevel continuous optimum, bi-point
   discretisation, greedy wavefront), see ``wavefront``;
 * ``milp``: the paper's plan and five other starts, each with its layers re-split between
-  waves (python-mip) and its waves rebalanced, then local search on the placed plan, see
-  ``milp_scheduler``;
+  waves (python-mip) and its waves rebalanced, a MILP over all waves where it stays small,
+  then local search on the placed plan, see ``milp_scheduler``;
 * ``default``: ``milp``, ``paper`` and the baselines all placed and timed with transfers and
   gradient sync, keeping the fastest that fits in memory (the plan says which won);
 * ``sequential``, ``distmm``, ``optimus``: the baselines, as plans of their own.
@@ -362,7 +362,7 @@ def _final_pick(call: _Call, found: _Rounds) -> _Pick:
             chosen, ctx = best
             if pick.fits and pick.iteration_s < chosen.iteration_s:
                 chosen = ranked[pick.schedule.name] = pick
-    tuned = _at_plan_levers(ctx, found.tuned)
+    tuned = _at_plan_levers(ctx, found.tuned, found.evaluated if ctx is found.ctx else {})
     notes: tuple[str, ...] = ()
     if call.scheduler == "default":
         quickest = min(tuned.values(), key=lambda t: t[0].iteration_s, default=None)
@@ -371,7 +371,7 @@ def _final_pick(call: _Call, found: _Rounds) -> _Pick:
         before = ctx
         chosen, ctx, notes = _data_parallel_within_margin(call.cost, chosen, ctx, tuned)
         if ctx is not before:
-            tuned = _at_plan_levers(ctx, tuned)
+            tuned = _at_plan_levers(ctx, tuned, {})
     ranked.update(
         {k: ev for k, (ev, _) in tuned.items() if ev is not found.tuned.get(k, (None,))[0]}
     )
@@ -379,18 +379,28 @@ def _final_pick(call: _Call, found: _Rounds) -> _Pick:
 
 
 def _at_plan_levers(
-    ctx: PlanContext, tuned: dict[str, tuple[Evaluated, PlanContext]]
+    ctx: PlanContext,
+    tuned: dict[str, tuple[Evaluated, PlanContext]],
+    placed: dict[str, Evaluated],
 ) -> dict[str, tuple[Evaluated, PlanContext]]:
     """``tuned`` with each baseline replaced by its plan under ``ctx``'s levers (the plan's
     own), devices renamed and losses spread, where that is quicker and fits: the lever search
     tunes a baseline over the micro-batch counts it explored first, which need not include
     the plan's, and a speed-up over a baseline must not be more than the speed-up over it
-    run with the plan's own levers."""
+    run with the plan's own levers. ``placed``: the round's candidates under ``ctx``, where it
+    was the round's (the baselines among them need not be placed again)."""
     out = dict(tuned)
     for name, (ev, own_ctx) in tuned.items():
         if own_ctx.levers == ctx.levers:
             continue
-        here = relabel_and_spread(ctx, evaluate_cached(ctx, BASELINES[name](ctx.problem)))
+        plain = placed.get(name) or evaluate_cached(ctx, BASELINES[name](ctx.problem))
+        # renaming devices and spreading losses leave the waves' compute and overheads as
+        # they are, and what each device holds at its peak: where those alone reach the tuned
+        # plan, or the plan overflows, neither makes it the quicker fitting plan
+        floor = plain.timing.compute_s + plain.timing.wave_overhead_s
+        if not plain.fits or floor >= ev.iteration_s:
+            continue
+        here = relabel_and_spread(ctx, plain)
         if here.fits and here.iteration_s < ev.iteration_s * (1 - 1e-9):
             out[name] = (here, ctx)
     return out

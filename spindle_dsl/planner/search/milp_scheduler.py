@@ -10,9 +10,12 @@
    ``solver``), ``rebalance`` each wave's allocations min-max, re-split again. The paper's
    own plan joins as it is, and so do the ``distmm`` and ``sequential`` layouts (the least
    memory-hungry, which polish can make concurrent where memory allows).
-3. ``polish``: local search on the placed plan's real iteration time (transfers and
+3. If the model stays small, one MILP over all waves with precedence (``wave_milp``),
+   warm-started from the best candidate (never worse than it), adds one more.
+4. ``polish``: local search on the placed plan's real iteration time (transfers and
    gradient sync included), when the caller gives that objective, from each of the three
-   best distinct candidates (its local optimum depends on where it starts).
+   best distinct candidates (its local optimum depends on where it starts); then
+   ``refill``: each wave re-allocated min-max where that makes the placed plan quicker.
 
 Where CPU workers share fewer cores (``Problem.lanes``), the stages run twice, at half the
 time each: on every worker, and on as many workers as cores (``on_the_cores``), the others
@@ -25,8 +28,9 @@ every worker wins (cpu_medium on 4), half the time costs it next to nothing.
 Candidates are ranked by memory overflow, then by whether their compute exceeds
 ``COMPUTE_SLACK`` x the sum of MetaLevel continuous optima (the planner's quality bar: polish
 may trade compute for less communication, but not past that), then by iteration time.
-Re-splits run through ``solver`` (HiGHS or CBC, isolated in a worker process); a crash turns
-into a warning and the stages after it go on without a solver.
+Solves run through ``solver`` (HiGHS or CBC, isolated in a worker process); a crash turns
+into a warning and the stages after it go on without a solver. The solver status and gap of
+the global MILP are reported.
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from spindle_dsl.planner.bound.area import level_reference_s
-from spindle_dsl.planner.improve.crosslevel import improve
+from spindle_dsl.planner.improve.crosslevel import improve, refill
 from spindle_dsl.planner.improve.polish import Objective, polish
 from spindle_dsl.planner.improve.resplit import resplit
+from spindle_dsl.planner.improve.wave_milp import SolveStatus, global_milp
 from spindle_dsl.planner.model.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.model.problem import Problem, Schedule
 from spindle_dsl.planner.solver.choice import SolverChoice, choose_solver
@@ -60,6 +65,7 @@ COMPUTE_SLACK = 1.05  # compute may exceed the level reference by this much (see
 # starts decide the plan, so they get the time; what the starts' ``improve`` leaves goes to
 # polish.
 IMPROVE_SHARE = 0.13  # each of the six starts' ``improve``
+GLOBAL_SHARE = 0.80  # of the time limit, spent when the global MILP must stop
 POLISHED = 3  # distinct candidates polished (see ``_polish_best``)
 MIN_POLISH_S = 0.02  # a start always gets at least this much polishing
 REFINE_S = 0.05  # layer re-split after a polish edit that dissolves a wave
@@ -167,6 +173,26 @@ def _stages(
     via = min(keys, key=lambda k: keys[k])
     best = improved[via]
     notes = [f"best start: {via}"]
+    status, gap = "heuristic", None
+    if passes.global_milp:
+        share = GLOBAL_SHARE if objective is not None else 1.0
+        left = budget(share * time_limit_s - (time.perf_counter() - t0))
+        glob = global_milp(problem, best, left, solver)
+        if glob is None:
+            notes.append("global MILP skipped (model too large, or no time or solver left)")
+        else:
+            notes.append(
+                f"global MILP: {glob.status.value}, {glob.variables} variables, "
+                f"gap {glob.gap if glob.gap is not None else 'n/a'}"
+            )
+            if glob.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
+                status, gap = glob.status.value, glob.gap
+            if glob.waves:
+                improved["global"] = replace(best, waves=glob.waves)
+                keys["global"] = key(improved["global"])
+                if keys["global"] < keys[via]:
+                    via, best = "global", improved["global"]
+                    notes.append("global MILP improved the plan")
     if objective is not None and passes.polish:
 
         def refine(s: Schedule) -> Schedule:
@@ -174,7 +200,11 @@ def _stages(
 
         best, via = _polish_best(problem, improved, keys, key, t0 + time_limit_s, cap, refine)
         notes.append(f"polished on placed iteration time; kept the start from {via}")
-    return replace(best, status="heuristic", gap=None, notes=tuple(notes))
+        if passes.refill:
+            best, filled = refill(problem, best, key)
+            if filled:
+                notes.append(f"re-allocated {filled} wave(s) after polish to use idle devices")
+    return replace(best, status=status, gap=gap, notes=tuple(notes))
 
 
 def _starts(problem: Problem, passes: PassOptions) -> dict[str, Schedule]:

@@ -1,6 +1,4 @@
-"""The exact wave MILP, for ``wave_optimum.py``: what the planner's heuristics leave.
-
-A MILP over waves (python-mip; HiGHS or CBC, see ``solver``): which MetaOps run in which
+"""A MILP over waves (python-mip; HiGHS or CBC, see ``solver``): which MetaOps run in which
 wave, on how many devices, for how many layers, so that the sum of wave durations is least.
 
 Model (``W`` waves, candidate allocations ``n in C_m`` per MetaOp):
@@ -22,6 +20,12 @@ Model (``W`` waves, candidate allocations ``n in C_m`` per MetaOp):
 * objective: sum d[w] plus a price per entry: the op's estimated cost of moving its
   activations to other devices (``OpSpec.switch_s``), since every extra entry may do so.
 
+The ``milp`` scheduler solves it once per round as ``global_milp``, over a few allocations
+per MetaOp and warm-started from the best improved start, so it can only match or beat it
+(the one pass that finds plans the starts' heuristics miss on qwen_val audio_heavy at 32 and
+64 devices); ``bench/wave_optimum.py`` solves it over every allocation for a minute, to see
+how far the heuristics stop from the best waves.
+
 Waves a MetaOp cannot use (before its depth, or too late to leave room for its consumers) get
 no variables. Building is separate from solving; solving returns a ``MilpResult`` holding plain
 values (status mapped to ``SolveStatus``), never solver objects, so that ``solve_waves`` can
@@ -38,7 +42,15 @@ from typing import Any
 import mip
 
 from spindle_dsl.planner.improve.resplit import add_area
-from spindle_dsl.planner.model.problem import OpSpec, Piece, wave_phases, wave_seconds
+from spindle_dsl.planner.model.allocator import level_optimum
+from spindle_dsl.planner.model.problem import (
+    OpSpec,
+    Piece,
+    Problem,
+    Schedule,
+    wave_phases,
+    wave_seconds,
+)
 from spindle_dsl.planner.solver import isolate
 from spindle_dsl.planner.solver.choice import SolverChoice, collector_paused, new_model
 
@@ -325,3 +337,48 @@ def solve_waves(
     if res is None:
         return MilpResult(SolveStatus.ERROR, None, None, None, time.perf_counter() - t0, (), 0, 0)
     return res
+
+
+SPREAD = 2  # pareto points kept on each side of the continuous optimum
+MAX_BINARIES = 2500  # above this the model is not built: it would not finish in the budget
+
+
+def candidates(op: OpSpec, n_star: float, devices: int, extra: set[int]) -> tuple[int, ...]:
+    """A few allocations for op: pareto points around n*, the smallest one, and ``extra``."""
+    pts = [n for n in op.pareto if n <= devices]
+    below = [i for i, n in enumerate(pts) if n <= n_star]
+    i = below[-1] if below else 0
+    keep = set(pts[max(0, i - SPREAD) : i + SPREAD + 2]) | {pts[0]}
+    keep |= {n for n in extra if op.valid(n) and n <= devices}
+    return tuple(sorted(keep))
+
+
+def global_milp(
+    problem: Problem, start: Schedule, time_limit_s: float, solver: SolverChoice | None = None
+) -> MilpResult | None:
+    """All waves at once with precedence, warm-started from ``start`` (so never worse than
+    it), over a few allocations per MetaOp around its level's continuous optimum and those
+    ``start`` uses; None where the model would be too large or there is no time."""
+    n_star: dict[str, float] = {}
+    for level in problem.levels:
+        opt = level_optimum([problem.op(i) for i in level], problem.lanes or problem.devices)
+        n_star.update(opt.n_star)
+    used: dict[str, set[int]] = {}
+    for wave in start.waves:
+        for p in wave:
+            used.setdefault(p.op, set()).add(p.n)
+    cands = tuple(
+        candidates(o, n_star[o.id], problem.devices, used.get(o.id, set())) for o in problem.ops
+    )
+    if sum(len(c) for c in cands) * len(start.waves) > MAX_BINARIES or time_limit_s <= 0:
+        return None
+    spec = WaveModelSpec(
+        problem.ops,
+        problem.devices,
+        len(start.waves),
+        cands,
+        True,
+        start.waves,
+        lanes=problem.lanes,
+    )
+    return solve_waves(spec, time_limit_s, solver)
