@@ -20,7 +20,7 @@ OK_FILL = "#4e79a7"
 OVER_FILL = "#e15759"
 
 
-def _gib(n: float) -> str:
+def gib(n: float) -> str:
     return f"{n / 2**30:.3g} GiB"
 
 
@@ -51,7 +51,7 @@ def memory_svg(plan: Plan) -> str:
         parts.append(
             f'<rect x="{x:.1f}" y="{y(b):.1f}" width="{bar:.1f}" '
             f'height="{TOP + plot_h - y(b):.1f}" fill="{fill}">'
-            f"<title>device {i}: {escape(_gib(b))}</title></rect>"
+            f"<title>device {i}: {escape(gib(b))}</title></rect>"
         )
     parts.append(
         f'<line x1="{LEFT}" y1="{y(cap):.1f}" x2="{WIDTH - 8}" y2="{y(cap):.1f}" '
@@ -59,7 +59,7 @@ def memory_svg(plan: Plan) -> str:
     )
     parts.append(
         f'<text x="{LEFT - 4}" y="{y(cap) + 3:.1f}" text-anchor="end" fill="#c00">'
-        f"{escape(_gib(cap))}</text>"
+        f"{escape(gib(cap))}</text>"
     )
     parts.append(f'<text x="{LEFT - 4}" y="{TOP + plot_h}" text-anchor="end">0</text>')
     step = max(1, len(used) // 16)
@@ -70,7 +70,7 @@ def memory_svg(plan: Plan) -> str:
         )
     parts.append(
         f'<text x="{WIDTH - 8}" y="{TOP}" text-anchor="end" fill="#555">'
-        f"peak {escape(_gib(max(used)))} · device id below</text>"
+        f"peak {escape(gib(max(used)))} · device id below</text>"
     )
     parts.append("</svg>")
     return "".join(parts)

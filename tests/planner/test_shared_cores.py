@@ -16,6 +16,7 @@ from spindle_dsl.errors import PlanError
 from spindle_dsl.planner.bound.area import area_bound_s
 from spindle_dsl.planner.improve.crosslevel import improve, rebalance
 from spindle_dsl.planner.improve.resplit import resplit
+from spindle_dsl.planner.improve.wave_milp import WaveModelSpec, solve_local
 from spindle_dsl.planner.model.passes import ALL_PASSES
 from spindle_dsl.planner.model.problem import (
     OpSpec,
@@ -56,6 +57,16 @@ def test_a_problem_checks_its_lanes():
     for bad in (0, 4, 5):
         with pytest.raises(PlanError, match="lanes"):
             Problem((a, b), 4, bad)
+
+
+@pytest.mark.parametrize("lanes, seconds, n", [(None, 0.6, 2), (2, 1.0, 1)])
+def test_the_wave_milp_gives_each_op_its_least_area_where_cores_are_few(lanes, seconds, n):
+    """On 4 devices with a core each, both ops take 2 devices (0.6 s); over 2 cores those 4
+    devices' 2.4 device-seconds take 1.2 s, so each op keeps one device (1.0 s)."""
+    spec = WaveModelSpec(_pair(), 4, 1, ((1, 2), (1, 2)), False, lanes=lanes)
+    res = solve_local(spec, 5.0, "highs")
+    assert res.objective_s == pytest.approx(seconds)
+    assert {p.n for w in res.waves for p in w} == {n}
 
 
 def test_resplit_fills_the_cores_a_lone_piece_leaves_idle():

@@ -4,24 +4,9 @@ bound is below every one of them (each a schedule of the same problem)."""
 
 from __future__ import annotations
 
-import pytest
 from benchload import load_bench
 
-from spindle_dsl.planner.improve import wave_milp
-from spindle_dsl.planner.model.problem import OpSpec
-
 bench = load_bench("wave_optimum")
-
-
-@pytest.mark.parametrize("lanes, seconds, n", [(None, 0.6, 2), (2, 1.0, 1)])
-def test_the_wave_milp_gives_each_op_its_least_area_where_cores_are_few(lanes, seconds, n):
-    """On 4 devices with a core each, both ops take 2 devices (0.6 s); over 2 cores those 4
-    devices' 2.4 device-seconds take 1.2 s, so each op keeps one device (1.0 s)."""
-    ops = tuple(OpSpec(f"{t}/m", 1, (), (1, 2), (1.0, 0.6), task=t) for t in "ab")
-    spec = wave_milp.WaveModelSpec(ops, 4, 1, ((1, 2), (1, 2)), False, lanes=lanes)
-    res = wave_milp.solve_local(spec, 5.0, "highs")
-    assert res.objective_s == pytest.approx(seconds)
-    assert {p.n for w in res.waves for p in w} == {n}
 
 
 def test_the_solve_never_ends_above_its_start_nor_below_the_lp() -> None:

@@ -146,10 +146,14 @@ import mip
 import numpy as np
 
 from spindle_dsl.planner.bound.area import lower_bound_s as area_path_bound_s
-from spindle_dsl.planner.improve.resplit import _quiet_stdout
 from spindle_dsl.planner.model.problem import OpSpec, Problem
 from spindle_dsl.planner.solver import isolate
-from spindle_dsl.planner.solver.choice import SolverChoice, collector_paused, new_model
+from spindle_dsl.planner.solver.choice import (
+    SolverChoice,
+    collector_paused,
+    new_model,
+    quiet_stdout,
+)
 
 LP_TIME_LIMIT_S = 5.0  # far above what it needs (milliseconds); a hang must still end
 SAFETY = 1e-12  # relative margin against rounding in the certificate's own arithmetic
@@ -403,7 +407,7 @@ def solve_relaxation(inp: LpInput, solver: str) -> LpSolution:
     )
     group_cs = _add_groups(model, inp, xs_of, objective_vars, objective_coeffs)
     model.objective = mip.LinExpr(objective_vars, objective_coeffs)
-    with _quiet_stdout():
+    with quiet_stdout():
         status = model.optimize(max_seconds=LP_TIME_LIMIT_S)
     wall = time.perf_counter() - t0
     if status != mip.OptimizationStatus.OPTIMAL:

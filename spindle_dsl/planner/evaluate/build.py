@@ -157,7 +157,7 @@ def ms_change(before_s: float, after_s: float) -> str:
     return f"{before_s * 1e3:.1f} -> {after_s * 1e3:.1f} ms"
 
 
-def _gib(x: float) -> str:
+def gib(x: float) -> str:
     """Bytes in GiB, with three significant digits below 10 GiB (small test clusters)."""
     v = x / GiB
     return f"{v:.1f} GiB" if v >= 10 else f"{v:.3g} GiB"
@@ -219,9 +219,9 @@ def _op_spec(
             op.id,
             need,
             devices,
-            f"MetaOp '{op.id}' does not fit: one of its layers needs {_gib(need)} per device "
+            f"MetaOp '{op.id}' does not fit: one of its layers needs {gib(need)} per device "
             f"even on {devices} devices ({levers.describe(len(graph.metaops))}), and a "
-            f"{graph.cluster.device.name} has {_gib(cap)}",
+            f"{graph.cluster.device.name} has {gib(cap)}",
         )
     if enforce:
         whole = alone_bytes_of(op, graph, cost, levers, 0, op.layers, [n for n, _ in fit])

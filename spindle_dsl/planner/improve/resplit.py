@@ -24,11 +24,7 @@ the worker dies, the schedule comes back unchanged (with a ``SolverCrashWarning`
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -43,7 +39,12 @@ from spindle_dsl.planner.model.problem import (
     wave_seconds,
 )
 from spindle_dsl.planner.solver import isolate
-from spindle_dsl.planner.solver.choice import SolverChoice, collector_paused, new_model
+from spindle_dsl.planner.solver.choice import (
+    SolverChoice,
+    collector_paused,
+    new_model,
+    quiet_stdout,
+)
 
 GAP = 1e-2  # stop within 1% of the optimum: the solution comes at once, proving it is slow
 Split = dict[tuple[int, int], int]  # (wave, position in the wave) -> layers
@@ -172,24 +173,6 @@ def _round(
     return out
 
 
-@contextlib.contextmanager
-def _quiet_stdout() -> Iterator[None]:
-    """Silence file descriptor 1: CBC's LP solver logs there even at log level 0."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no real stdout (some notebook kernels): nothing to silence
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def _wave_time(
     problem: Problem, sched: Schedule, layers: Split, w: int, more: int | None = None
 ) -> float:
@@ -237,7 +220,7 @@ def best_split(problem: Problem, sched: Schedule, time_limit_s: float, solver: s
     best_s = sum(_durations(problem, sched, best))
     try:
         model, d, k, _ = _build(problem, sched, scale, solver, integer=False)
-        with _quiet_stdout():
+        with quiet_stdout():
             lp = model.optimize(max_seconds=time_limit_s)
         if lp == mip.OptimizationStatus.OPTIMAL:
             rounded = _round(problem, sched, {key: v.x or 0.0 for key, v in k.items()})

@@ -16,7 +16,9 @@ from dataclasses import dataclass, fields, replace
 class PassOptions:
     """Which passes run (all by default).
 
-    ``cross_starts``: the starts besides the paper's waves level by level: three that ignore
+    ``level_milps``: per-MetaLevel MILPs for the first start (off: the paper's waves for
+    each level).
+    ``cross_starts``: the starts besides the waves level by level: three that ignore
     MetaLevels (CPA list scheduling, the task-parallel chains, the tasks side by side with
     their branches side by side) and the levels packed with short MetaOps in turn on shared
     devices (off: only the level-by-level start and the paper's plan).
@@ -36,6 +38,7 @@ class PassOptions:
     ``planner.evaluate.cutmatch``; off: the loss phase's renamings alone).
     """
 
+    level_milps: bool = True
     cross_starts: bool = True
     global_milp: bool = True
     resplit: bool = True

@@ -4,7 +4,7 @@
 
 * ``paper``: Spindle's algorithm as published (per-MetaLevel continuous optimum, bi-point
   discretisation, greedy wavefront), see ``wavefront``;
-* ``milp``: the paper's plan and five other starts, each with its layers re-split between
+* ``milp``: the levels' waves and five other starts, each with its layers re-split between
   waves (python-mip) and its waves rebalanced, a MILP over all waves where it stays small,
   then local search on the placed plan, see ``milp_scheduler``;
 * ``default``: ``milp``, ``paper`` and the baselines all placed and timed with transfers and

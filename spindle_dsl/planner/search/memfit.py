@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from spindle_dsl.cost.base import CostModel
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.planner.bound.lp_bound import MemoryRoom
-from spindle_dsl.planner.evaluate.build import Evaluated, PlanContext, _gib
+from spindle_dsl.planner.evaluate.build import Evaluated, PlanContext, gib
 from spindle_dsl.planner.model.levers import micro_graph
 from spindle_dsl.planner.search.offered import offered_specs
 
@@ -27,9 +27,6 @@ ADVICE = (
     "use more devices (--devices) or larger ones (--device), a smaller global batch, "
     "or freeze some modules"
 )
-
-
-gib = _gib
 
 
 @dataclass(frozen=True)

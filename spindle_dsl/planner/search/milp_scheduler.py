@@ -1,6 +1,8 @@
 """The `milp` scheduler: the paper's plan, improved by layer re-splits and local search.
 
-1. Starts: each MetaLevel's waves as the paper cuts them, one level after another, and five
+1. Starts: each MetaLevel's waves as the paper cuts them, or as a MILP over a few candidate
+   allocations around the level's continuous optimum finds shorter ones (``wave_milp``,
+   warm-started from the paper's, so never worse), one level after another, and five
    layouts that ignore the level boundaries: CPA list scheduling across levels
    (``listsched``), task-parallel chains (the ``optimus`` layout), tasks side by side on
    min-max groups with each task's branches side by side (``taskpar``), the levels with
@@ -44,9 +46,14 @@ from spindle_dsl.planner.bound.area import level_reference_s
 from spindle_dsl.planner.improve.crosslevel import improve, refill
 from spindle_dsl.planner.improve.polish import Objective, polish
 from spindle_dsl.planner.improve.resplit import resplit
-from spindle_dsl.planner.improve.wave_milp import SolveStatus, global_milp
+from spindle_dsl.planner.improve.wave_milp import (
+    SolveStatus,
+    global_milp,
+    level_milp,
+    level_optima,
+)
 from spindle_dsl.planner.model.passes import ALL_PASSES, PassOptions
-from spindle_dsl.planner.model.problem import Problem, Schedule
+from spindle_dsl.planner.model.problem import Piece, Problem, Schedule
 from spindle_dsl.planner.solver.choice import SolverChoice, choose_solver
 from spindle_dsl.planner.solver.isolate import SolverCrashWarning, crash_count
 from spindle_dsl.planner.starts.baselines import (
@@ -64,6 +71,7 @@ COMPUTE_SLACK = 1.05  # compute may exceed the level reference by this much (see
 # Shares of the time limit: the layer re-splits of ``improve`` and the polishing of several
 # starts decide the plan, so they get the time; what the starts' ``improve`` leaves goes to
 # polish.
+LEVEL_SHARE = 0.10  # all level MILPs together
 IMPROVE_SHARE = 0.13  # each of the six starts' ``improve``
 GLOBAL_SHARE = 0.80  # of the time limit, spent when the global MILP must stop
 POLISHED = 3  # distinct candidates polished (see ``_polish_best``)
@@ -161,10 +169,12 @@ def _stages(
     def budget(seconds: float) -> float:
         return 0.0 if crash_count() > crashes else seconds
 
+    level_s = LEVEL_SHARE * time_limit_s / max(len(problem.levels), 1)
+    starts, level_notes = _starts(problem, passes, lambda: budget(level_s), solver)
     each = IMPROVE_SHARE * time_limit_s
     improved = {
         k: replace(improve(problem, s, budget(each), solver, passes), name="milp")
-        for k, s in _starts(problem, passes).items()
+        for k, s in starts.items()
     }
     improved["paper"] = replace(paper_schedule(problem), name="milp")  # never worse than it
     improved["distmm"] = replace(distmm_schedule(problem), name="milp")
@@ -172,7 +182,7 @@ def _stages(
     keys = {k: key(s) for k, s in improved.items()}
     via = min(keys, key=lambda k: keys[k])
     best = improved[via]
-    notes = [f"best start: {via}"]
+    notes = [*level_notes, f"best start: {via}"]
     status, gap = "heuristic", None
     if passes.global_milp:
         share = GLOBAL_SHARE if objective is not None else 1.0
@@ -207,11 +217,24 @@ def _stages(
     return replace(best, status=status, gap=gap, notes=tuple(notes))
 
 
-def _starts(problem: Problem, passes: PassOptions) -> dict[str, Schedule]:
-    """The schedules ``improve`` starts from (module docstring, step 1)."""
-    starts = {"levels": paper_schedule(problem)}
+def _starts(
+    problem: Problem, passes: PassOptions, level_s: Callable[[], float], solver: SolverChoice
+) -> tuple[dict[str, Schedule], list[str]]:
+    """The schedules ``improve`` starts from (module docstring, step 1), and a note on the
+    level MILPs: ``level_s()`` seconds for each, asked level by level (0: the paper's waves;
+    so after a solver crash)."""
+    n_star = level_optima(problem)
+    waves: list[tuple[Piece, ...]] = []
+    solved = 0
+    for level in problem.levels:
+        each = level_s() if passes.level_milps else 0.0
+        level_waves, res = level_milp(problem, level, n_star, each, solver)
+        waves.extend(level_waves)
+        solved += res is not None
+    starts = {"levels": Schedule("milp", tuple(waves))}
+    notes = [f"level MILPs: {solved} solved"]
     if not passes.cross_starts:
-        return starts
+        return starts, notes
     starts.update(
         cpa=cpa_schedule(problem),
         tasks=optimus_schedule(problem),
@@ -223,7 +246,7 @@ def _starts(problem: Problem, passes: PassOptions) -> dict[str, Schedule]:
     chain = chain_head_schedule(problem)
     if chain is not None:
         starts["chain"] = chain
-    return starts
+    return starts, notes
 
 
 def _polish_best(

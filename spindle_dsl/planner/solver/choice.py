@@ -24,6 +24,7 @@ import gc
 import importlib.util
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -144,6 +145,24 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+@contextlib.contextmanager
+def quiet_stdout() -> Iterator[None]:
+    """Silence file descriptor 1: CBC's LP solver logs there even at log level 0."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no real stdout (some notebook kernels): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 __all__ = [
     "ISOLATE_ENV",
     "SOLVERS",
@@ -153,4 +172,5 @@ __all__ = [
     "collector_paused",
     "highs_available",
     "new_model",
+    "quiet_stdout",
 ]

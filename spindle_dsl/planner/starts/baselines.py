@@ -35,7 +35,7 @@ def balanced(ops: list[OpSpec], devices: int) -> dict[str, int]:
     return min_max(ops, devices) or {o.id: o.pareto[0] for o in ops}
 
 
-def _groups(problem: Problem) -> list[list[OpSpec]]:
+def task_groups(problem: Problem) -> list[list[OpSpec]]:
     """Tasks in order of first appearance, merged where a dep crosses tasks."""
     parent: dict[str, str] = {}
 
@@ -70,7 +70,7 @@ def _chunks(ops: list[OpSpec], devices: int) -> list[list[OpSpec]]:
 
 def distmm_schedule(problem: Problem) -> Schedule:
     waves: list[tuple[Piece, ...]] = []
-    for group in _groups(problem):
+    for group in task_groups(problem):
         ids = {o.id for o in group}
         level: dict[str, int] = {}
         for o in group:
@@ -133,7 +133,7 @@ def _chain_spans(chains: list[tuple[list[OpSpec], int]]) -> list[Span]:
 
 
 def optimus_schedule(problem: Problem) -> Schedule:
-    groups = _groups(problem)
+    groups = task_groups(problem)
     waves: list[tuple[Piece, ...]] = []
     # more tasks than devices: run them in rounds that fit side by side
     rounds: list[list[list[OpSpec]]] = [[]]

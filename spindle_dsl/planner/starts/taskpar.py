@@ -27,7 +27,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from spindle_dsl.planner.model.problem import OpSpec, Problem, Schedule
-from spindle_dsl.planner.starts.baselines import _groups
+from spindle_dsl.planner.starts.baselines import task_groups
 from spindle_dsl.planner.starts.listsched import Span, waveify
 from spindle_dsl.planner.starts.minmax import least_fitting, min_max
 
@@ -145,7 +145,7 @@ def task_parallel_schedule(problem: Problem) -> Schedule:
     """Tasks side by side on min-max groups, each task's independent MetaOps side by side
     on its group (module docstring). Tasks that do not fit side by side at their least
     groups run in rounds, as in the ``optimus`` layout."""
-    tasks = [TaskLayout(g) for g in _groups(problem)]
+    tasks = [TaskLayout(g) for g in task_groups(problem)]
     rounds: list[list[TaskLayout]] = [[]]
     used = 0
     for t in tasks:
