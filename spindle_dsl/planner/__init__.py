@@ -1,6 +1,7 @@
 """The wave planner: from a MetaGraph and a cost model to a placed, timed wave plan.
 
-``make_plan`` (``search.make``) reads top to bottom; the sub-packages each decide one thing:
+``make_plan`` (``search.make``) plans one mix, ``plan_schedule`` (``search.phases``) every phase
+of a schedule of mixes. ``make_plan`` reads top to bottom; the sub-packages each decide one thing:
 ``model`` what is planned (MetaOps' curves, levers, the passes' switches), ``starts`` the
 schedules the search begins from (the paper's waves, the baselines, other layouts),
 ``improve`` how a schedule gets better (re-split, rebalance, polish), ``evaluate`` what a
@@ -11,5 +12,6 @@ loop.
 """
 
 from spindle_dsl.planner.search.make import DEFAULT_TIME_LIMIT_S, SCHEDULERS, make_plan
+from spindle_dsl.planner.search.phases import plan_schedule
 
-__all__ = ["DEFAULT_TIME_LIMIT_S", "SCHEDULERS", "make_plan"]
+__all__ = ["DEFAULT_TIME_LIMIT_S", "SCHEDULERS", "make_plan", "plan_schedule"]
