@@ -1,6 +1,6 @@
 """The predicted speed-up of the default plan over every baseline on the bundled paper-scale
-workloads, planned as ``spindle plan`` plans them (memory enforced, each baseline tuned with
-its own memory levers by the same search).
+workloads, planned as ``spindle plan`` plans them (memory enforced, each baseline at its own
+best memory levers from the same search or at the plan's, whichever is quicker).
 
     .venv/bin/python bench/speedups.py [--devices 8,16,32,64] [--markdown]
 
