@@ -372,9 +372,7 @@ def _final_pick(call: _Call, found: _Rounds) -> _Pick:
         chosen, ctx, notes = _data_parallel_within_margin(call.cost, chosen, ctx, tuned)
         if ctx is not before:
             tuned = _at_plan_levers(ctx, tuned, {})
-    ranked.update(
-        {k: ev for k, (ev, _) in tuned.items() if ev is not found.tuned.get(k, (None,))[0]}
-    )
+    ranked.update({k: t[0] for k, t in tuned.items() if t is not found.tuned.get(k)})
     return _Pick(ctx, chosen, ranked, tuned, notes)
 
 
@@ -395,8 +393,8 @@ def _at_plan_levers(
             continue
         plain = placed.get(name) or evaluate_cached(ctx, BASELINES[name](ctx.problem))
         # renaming devices and spreading losses leave the waves' compute and overheads as
-        # they are, and what each device holds at its peak: where those alone reach the tuned
-        # plan, or the plan overflows, neither makes it the quicker fitting plan
+        # they are: where those alone reach the tuned plan, neither can make it quicker; and
+        # a plan that overflows is left out rather than spread in the hope that it then fits
         floor = plain.timing.compute_s + plain.timing.wave_overhead_s
         if not plain.fits or floor >= ev.iteration_s:
             continue
