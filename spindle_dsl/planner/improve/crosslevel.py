@@ -5,9 +5,9 @@ each wave re-picked so only where the placed plan gets quicker (``refill``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
+from spindle_dsl.planner.improve.polish import Objective
 from spindle_dsl.planner.improve.resplit import resplit
 from spindle_dsl.planner.model.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.model.problem import (
@@ -21,8 +21,6 @@ from spindle_dsl.planner.model.problem import (
 from spindle_dsl.planner.solver.choice import SolverChoice
 from spindle_dsl.planner.solver.isolate import crash_count
 from spindle_dsl.planner.starts.minmax import min_max
-
-Objective = Callable[[Schedule], tuple[float, ...]]  # what ``refill`` keeps a change by
 
 
 def rebalance(problem: Problem, sched: Schedule) -> Schedule:

@@ -311,10 +311,7 @@ def _trimmed(spec: WaveModelSpec) -> WaveModelSpec:
     """``spec`` with each op's curve cut to its candidate allocations and those of the warm
     start: the model reads no other point, and the worker process is sent a few kB instead
     of megabytes."""
-    used: dict[str, set[int]] = {}
-    for wave in spec.start or ():
-        for p in wave:
-            used.setdefault(p.op, set()).add(p.n)
+    used = _used(spec.start or ())
     ops = []
     for op, cands in zip(spec.ops, spec.candidates, strict=True):
         ns = tuple(sorted({*cands, *(n for n in used.get(op.id, ()) if op.valid(n))}))
@@ -387,12 +384,14 @@ def level_milp(
     2 shared cores the start it gives polishes 0.6% quicker than the paper's waves)."""
     ops = [problem.op(i) for i in level]
     paper = schedule_level(ops, problem.devices)
-    paper_s = Schedule("paper", tuple(paper)).score(problem)
+    if len(ops) == 1 or time_limit_s <= 0:
+        return paper, None
     used = _used(paper)
     cands = [candidates(o, n_star[o.id], problem.devices, used.get(o.id, set())) for o in ops]
     waves = max(len(paper), 1)
-    if len(ops) == 1 or sum(map(len, cands)) * waves > MAX_BINARIES or time_limit_s <= 0:
+    if sum(map(len, cands)) * waves > MAX_BINARIES:
         return paper, None
+    paper_s = Schedule("paper", tuple(paper)).score(problem)
     ordered = sorted(paper, key=lambda w: -piece_wave_seconds(problem, w))
     spec = WaveModelSpec(
         tuple(ops),
@@ -424,25 +423,31 @@ def _renumber(waves: list[tuple[Piece, ...]]) -> tuple[tuple[Piece, ...], ...]:
 
 
 def global_milp(
-    problem: Problem, start: Schedule, time_limit_s: float, solver: SolverChoice | None = None
+    problem: Problem,
+    start: Schedule,
+    n_star: dict[str, float],
+    time_limit_s: float,
+    solver: SolverChoice | None = None,
 ) -> MilpResult | None:
     """All waves at once with precedence, warm-started from ``start`` (so never worse than
-    it), over a few allocations per MetaOp around its level's continuous optimum and those
-    ``start`` uses; None where the model would be too large or there is no time."""
-    n_star = level_optima(problem)
+    it), over a few allocations per MetaOp around its level's continuous optimum (``n_star``,
+    ``level_optima``) and those ``start`` uses; None where the model would be too large or
+    there is no time."""
+    if time_limit_s <= 0:
+        return None
     used = _used(start.waves)
     cands = tuple(
         candidates(o, n_star[o.id], problem.devices, used.get(o.id, set())) for o in problem.ops
     )
-    if sum(len(c) for c in cands) * len(start.waves) > MAX_BINARIES or time_limit_s <= 0:
+    if sum(len(c) for c in cands) * len(start.waves) > MAX_BINARIES:
         return None
     spec = WaveModelSpec(
         problem.ops,
         problem.devices,
         len(start.waves),
         cands,
-        True,
-        start.waves,
+        precedence=True,
+        start=start.waves,
         lanes=problem.lanes,
     )
     return solve_waves(spec, time_limit_s, solver)

@@ -169,8 +169,9 @@ def _stages(
     def budget(seconds: float) -> float:
         return 0.0 if crash_count() > crashes else seconds
 
+    n_star = level_optima(problem)  # where the MILPs take their candidate allocations
     level_s = LEVEL_SHARE * time_limit_s / max(len(problem.levels), 1)
-    starts, level_notes = _starts(problem, passes, lambda: budget(level_s), solver)
+    starts, level_notes = _starts(problem, passes, n_star, lambda: budget(level_s), solver)
     each = IMPROVE_SHARE * time_limit_s
     improved = {
         k: replace(improve(problem, s, budget(each), solver, passes), name="milp")
@@ -187,7 +188,7 @@ def _stages(
     if passes.global_milp:
         share = GLOBAL_SHARE if objective is not None else 1.0
         left = budget(share * time_limit_s - (time.perf_counter() - t0))
-        glob = global_milp(problem, best, left, solver)
+        glob = global_milp(problem, best, n_star, left, solver)
         if glob is None:
             notes.append("global MILP skipped (model too large, or no time or solver left)")
         else:
@@ -218,12 +219,15 @@ def _stages(
 
 
 def _starts(
-    problem: Problem, passes: PassOptions, level_s: Callable[[], float], solver: SolverChoice
+    problem: Problem,
+    passes: PassOptions,
+    n_star: dict[str, float],
+    level_s: Callable[[], float],
+    solver: SolverChoice,
 ) -> tuple[dict[str, Schedule], list[str]]:
     """The schedules ``improve`` starts from (module docstring, step 1), and a note on the
     level MILPs: ``level_s()`` seconds for each, asked level by level (0: the paper's waves;
     so after a solver crash)."""
-    n_star = level_optima(problem)
     waves: list[tuple[Piece, ...]] = []
     solved = 0
     for level in problem.levels:
