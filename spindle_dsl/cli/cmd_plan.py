@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_TIME_LIMIT_S,
         metavar="S",
-        help="MILP solver time limit in seconds (default: %(default)s)",
+        help="planning time budget in seconds: the search returns the best plan found by "
+        "then (default: %(default)s)",
     )
     parser.add_argument(
         "--solver",

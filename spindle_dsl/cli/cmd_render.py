@@ -38,7 +38,7 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--scheduler", default="default", help="default, milp, paper or a baseline's name"
     )
-    group.add_argument("--time-limit", type=float, metavar="S", help="solver time limit (s)")
+    group.add_argument("--time-limit", type=float, metavar="S", help="planning time budget (s)")
     group.add_argument(
         "--no-memory-check",
         action="store_true",

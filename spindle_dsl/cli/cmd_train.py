@@ -59,7 +59,13 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         choices=SCHEDULERS,
         help="plan with this scheduler or baseline first (default: %(default)s)",
     )
-    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT_S,
+        metavar="S",
+        help="planning time budget in seconds (default: %(default)s)",
+    )
     parser.add_argument("--nproc", type=int, help="spawn this many local worker processes")
 
 

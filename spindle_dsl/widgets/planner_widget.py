@@ -112,7 +112,7 @@ class PlannerWidget(w.VBox):
             min=-2,
             max=1,
             step=0.1,
-            description="MILP limit s",
+            description="plan time s",
             continuous_update=False,
             readout_format=".2g",
             tooltip="more time can find a better plan; re-planning waits for it",

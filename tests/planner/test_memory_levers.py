@@ -51,7 +51,7 @@ def with_memory(graph, mib: int):
 
 def plan_at(graph, mib: int, **kw):
     g = with_memory(graph, mib)
-    return g, make_plan(g, make_cost_model(g.cluster), time_limit_s=0.3, **kw)
+    return g, make_plan(g, make_cost_model(g.cluster), time_limit_s=2.0, **kw)
 
 
 def levers_of(plan: Plan) -> Levers:

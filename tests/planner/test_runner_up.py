@@ -92,7 +92,7 @@ def test_a_k_past_the_first_that_fits_is_still_judged(qwen_128) -> None:
 
 
 def test_the_plan_says_what_planning_the_runner_up_found(qwen_128) -> None:
-    plan = make_plan(qwen_128, make_cost_model(qwen_128.cluster), time_limit_s=0.3)
+    plan = make_plan(qwen_128, make_cost_model(qwen_128.cluster))
     notes = [n for n in plan.notes if n.startswith("runner-up levers")]
     assert 1 <= len(notes) <= RUNNERS_UP
     for note in notes:

@@ -117,7 +117,7 @@ def test_export_writes_plan_trace_report_and_spec(widget, tmp_path):
     assert check_trace(json.loads(done.trace.read_text())) == []
     assert done.report.read_text().startswith("<!DOCTYPE html>")
     assert "mix custom {" in done.spec.read_text()
-    assert "--mix custom --devices 2" in done.command and "--time-limit 0.1" in done.command
+    assert "--mix custom --devices 2" in done.command and "--time-limit 0.4" in done.command
     assert str(done.plan) in widget.export_status.value
 
 

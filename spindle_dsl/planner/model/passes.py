@@ -1,15 +1,50 @@
-"""Switches for the ``milp`` scheduler's passes, to measure what each one buys.
+"""What one planning call may run: the ``milp`` scheduler's passes, and its time.
 
 The ``milp`` scheduler (``milp_scheduler``) chains several passes, each kept only where it
 improves the plan. ``bench/plan_quality.py --ablation`` plans with each switched off in turn
 and prints the iteration and planning time, so that a pass that does not pay can be seen
 (and dropped). Planning uses ``ALL_PASSES`` unless a caller asks otherwise; the switches
 are for measurement, not a user-facing option.
+
+A ``Budget`` is the whole call's time (``--time-limit``): the search's optional steps start
+only while their share of it is unspent (``search.make``, ``search.leversearch``).
 """
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The seconds one planning call may take, from ``start`` (``time.perf_counter``).
+
+    What a plan needs runs whatever the clock says (the first setting of the levers that
+    fits, one round at it, the lower bound); each step that only may improve the plan or its
+    report asks ``within(share)`` first, the shares growing along the search, so that the
+    steps that pay most come first and the call ends near ``seconds`` at any size."""
+
+    start: float
+    seconds: float
+
+    @classmethod
+    def starting_now(cls, seconds: float) -> Budget:
+        return cls(time.perf_counter(), seconds)
+
+    def spent(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return max(0.0, self.seconds - self.spent())
+
+    def within(self, share: float) -> bool:
+        """Whether less than ``share`` of the budget is spent: a step may start."""
+        return self.spent() < share * self.seconds
+
+
+UNLIMITED = Budget(0.0, math.inf)
 
 
 @dataclass(frozen=True)
@@ -61,4 +96,4 @@ class PassOptions:
 ALL_PASSES = PassOptions()
 NO_PASSES = PassOptions(**dict.fromkeys(PassOptions.names(), False))
 
-__all__ = ["ALL_PASSES", "NO_PASSES", "PassOptions"]
+__all__ = ["ALL_PASSES", "NO_PASSES", "UNLIMITED", "Budget", "PassOptions"]

@@ -64,6 +64,7 @@ from spindle_dsl.planner.model.levers import (
     micro_batch_choices,
     pass_curves,
 )
+from spindle_dsl.planner.model.passes import UNLIMITED, Budget
 from spindle_dsl.planner.model.problem import Problem, Schedule
 from spindle_dsl.planner.search.memfit import MemoryFloor, gib, memory_floor
 
@@ -74,6 +75,10 @@ TRIM_TRIES = 8  # MetaOps the trim tries to stop recomputing, per fitted prefix
 TARGETED_ROUNDS = 4
 # bisection steps of the k bracket around the best power of two (``LeverSearch.between``)
 REFINE_ROUNDS = 3
+# Of the call's time budget (``passes.Budget``), what the search may have spent when a step
+# past its first fitting setting starts: more k, recompute fitted at more k, the k between
+# the powers of two, ZeRO-0. The rest goes to the round at the best setting.
+SEARCH_SHARE = 0.4
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,8 @@ class LeverSearch:
     """The search of the module docstring over one graph and cost model.
 
     ``micro_batches`` / ``zero_stage`` force that lever (None: the search chooses).
+    ``budget``: the planning call's time; once a setting fits, the steps that look for a
+    quicker one start only while ``SEARCH_SHARE`` of it is unspent (``search``).
     """
 
     def __init__(
@@ -242,8 +249,9 @@ class LeverSearch:
         *,
         micro_batches: int | None = None,
         zero_stage: int | None = None,
+        budget: Budget = UNLIMITED,
     ):
-        self.graph, self.cost = graph, cost
+        self.graph, self.cost, self.budget = graph, cost, budget
         self.ks = (micro_batches,) if micro_batches else micro_batch_choices(graph)
         self.stages = (zero_stage,) if zero_stage is not None else (1, 2)
         self.replicate = zero_stage is None  # try ZeRO-0 once the best setting is known
@@ -267,6 +275,21 @@ class LeverSearch:
             except PlanError as exc:
                 self._contexts[levers] = exc
         return self._contexts[levers]
+
+    def quickest_placed(self, name: str) -> tuple[Evaluated, PlanContext] | None:
+        """The quickest fitting plan of schedule ``name`` among every setting the search has
+        placed it at, with its context: a baseline's best levers as far as the plan's own
+        search tried them, without a search of its own."""
+        best: tuple[Evaluated, PlanContext] | None = None
+        for ctx in self._contexts.values():
+            if isinstance(ctx, PlanError):
+                continue
+            for ev in ctx.evaluated.values():
+                if ev.schedule.name != name or not ev.fits:
+                    continue
+                if best is None or ev.iteration_s < best[0].iteration_s:
+                    best = (ev, ctx)
+        return best
 
     def floor(self, k: int) -> MemoryFloor:
         if k not in self._floors:
@@ -444,41 +467,43 @@ class LeverSearch:
                 new.append(k)
         return tuple(new)
 
-    def search(self, judge: Judge, ks: tuple[int, ...] | None = None) -> Fit:
+    def search(
+        self, judge: Judge, ks: tuple[int, ...] | None = None, share: float = SEARCH_SHARE
+    ) -> Fit:
         """Steps 1 to 3 of the module docstring over ``ks`` (default: every choice, then the
-        k between them; a baseline's tuning passes the k the first search tried)."""
+        k between them; a baseline's tuning passes the k the first search tried). Once a
+        setting fits, each further step starts only while ``share`` of the budget is unspent:
+        the search then returns the best found."""
         out = Fit()
         refine = ks is None and len(self.ks) > 1  # (a baseline's tuning gets the k tried)
         ks = ks or self.ks
+
+        def more() -> bool:  # may a step past the first fitting setting start?
+            return out.best is None or self.budget.within(share)
+
         plain: dict[int, Trial] = {}
         for k in ks:  # phase 1
             self._plain(judge, k, plain, out)
-            if plain_floor(plain[k]) > _time(out):
-                break  # more passes would only be slower
+            if plain_floor(plain[k]) > _time(out) or not more():
+                break  # more passes would only be slower, or there is no time for them
         one = out.per_k.get(1)
         out.memory_binds = one is not None and one.fitting is None
         for k in sorted(plain):  # phase 2
-            self._fit_stages(judge, k, plain, out)
+            if more():
+                self._fit_stages(judge, k, plain, out)
         # the k between the powers of two, where memory binds (where it does not, the
         # iteration is smooth in k, so they would cost planning time for no quicker plan)
         if refine and out.memory_binds:
             out.coarse = out.best
         for _ in range(REFINE_ROUNDS if out.coarse is not None else 0):
             new = self.between(plain, out)
-            if not new:
+            if not new or not more():
                 break
             for k in new:
                 self._plain(judge, k, plain, out)
                 self._fit_stages(judge, k, plain, out)
-        if out.best is not None and self.replicate:
-            # step 3: the optimizer state replicated instead of sharded, where it still fits
-            # (a step without the all-gather after the update, each holder updating its parts
-            # in place): for a small job, quicker on every rank that has the memory
-            best = out.best.levers
-            t = self.trial(replace(best, zero_stage=0), judge)
-            if t.fitting is not None and t.time_s < _time(out):
-                out.record(best.micro_batches, t)
-                out.best = t
+        if out.best is not None and self.replicate and more():
+            self._replicated(judge, out)
         if not self.explored:
             self.explored = sorted(plain)
         if out.best is not None:
@@ -486,6 +511,17 @@ class LeverSearch:
         elif out.last is None and plain:  # no setting was fitted: the most levers pulled
             out.last = _closer(None, *(plain[k] for k in sorted(plain, reverse=True)))
         return out
+
+    def _replicated(self, judge: Judge, out: Fit) -> None:
+        """Step 3: the optimizer state replicated instead of sharded at the best setting,
+        where it still fits (a step without the all-gather after the update, each holder
+        updating its parts in place): for a small job, quicker on every rank with the memory."""
+        assert out.best is not None
+        best = out.best.levers
+        t = self.trial(replace(best, zero_stage=0), judge)
+        if t.fitting is not None and t.time_s < _time(out):
+            out.record(best.micro_batches, t)
+            out.best = t
 
 
 def refine_ks(tried: tuple[int, ...], best: int) -> tuple[int, ...]:

@@ -27,7 +27,6 @@ plan may leave workers idle rather than have them take turns (its notes say so).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from spindle_dsl.cost.base import CostModel, has_slice_memory
@@ -49,9 +48,9 @@ from spindle_dsl.planner.evaluate.build import (
 from spindle_dsl.planner.evaluate.lossspread import SPREAD_LOSS_NOTE, relabel_and_spread
 from spindle_dsl.planner.evaluate.relabel import RENAME_NOTE
 from spindle_dsl.planner.model.levers import Levers, pass_problem
-from spindle_dsl.planner.model.passes import ALL_PASSES, PassOptions
+from spindle_dsl.planner.model.passes import ALL_PASSES, Budget, PassOptions
 from spindle_dsl.planner.model.problem import Problem, Schedule
-from spindle_dsl.planner.search.leversearch import Fit, Judge, LeverSearch, Trial
+from spindle_dsl.planner.search.leversearch import SEARCH_SHARE, Fit, Judge, LeverSearch, Trial
 from spindle_dsl.planner.search.memfit import memory_room, no_fit_message, overflow_message
 from spindle_dsl.planner.search.round_helper import (
     has_rounds,
@@ -67,7 +66,19 @@ from spindle_dsl.planner.starts.baselines import BASELINES
 from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 SCHEDULERS: tuple[str, ...] = ("default", "milp", "paper", *BASELINES)
-DEFAULT_TIME_LIMIT_S = 1.5
+# The whole call's time (``passes.Budget``): what a plan needs runs whatever the clock says,
+# and each step that may improve it starts only while its share of the budget is unspent.
+# The lever search may go on past its first fitting setting until ``SEARCH_SHARE`` of it
+# is spent (``leversearch``); the MILP's round solves within ``ROUND_SHARE`` of it, at most
+# ``ROUND_LIMIT_S`` (shared with the runner-up settings, planned only while the search left
+# ``SEARCH_SHARE``); each baseline is tuned with its own levers until ``TUNE_SHARE`` is spent
+# (after that it is reported at the plan's), and planned again with the MILP at the levers
+# of a quicker baseline until ``REPLAN_SHARE``. The lower bound is always taken.
+DEFAULT_TIME_LIMIT_S = 10.0
+ROUND_SHARE = 0.15
+ROUND_LIMIT_S = 1.5
+TUNE_SHARE = 0.7
+REPLAN_SHARE = 0.8
 # The lever search judges a setting by the quick plans (the paper's and the baselines'), not
 # by the MILP's, and the two can rank close settings differently: on qwen_val at 32 devices the
 # quick plans put k=8 just behind k=4, and the MILP's plan at k=8 is quicker than at k=4.
@@ -115,10 +126,15 @@ class _Call:
     graph: MetaGraph
     cost: CostModel
     scheduler: str
-    time_limit_s: float
+    budget: Budget
     check_memory: bool
     choice: SolverChoice
     passes: PassOptions
+
+    @property
+    def round_limit_s(self) -> float:
+        """The MILP's time in one round (``ROUND_SHARE``)."""
+        return min(ROUND_LIMIT_S, ROUND_SHARE * self.budget.seconds)
 
     def round(self, ctx: PlanContext, limit_s: float) -> Round:
         """One round of ``scheduler`` under ``ctx``'s levers (``rounds.plan_round``)."""
@@ -137,6 +153,7 @@ class _Rounds:
     tuned: dict[str, tuple[Evaluated, PlanContext]]
     early: Bound | None
     notes: tuple[str, ...]
+    untuned: tuple[str, ...] = ()  # baselines the time budget left untuned
 
 
 def make_plan(
@@ -154,10 +171,9 @@ def make_plan(
 ) -> Plan:
     """Plan one training iteration of ``graph`` (see the module docstring for schedulers).
 
-    ``time_limit_s`` bounds the ``milp`` scheduler's solver and search time (shared evenly
-    where the lever search leaves runner-up settings, ``RUNNER_UP_MARGIN``; the whole call
-    also prices curves, searches the memory levers, runs the baselines and places every
-    candidate). Raises ``PlanError`` for an unknown scheduler or when no setting of the memory
+    ``time_limit_s`` is the whole call's time (``DEFAULT_TIME_LIMIT_S`` says how it is
+    spent): past what a plan needs, the search returns the best found when it runs out.
+    Raises ``PlanError`` for an unknown scheduler or when no setting of the memory
     levers makes a plan fit in device memory (the error names the MetaOp, the device, the
     bytes, the levers at their limit and how many devices it would take).
     ``micro_batches`` / ``zero_stage`` force that lever (None: the planner chooses; k passes
@@ -176,13 +192,14 @@ def make_plan(
     if scheduler not in SCHEDULERS:
         raise PlanError(f"unknown scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})")
     _check_levers(micro_batches, zero_stage)
-    call = _Call(graph, cost, scheduler, time_limit_s, check_memory, choose_solver(solver), passes)
-    t0 = time.perf_counter()
+    budget = Budget.starting_now(time_limit_s)
+    call = _Call(graph, cost, scheduler, budget, check_memory, choose_solver(solver), passes)
     helpers, kinds = _helpers(call, jobs)
     if call.choice.isolated:  # the solver process too, once the helpers are up (``warm_up``)
         warm_up(after=helpers)
     search, fit, ctx = _search_levers(call, micro_batches, zero_stage)
-    rivals = _runners_up(fit, ctx) if scheduler in ("default", "milp") else ()
+    planned_more = scheduler in ("default", "milp") and budget.within(SEARCH_SHARE)
+    rivals = _runners_up(fit, ctx) if planned_more else ()
     found = _plan_rounds(call, search, fit, ctx, rivals, helpers, kinds)
     pick = _final_pick(call, found)
     ctx, chosen, ranked = pick.ctx, pick.chosen, pick.ranked
@@ -212,7 +229,7 @@ def make_plan(
         chosen,
         lower_bound_s=bound.seconds,
         baselines={k: ranked[k].iteration_s for k in BASELINES},
-        wall_s=time.perf_counter() - t0,
+        wall_s=budget.spent(),
         notes=notes,
         extra=_extra(call, ctx, chosen, ranked, pick.tuned, bound),
     )
@@ -240,7 +257,13 @@ def _search_levers(
         stage = 1 if zero_stage is None else zero_stage
         levers = Levers(micro_batches or 1, stage)
         return None, Fit(), context(call.graph, call.cost, levers, enforce=False)
-    search = LeverSearch(call.graph, call.cost, micro_batches=micro_batches, zero_stage=zero_stage)
+    search = LeverSearch(
+        call.graph,
+        call.cost,
+        micro_batches=micro_batches,
+        zero_stage=zero_stage,
+        budget=call.budget,
+    )
     fit = search.search(_quick(call.scheduler))
     if fit.best is None or fit.best.ctx is None:
         raise PlanError(no_fit_message(search, fit))
@@ -281,7 +304,7 @@ def _plan_rounds(
     """The search's best setting planned here and the runner-up settings in the helpers,
     side by side, sharing the time limit (``RUNNER_UP_MARGIN``); the baselines are tuned and
     a bound taken meanwhile. The quickest fitting pick wins."""
-    limit = call.time_limit_s / (1 + len(rivals))
+    limit = call.round_limit_s / (1 + len(rivals))
 
     def rival_here(i: int) -> Round:
         rival_ctx = rivals[i].ctx
@@ -304,10 +327,13 @@ def _plan_rounds(
         for r in rivals
     ]
     tuned: dict[str, tuple[Evaluated, PlanContext]] = {}
+    untuned: list[str] = []
     early: list[Bound] = []
 
     def meanwhile(mine: tuple[PlanContext, dict[str, Evaluated], Evaluated]) -> None:
-        tuned.update(_tuned_baselines(search))
+        got, skipped = _tuned_baselines(search)
+        tuned.update(got)
+        untuned.extend(skipped)
         if helpers and rivals:
             early.append(_lower_bound(mine[0], search, call.choice))
 
@@ -331,7 +357,8 @@ def _plan_rounds(
         _runner_up_note(own_ctx, own_pick, rival, best_s, pick, pick is chosen)
         for rival, pick in picks
     )
-    return _Rounds(ctx, evaluated, chosen, tuned, early[0] if early else None, notes)
+    bound = early[0] if early else None
+    return _Rounds(ctx, evaluated, chosen, tuned, bound, notes, tuple(untuned))
 
 
 @dataclass(frozen=True)
@@ -358,18 +385,23 @@ def _final_pick(call: _Call, found: _Rounds) -> _Pick:
     if call.scheduler == "default":
         best = min(found.tuned.values(), key=lambda t: t[0].iteration_s, default=None)
         if best is not None and best[0].iteration_s < chosen.iteration_s * (1 - 1e-9):
-            _, pick = call.round(best[1], call.time_limit_s)
             chosen, ctx = best
-            if pick.fits and pick.iteration_s < chosen.iteration_s:
-                chosen = ranked[pick.schedule.name] = pick
+            if call.budget.within(REPLAN_SHARE):
+                _, pick = call.round(ctx, call.round_limit_s)
+                if pick.fits and pick.iteration_s < chosen.iteration_s:
+                    chosen = ranked[pick.schedule.name] = pick
     tuned = _at_plan_levers(ctx, found.tuned, found.evaluated if ctx is found.ctx else {})
     notes: tuple[str, ...] = ()
+    if found.untuned:
+        names = ", ".join(found.untuned)
+        notes += (f"time limit reached: {names} at the best levers the plan's search tried",)
     if call.scheduler == "default":
         quickest = min(tuned.values(), key=lambda t: t[0].iteration_s, default=None)
         if quickest is not None and quickest[0].iteration_s < chosen.iteration_s * (1 - 1e-9):
             chosen, ctx = quickest  # a baseline under the plan's levers, spread
         before = ctx
-        chosen, ctx, notes = _data_parallel_within_margin(call.cost, chosen, ctx, tuned)
+        chosen, ctx, kept = _data_parallel_within_margin(call.cost, chosen, ctx, tuned)
+        notes += kept
         if ctx is not before:
             tuned = _at_plan_levers(ctx, tuned, {})
     ranked.update({k: t[0] for k, t in tuned.items() if t is not found.tuned.get(k)})
@@ -499,17 +531,29 @@ def _data_parallel_within_margin(
     return plain, plain_ctx, (note,)
 
 
-def _tuned_baselines(search: LeverSearch | None) -> dict[str, tuple[Evaluated, PlanContext]]:
+def _tuned_baselines(
+    search: LeverSearch | None,
+) -> tuple[dict[str, tuple[Evaluated, PlanContext]], tuple[str, ...]]:
     """Each baseline planned with its own best setting of the memory levers, its loss phase
-    spread as the planner's own plans are (``planner.evaluate.lossbalance``)."""
+    spread as the planner's own plans are (``planner.evaluate.lossbalance``). Once
+    ``TUNE_SHARE`` of the time budget is spent, the rest get no search of their own: each
+    is its quickest fitting plan among the settings the plan's search placed it at, and is
+    named in the second item."""
     out: dict[str, tuple[Evaluated, PlanContext]] = {}
     if search is None:
-        return out
+        return out, ()
+    untuned = []
     for name in BASELINES:
-        best = search.search(_quick(name), tuple(search.explored)).best
-        if best is not None and best.ctx is not None and best.fitting is not None:
-            out[name] = (relabel_and_spread(best.ctx, best.fitting), best.ctx)
-    return out
+        if search.budget.within(TUNE_SHARE):
+            trial = search.search(_quick(name), tuple(search.explored), TUNE_SHARE).best
+            ok = trial is not None and trial.ctx is not None and trial.fitting is not None
+            found = (trial.fitting, trial.ctx) if ok else None  # type: ignore[union-attr]
+        else:
+            untuned.append(name)
+            found = search.quickest_placed(name)
+        if found is not None:
+            out[name] = (relabel_and_spread(found[1], found[0]), found[1])
+    return out, tuple(untuned)
 
 
 @dataclass(frozen=True)

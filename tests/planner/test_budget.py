@@ -1,0 +1,73 @@
+"""The planning call's one time budget (``--time-limit``): what a plan needs runs whatever the
+clock says, the steps that only may improve it start while their share is unspent.
+
+The memory-model spec (``tests/conftest.py``) with its device memory cut down, so that the
+lever search has recompute to fit and baselines to tune."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from spindle_dsl.cost import make_cost_model
+from spindle_dsl.language import compile_text
+from spindle_dsl.plan.validate import validate_plan
+from spindle_dsl.planner import make_plan
+from spindle_dsl.planner.model.passes import UNLIMITED, Budget
+from spindle_dsl.planner.search.leversearch import Judge, LeverSearch
+from spindle_dsl.planner.starts.wavefront import paper_schedule
+
+from .test_memory_levers import with_memory
+
+
+@pytest.fixture(scope="module")
+def tight(memory_spec):
+    """Fits at k = 1 only with recompute: the search has steps past its first fit."""
+    return with_memory(compile_text(memory_spec(768)).graph, 300)
+
+
+def _spent(seconds: float = 1.0) -> Budget:
+    """A budget whose time is all gone."""
+    return Budget(time.perf_counter() - 2 * seconds, seconds)
+
+
+def test_within_says_whether_a_share_is_unspent() -> None:
+    now = Budget.starting_now(100.0)
+    assert now.within(0.5) and now.left() > 99.0
+    gone = _spent()
+    assert not gone.within(0.99) and gone.left() == 0.0
+    assert UNLIMITED.within(0.01) and UNLIMITED.left() == float("inf")
+
+
+def test_a_spent_budget_stops_the_lever_search_at_its_first_fit(tight) -> None:
+    judge = Judge(("paper",), lambda _name, problem: paper_schedule(problem))
+    cost = make_cost_model(tight.cluster)
+    full = LeverSearch(tight, cost)
+    full_fit = full.search(judge)
+    short = LeverSearch(tight, cost, budget=_spent())
+    short_fit = short.search(judge)
+    assert full_fit.best is not None and short_fit.best is not None
+    assert short_fit.best.fitting is not None  # a setting that fits, whatever the clock
+    assert len(short._contexts) < len(full._contexts)
+    assert short_fit.best.time_s >= full_fit.best.time_s * (1 - 1e-9)
+
+
+def test_a_plan_out_of_time_still_fits_and_says_which_baselines_went_untuned(tight) -> None:
+    cost = make_cost_model(tight.cluster)
+    plan = make_plan(tight, cost, time_limit_s=1e-6, jobs=0)
+    assert validate_plan(plan) == []
+    (note,) = [n for n in plan.notes if n.startswith("time limit reached")]
+    untuned = note.split(": ", 1)[1].split(" at ")[0].split(", ")
+    assert set(untuned) == {"sequential", "distmm", "optimus"}
+    # each still reported, at a setting the plan's search placed it at; the default
+    # scheduler keeps the quickest, so none is quicker than the plan
+    for name in untuned:
+        assert plan.baseline(f"{name}_s") >= plan.iteration_s * (1 - 1e-9)
+
+
+def test_a_budget_that_does_not_run_out_tunes_every_baseline(tight) -> None:
+    cost = make_cost_model(tight.cluster)
+    plan = make_plan(tight, cost, jobs=0)
+    assert not [n for n in plan.notes if n.startswith("time limit reached")]
+    assert set(plan.extra["baseline_levers"]) == {"sequential", "distmm", "optimus"}
