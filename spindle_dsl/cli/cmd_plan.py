@@ -168,6 +168,7 @@ def summary(plan: Plan) -> dict[str, Any]:
         **dict(plan.breakdown),
         "baselines": base,
         "speedup": {k.removesuffix("_s"): v / plan.iteration_s for k, v in base.items()},
+        "baselines_overflow": plan.extra.get("baselines_overflow", []),
         "lower_bound_s": plan.lower_bound_s,
         "ratio_to_bound": plan.iteration_s / plan.lower_bound_s if plan.lower_bound_s else None,
         "busy_s": plan.busy_s(),
@@ -245,10 +246,13 @@ def summary_text(s: dict[str, Any]) -> str:
         ),
     ]
     for name, secs in s["baselines"].items():
-        lines.append(
-            f"  vs {name.removesuffix('_s'):<11} {secs * 1e3:>10.2f} ms  "
-            f"speed-up {s['speedup'][name.removesuffix('_s')]:.2f}x"
+        short = name.removesuffix("_s")
+        against = (
+            "does not fit in memory"
+            if short in s.get("baselines_overflow", ())
+            else f"speed-up {s['speedup'][short]:.2f}x"
         )
+        lines.append(f"  vs {short:<11} {secs * 1e3:>10.2f} ms  {against}")
     if s["ratio_to_bound"] is not None:
         lines.append(f"lower bound: {bound_text(s)}")
     for line in (gap_text(s.get("gap_split") or {}), compute_split_text(s)):

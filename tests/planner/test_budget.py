@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from spindle_dsl.cli.cmd_plan import summary, summary_text
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
@@ -71,3 +72,17 @@ def test_a_budget_that_does_not_run_out_tunes_every_baseline(tight) -> None:
     plan = make_plan(tight, cost, jobs=0)
     assert not [n for n in plan.notes if n.startswith("time limit reached")]
     assert set(plan.extra["baseline_levers"]) == {"sequential", "distmm", "optimus"}
+
+
+def test_a_baseline_reported_at_a_plan_that_overflows_claims_no_speed_up(tight) -> None:
+    """Where no fitting plan of a baseline was found (out of time, or at no setting of the
+    levers), the plan says so and the summary gives its time without a speed-up."""
+    tighter = with_memory(tight, 200)  # the untuned sequential and distmm plans overflow
+    plan = make_plan(tighter, make_cost_model(tighter.cluster), time_limit_s=1e-6, jobs=0)
+    over = plan.extra["baselines_overflow"]
+    assert "sequential" in over and "optimus" not in over
+    lines = summary_text(summary(plan)).splitlines()
+    for name in ("sequential", "distmm", "optimus"):
+        (line,) = [x for x in lines if x.strip().startswith(f"vs {name} ")]
+        assert ("does not fit in memory" in line) == (name in over)
+        assert ("speed-up" in line) == (name not in over)

@@ -477,8 +477,9 @@ def to_plan(
     the levers (``micro_batches``, ``zero_stage``, per-MetaOp ``recompute``) and the
     ``extra`` fields ``make_plan`` adds: ``scheduler`` (asked for), ``candidates_s``
     (iteration time of every schedule considered), ``level_reference_s`` (sum over
-    MetaLevels of the continuous optimum, times k), ``solver_notes``, ``baseline_levers``
-    and ``bounds``; with a step model also ``step_model`` (``step_model_record``)."""
+    MetaLevels of the continuous optimum, times k), ``solver_notes``, ``baseline_levers``,
+    ``baselines_overflow`` (the baselines reported at a plan that overflows memory) and
+    ``bounds``; with a step model also ``step_model`` (``step_model_record``)."""
     graph = ctx.graph
     metaops = tuple(
         PlanMetaOp.of(

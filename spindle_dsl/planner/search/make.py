@@ -27,7 +27,7 @@ plan may leave workers idle rather than have them take turns (its notes say so).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spindle_dsl.cost.base import CostModel, has_slice_memory
 from spindle_dsl.errors import PlanError
@@ -153,7 +153,9 @@ class _Rounds:
     tuned: dict[str, tuple[Evaluated, PlanContext]]
     early: Bound | None
     notes: tuple[str, ...]
-    untuned: tuple[str, ...] = ()  # baselines the time budget left untuned
+    # the baselines the time budget left untuned: each one's quickest fitting plan among
+    # the settings the plan's search placed it at, as placed (None: none fits)
+    untuned: dict[str, tuple[Evaluated, PlanContext] | None] = field(default_factory=dict)
 
 
 def make_plan(
@@ -327,13 +329,13 @@ def _plan_rounds(
         for r in rivals
     ]
     tuned: dict[str, tuple[Evaluated, PlanContext]] = {}
-    untuned: list[str] = []
+    untuned: dict[str, tuple[Evaluated, PlanContext] | None] = {}
     early: list[Bound] = []
 
     def meanwhile(mine: tuple[PlanContext, dict[str, Evaluated], Evaluated]) -> None:
         got, skipped = _tuned_baselines(search)
         tuned.update(got)
-        untuned.extend(skipped)
+        untuned.update(skipped)
         if helpers and rivals:
             early.append(_lower_bound(mine[0], search, call.choice))
 
@@ -358,7 +360,7 @@ def _plan_rounds(
         for rival, pick in picks
     )
     bound = early[0] if early else None
-    return _Rounds(ctx, evaluated, chosen, tuned, bound, notes, tuple(untuned))
+    return _Rounds(ctx, evaluated, chosen, tuned, bound, notes, untuned)
 
 
 @dataclass(frozen=True)
@@ -391,6 +393,7 @@ def _final_pick(call: _Call, found: _Rounds) -> _Pick:
                 if pick.fits and pick.iteration_s < chosen.iteration_s:
                     chosen = ranked[pick.schedule.name] = pick
     tuned = _at_plan_levers(ctx, found.tuned, found.evaluated if ctx is found.ctx else {})
+    tuned.update(_untuned_at_best(found))
     notes: tuple[str, ...] = ()
     if found.untuned:
         names = ", ".join(found.untuned)
@@ -406,6 +409,22 @@ def _final_pick(call: _Call, found: _Rounds) -> _Pick:
             tuned = _at_plan_levers(ctx, tuned, {})
     ranked.update({k: t[0] for k, t in tuned.items() if t is not found.tuned.get(k)})
     return _Pick(ctx, chosen, ranked, tuned, notes)
+
+
+def _untuned_at_best(found: _Rounds) -> dict[str, tuple[Evaluated, PlanContext]]:
+    """Each baseline the time budget left untuned at the quicker (as placed) of its best
+    setting the plan's search placed it at and the round's levers, then spread: one
+    spread each, the costly step at 1,024 devices."""
+    out = {}
+    for name, placed in found.untuned.items():
+        here = found.evaluated.get(name)
+        options = [placed] if placed is not None else []
+        if here is not None and here.fits:
+            options.append((here, found.ctx))
+        if options:
+            ev, ctx = min(options, key=lambda o: o[0].iteration_s)
+            out[name] = (relabel_and_spread(ctx, ev), ctx)
+    return out
 
 
 def _at_plan_levers(
@@ -452,6 +471,7 @@ def _extra(
         "level_reference_s": ctx.levers.micro_batches * level_reference_s(ctx.problem),
         "solver_notes": list(chosen.schedule.notes),
         "baseline_levers": {k: _levers_dict(bctx.levers) for k, (_, bctx) in tuned.items()},
+        "baselines_overflow": sorted(k for k in BASELINES if k in ranked and not ranked[k].fits),
         "bounds": bound.record(),
     }
 
@@ -533,27 +553,26 @@ def _data_parallel_within_margin(
 
 def _tuned_baselines(
     search: LeverSearch | None,
-) -> tuple[dict[str, tuple[Evaluated, PlanContext]], tuple[str, ...]]:
+) -> tuple[
+    dict[str, tuple[Evaluated, PlanContext]], dict[str, tuple[Evaluated, PlanContext] | None]
+]:
     """Each baseline planned with its own best setting of the memory levers, its loss phase
     spread as the planner's own plans are (``planner.evaluate.lossbalance``). Once
     ``TUNE_SHARE`` of the time budget is spent, the rest get no search of their own: each
-    is its quickest fitting plan among the settings the plan's search placed it at, and is
-    named in the second item."""
+    is its quickest fitting plan among the settings the plan's search placed it at, as
+    placed, in the second item (``_untuned_at_best``)."""
     out: dict[str, tuple[Evaluated, PlanContext]] = {}
     if search is None:
-        return out, ()
-    untuned = []
+        return out, {}
+    untuned = {}
     for name in BASELINES:
-        if search.budget.within(TUNE_SHARE):
-            trial = search.search(_quick(name), tuple(search.explored), TUNE_SHARE).best
-            ok = trial is not None and trial.ctx is not None and trial.fitting is not None
-            found = (trial.fitting, trial.ctx) if ok else None  # type: ignore[union-attr]
-        else:
-            untuned.append(name)
-            found = search.quickest_placed(name)
-        if found is not None:
-            out[name] = (relabel_and_spread(found[1], found[0]), found[1])
-    return out, tuple(untuned)
+        if not search.budget.within(TUNE_SHARE):
+            untuned[name] = search.quickest_placed(name)
+            continue
+        best = search.search(_quick(name), tuple(search.explored), TUNE_SHARE).best
+        if best is not None and best.ctx is not None and best.fitting is not None:
+            out[name] = (relabel_and_spread(best.ctx, best.fitting), best.ctx)
+    return out, untuned
 
 
 @dataclass(frozen=True)
