@@ -72,8 +72,9 @@ SCHEDULERS: tuple[str, ...] = ("default", "milp", "paper", *BASELINES)
 # is spent (``leversearch``); the MILP's round solves within ``ROUND_SHARE`` of it, at most
 # ``ROUND_LIMIT_S`` (shared with the runner-up settings, planned only while the search left
 # ``SEARCH_SHARE``); each baseline is tuned with its own levers until ``TUNE_SHARE`` is spent
-# (after that it is reported at the plan's), and planned again with the MILP at the levers
-# of a quicker baseline until ``REPLAN_SHARE``. The lower bound is always taken.
+# (after that it is reported at the best setting the plan's own search placed it at, or the
+# plan's levers, ``_untuned_at_best``), and the MILP plans again at the levers of a quicker
+# baseline until ``REPLAN_SHARE``. The lower bound is always taken.
 DEFAULT_TIME_LIMIT_S = 10.0
 ROUND_SHARE = 0.15
 ROUND_LIMIT_S = 1.5
