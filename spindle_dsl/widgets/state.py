@@ -291,7 +291,7 @@ class PlanningSession:
     def _run(self, s: Settings, t: list[float]) -> Result:
         overrides = s.cluster_overrides()
         if s.time_limit_s <= 0:
-            raise SpindleError(f"the solver time limit must be positive, got {s.time_limit_s}")
+            raise SpindleError(f"the planning time must be positive, got {s.time_limit_s}")
         if s.scheduler not in self.pipeline.schedulers:
             known = ", ".join(self.pipeline.schedulers)
             raise SpindleError(f"unknown scheduler '{s.scheduler}' (known: {known})")
