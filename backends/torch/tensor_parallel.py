@@ -47,6 +47,7 @@ shape and every input and output a plain full tensor.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -63,16 +64,8 @@ from spindle_dsl.kinds.layers import (
     SwiGLUFeedForward,
 )
 from spindle_dsl.kinds.tower_layers import TailedBlock
-
-from .tp_layers import (
-    Group,
-    TpEmbeddingStage,
-    TpLMHead,
-    TpMlpLayer,
-    TpSelfAttentionBlock,
-    feed_forward,
-)
-from .tp_split import (
+from spindle_dsl.kinds.tp_split import (
+    Split,
     TpLayout,
     block_layout,
     embedding_layout,
@@ -82,7 +75,16 @@ from .tp_split import (
     split_state,
 )
 
-__all__ = ["layout_of", "shard_layer"]
+from .tp_layers import (
+    Group,
+    TpEmbeddingStage,
+    TpLMHead,
+    TpMlpLayer,
+    TpSelfAttentionBlock,
+    feed_forward,
+)
+
+__all__ = ["ShardView", "layout_of", "shard_layer", "tp_groups"]
 
 # --- from a full layer to a rank's module ----------------------------------------------------
 
@@ -172,3 +174,88 @@ def shard_layer(layer: nn.Module, tp_rank: int, tp: int, group: Group = None) ->
         p.grad = None  # a copied tail brings none of the full layer's gradients
         p.requires_grad_(name not in frozen)
     return module
+
+
+# --- a rank's slice of a layer it holds whole ----------------------------------------------------
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient times ``factor`` backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.factor, None
+
+
+def _slices(full: torch.Tensor, split: Split, tp_rank: int, tp: int) -> torch.Tensor:
+    """Rank ``tp_rank``'s slice of every segment of ``full``, concatenated, as an autograd
+    view of ``full`` (its gradient lands in those rows of ``full``'s gradient)."""
+    pieces, start = [], 0
+    for seg in split.segments:
+        step = seg.size // tp
+        pieces.append(full.narrow(split.dim, start + tp_rank * step, step))
+        start += seg.size
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=split.dim)
+
+
+class ShardView(nn.Module):
+    """Rank ``tp_rank``'s tensor-parallel slice of a built-in layer that the rank holds whole.
+
+    The runtime keeps every layer whole on each rank of a tensor-parallel group (its
+    parameters are the model's, so gradient reduction, ZeRO sharding, checkpoints, weight
+    loading and export work on them as on any other) and runs each rank's slice of it through
+    this view: every forward slices the split parameters out of the whole ones (``tp_split``'s
+    layout) and calls the ``shard_layer`` module on them, so the rank computes and
+    communicates exactly as a sharded layer does. After backward a rank's gradient of a split
+    parameter is non-zero in its own slice only, and its gradient of a replicated parameter
+    is scaled by ``1 / tp``: every rank of the group computes that whole gradient from the
+    same rows, so the sum over the parameter's holders counts each group once, and the usual
+    reduction over the holders gives every rank the gradient of the full layer.
+    """
+
+    def __init__(self, full: nn.Module, tp_rank: int, tp: int, group: Group):
+        super().__init__()
+        self.layout = layout_of(full)
+        problem = self.layout.problem(tp)
+        if problem is not None:
+            raise ExecutionError(f"cannot split a {self.layout.what} {tp}-way: {problem}")
+        with torch.device("meta"):
+            skeleton = _skeleton(full, tp, tp_rank, group)
+        # neither is a submodule: the view owns no parameters of its own
+        self._parts = (full, skeleton)
+        self.tp, self.tp_rank = tp, tp_rank
+        self.takes_mask = getattr(full, "takes_mask", False)
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        full, _ = self._parts
+        out: dict[str, torch.Tensor] = {}
+        for name, t in full.state_dict(keep_vars=True).items():
+            split = self.layout.split_of(name)
+            if split is not None:
+                out[name] = _slices(t, split, self.tp_rank, self.tp)
+            elif t.requires_grad:
+                out[name] = _ScaleGrad.apply(t, 1.0 / self.tp)
+            else:
+                out[name] = t
+        return out
+
+    def forward(self, *args: Any) -> torch.Tensor:
+        _, skeleton = self._parts
+        return torch.func.functional_call(skeleton, self._tensors(), args)
+
+
+def tp_groups(stage_groups: Any, rank: int) -> dict[tuple[int, ...], Group]:
+    """A process group per tensor-parallel group of ranks (``stage_groups``: every stage's
+    groups of more than one rank), for the groups ``rank`` is in. A collective: every rank
+    creates every group in the same sorted order, as ``new_group`` requires."""
+    out: dict[tuple[int, ...], Group] = {}
+    for ranks in sorted(set(stage_groups)):
+        group = dist.new_group(list(ranks))
+        if rank in ranks:
+            out[ranks] = group
+    return out

@@ -12,6 +12,7 @@ case, and the tests read the launch's results.
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,17 +26,7 @@ from torch import nn
 
 from spindle_dsl.backends.torch.launch import spawn
 from spindle_dsl.backends.torch.masks import call_layer
-from spindle_dsl.backends.torch.tensor_parallel import layout_of, shard_layer
-from spindle_dsl.backends.torch.tp_split import (
-    Segment,
-    Split,
-    TpLayout,
-    combine,
-    merge_states,
-    split_state,
-    tp_ok,
-    vocab_tp_ok,
-)
+from spindle_dsl.backends.torch.tensor_parallel import ShardView, layout_of, shard_layer
 from spindle_dsl.errors import ExecutionError
 from spindle_dsl.kinds import base as kinds_base
 from spindle_dsl.kinds import get_kind
@@ -50,6 +41,16 @@ from spindle_dsl.kinds.layers import (
     SwiGLUFeedForward,
 )
 from spindle_dsl.kinds.mlp import MlpKind
+from spindle_dsl.kinds.tp_split import (
+    Segment,
+    Split,
+    TpLayout,
+    combine,
+    merge_states,
+    split_state,
+    tp_ok,
+    vocab_tp_ok,
+)
 
 TOL = 1e-10
 FAIL = 1e-3  # a flipped convention is off by far more than this
@@ -251,6 +252,29 @@ def compare(name: str, tp_rank: int, tp: int, group: Any) -> dict[str, Any]:
         "grads": max(_gap(merged[n], g) for n, g in grads.items()),
         "same_names": sorted(merged) == sorted(grads),
         "spread": spread,
+        **_view_gaps(case, tp_rank, tp, group, (out, dx, grads, dy)),
+    }
+
+
+def _view_gaps(case: Case, tp_rank: int, tp: int, group: Any, full: tuple) -> dict[str, float]:
+    """How far the runtime's ``ShardView`` of a whole copy of the layer is from the full
+    layer: its output and input gradient on this rank, and the sum over the group of its
+    gradients of the whole parameters (what the reduction over the holders adds up)."""
+    if isinstance(case.layer, Pair) or case.wrong is not None:
+        return {}
+    out, dx, grads, dy = full
+    layer = copy.deepcopy(case.layer)
+    layer.zero_grad(set_to_none=True)
+    got, got_dx, _, _ = _run(ShardView(layer, tp_rank, tp, group), case.inputs, dy, case.recompute)
+    summed = {}
+    for n, p in layer.named_parameters():
+        g = p.grad.clone()
+        dist.all_reduce(g, group=group)
+        summed[n] = g
+    return {
+        "view_out": _gap(got, out),
+        "view_dx": 0.0 if dx is None else _gap(got_dx, dx),
+        "view_grads": max(_gap(summed[n], g) for n, g in grads.items()),
     }
 
 
@@ -341,6 +365,8 @@ def test_a_sharded_layer_computes_the_full_layer(launched, setup, name):
     assert "error" not in got, got.get("error")
     assert got["same_names"], got
     assert got["out"] < TOL and got["dx"] < TOL and got["grads"] < TOL, got
+    if "view_out" in got:  # the whole layer's slice, as the runtime runs it
+        assert max(got["view_out"], got["view_dx"], got["view_grads"]) < TOL, got
     # every rank of a group holds the same output and the same replicated gradients, so the
     # replicated parameters stay identical step after step
     assert got["spread"] == 0.0, got
