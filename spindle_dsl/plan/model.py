@@ -1,4 +1,4 @@
-"""The wave plan as values, and its JSON form (``shared/docs/plan-format.md``, version 1).
+"""The wave plan as values, and its JSON form (``shared/docs/plan-format.md``, version 2).
 
 A plan is what every later stage reads: the renderer draws it, the runtime executes it, users
 diff it. It is self-contained (the MetaOps carry their curves) so that a plan file can be
@@ -11,6 +11,12 @@ the planner turns on when the plan would not fit in device memory otherwise. The
 only each layer's input from the forward pass and runs the layer's forward again inside its
 backward (``torch.utils.checkpoint`` per layer); ``seconds_per_layer`` of such a MetaOp is
 already its curve with that extra forward, and the plan's ``notes`` say why it was chosen.
+
+Per-MetaOp ``"layout_per_layer"`` (version 2): ``{n: [dp, tp]}``, the layout each point of
+``seconds_per_layer`` is priced with and the runtime runs on ``n`` devices: ``dp``
+data-parallel replicas of ``tp``-way tensor-parallel layers, ``dp * tp <= n`` (the rest idle).
+A point it does not list, and every point of a version 1 file, is ``[n, 1]``: data parallel
+over all ``n`` devices.
 
 Top-level ``"micro_batches"`` (k, always written; read as 1 when absent) and
 ``"zero_stage"`` (1 when absent: each parameter part's optimizer state is sharded over the
@@ -41,7 +47,8 @@ if TYPE_CHECKING:
     from spindle_dsl.metagraph import MetaOp
 
 FORMAT = "spindle-plan"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # a version 1 file loads with every layout data parallel
 
 # What each term of ``Plan.gap_split`` stands for (a breakdown term less what the bound counts
 # for it), in words for the summary, the report and the bench
@@ -105,9 +112,15 @@ class PlanMetaOp:
     param_bytes_per_layer: int
     seconds_per_layer: tuple[tuple[int, float], ...]  # (n, T_m(n)), n increasing
     recompute: bool = False  # recompute activations in backward (see the module docstring)
+    # (n, (dp, tp)) for the points that are not plain data parallel over n (module docstring)
+    layout_per_layer: tuple[tuple[int, tuple[int, int]], ...] = ()
 
     def seconds_at(self, n: int) -> float:
         return dict(self.seconds_per_layer)[n]
+
+    def layout_at(self, n: int) -> tuple[int, int]:
+        """(dp, tp) of an entry on ``n`` devices: ``(n, 1)`` where the plan lists none."""
+        return dict(self.layout_per_layer).get(n, (n, 1))
 
     @classmethod
     def of(
@@ -116,8 +129,10 @@ class PlanMetaOp:
         seconds_per_layer: tuple[tuple[int, float], ...],
         *,
         recompute: bool = False,
+        layouts: tuple[tuple[int, tuple[int, int]], ...] = (),
     ) -> PlanMetaOp:
-        """The record of a MetaGraph's MetaOp with its curve (the only fields a plan keeps)."""
+        """The record of a MetaGraph's MetaOp with its curve (the only fields a plan keeps)
+        and the layouts behind it (only those that are not plain data parallel are kept)."""
         return cls(
             id=op.id,
             task=op.task,
@@ -131,6 +146,7 @@ class PlanMetaOp:
             param_bytes_per_layer=op.param_bytes_per_layer,
             seconds_per_layer=seconds_per_layer,
             recompute=recompute,
+            layout_per_layer=tuple((n, lay) for n, lay in layouts if lay != (n, 1)),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,6 +164,11 @@ class PlanMetaOp:
             "param_bytes_per_layer": self.param_bytes_per_layer,
             "seconds_per_layer": {str(n): s for n, s in self.seconds_per_layer},
             **({"recompute": True} if self.recompute else {}),
+            **(
+                {"layout_per_layer": {str(n): list(lay) for n, lay in self.layout_per_layer}}
+                if self.layout_per_layer
+                else {}
+            ),
         }
 
 
@@ -221,6 +242,15 @@ class Plan:
         barriers (``idle_share``)."""
         work = sum(len(e.devices) * e.time_s for w in self.waves for e in w.entries)
         return self.micro_batches * work / self.lanes()
+
+    def layout_of(self, entry: Entry) -> tuple[int, int]:
+        """(dp, tp) the runtime runs ``entry`` with (``PlanMetaOp.layout_at``)."""
+        return self.metaop(entry.metaop).layout_at(len(entry.devices))
+
+    def layout_text(self, entry: Entry) -> str:
+        """``"dp x tp"`` for a tensor-parallel entry, else empty."""
+        dp, tp = self.layout_of(entry)
+        return f"{dp}x{tp}" if tp > 1 else ""
 
     def lanes(self) -> int:
         """How many devices' work the cluster advances at once: its devices, or, where CPU
@@ -339,9 +369,9 @@ class Plan:
         ``extra``. Anything malformed raises ``PlanFormatError`` (the first problem found, in
         the order of the fields)."""
         try:
-            if d.get("format") != FORMAT or d.get("version") != VERSION:
+            if d.get("format") != FORMAT or d.get("version") not in READABLE_VERSIONS:
                 raise PlanFormatError(
-                    f"not a {FORMAT} version {VERSION} file "
+                    f"not a {FORMAT} version {' or '.join(map(str, READABLE_VERSIONS))} file "
                     f"(format={d.get('format')!r}, version={d.get('version')!r})"
                 )
             return cls(
@@ -428,7 +458,25 @@ def _metaop_from_dict(m: dict[str, Any]) -> PlanMetaOp:
             sorted((int(n), float(s)) for n, s in m["seconds_per_layer"].items())
         ),
         recompute=_flag(m.get("recompute", False), f"metaop {m['id']} recompute"),
+        layout_per_layer=_layouts(m.get("layout_per_layer", {}), m["id"]),
     )
+
+
+def _layouts(d: dict[str, Any], metaop: str) -> tuple[tuple[int, tuple[int, int]], ...]:
+    """A MetaOp's ``layout_per_layer``: ``{n: [dp, tp]}`` with ``dp, tp >= 1`` and
+    ``dp * tp <= n``; plain data parallel points are dropped (they are the default)."""
+    out = []
+    for n_text, pair in sorted(d.items(), key=lambda item: int(item[0])):
+        n = int(n_text)
+        dp, tp = (int(pair[0]), int(pair[1])) if len(pair) == 2 else (0, 0)
+        if dp < 1 or tp < 1 or dp * tp > n:
+            raise PlanFormatError(
+                f"metaop {metaop}: layout_per_layer[{n_text}] = {pair!r} is not [dp, tp] with "
+                f"dp, tp >= 1 and dp * tp <= {n}"
+            )
+        if (dp, tp) != (n, 1):
+            out.append((n, (dp, tp)))
+    return tuple(out)
 
 
 def _wave_from_dict(w: dict[str, Any]) -> Wave:

@@ -43,7 +43,7 @@ def test_round_trip(tmp_path):
     assert again == plan
     assert again.extra == plan.extra
     data = json.loads(path.read_text())
-    assert data["format"] == "spindle-plan" and data["version"] == 1
+    assert data["format"] == "spindle-plan" and data["version"] == 2
     assert data["metaops"][1]["seconds_per_layer"] == {"1": 3.0, "2": 1.6}
     assert data["waves"][1]["entries"][0]["layers"] == [0, 2]
 
