@@ -41,13 +41,15 @@ are bit for bit those without recompute; input stages and LM heads always run pl
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from spindle_dsl.errors import ExecutionError
-from spindle_dsl.metagraph import MetaGraph, TaskInfo
+from spindle_dsl.metagraph import MetaGraph, MetaOp, TaskInfo
 
 from . import losses as L
 from . import masks as M
@@ -66,6 +68,7 @@ from .schedule import (
     shard_bounds,
     unit_bounds,
 )
+from .tensor_parallel import ShardView
 from .trace import Tracer
 
 StageKey = tuple[str, int]
@@ -112,6 +115,7 @@ class StepExecutor:
         micro_batches: int = 1,
         listener: BackwardListener | None = None,
         meter: MemoryMeter | None = None,
+        tp_groups: Mapping[tuple[int, ...], Any] | None = None,
     ):
         if micro_batches < 1:
             raise ExecutionError(f"micro_batches must be at least 1, got {micro_batches}")
@@ -145,6 +149,9 @@ class StepExecutor:
         self.active = frozenset(t.name for t in self.tasks)
         self.training = True
         self._scored_at: dict[tuple, int | None] = {}  # the last lm count (``_scored``)
+        # tensor parallelism: the process group of each of this rank's groups, the views
+        self.tp_groups = dict(tp_groups or {})
+        self._views: dict[tuple[Part, tuple[int, ...]], ShardView] = {}
 
     def task_of_flow(self, flow: Flow) -> str:
         return self.graph.op(flow.source[0]).task
@@ -252,6 +259,8 @@ class StepExecutor:
                     self.listener.backward_begin(n - wave)
                     with self._span("B", "backward", stage, step):
                         grad = out_grads.pop(key, None)
+                        if stage.tp > 1:
+                            grad = self._group_grad(stage, out, grad)
                         torch.autograd.backward(
                             out, grad if grad is not None else torch.zeros_like(out)
                         )
@@ -305,23 +314,16 @@ class StepExecutor:
         lengths = M.lengths_of(self.data.extras_at(op.task, step, lo, hi))
         mask = M.input_mask(self.graph, op, lengths, hi - lo)
         with torch.set_grad_enabled(op.needs_backward and torch.is_grad_enabled()):
-            if stage.index == 0:
-                raw = self.data.rows(op.task, step, lo, hi) if _reads_raw(op) else {}
-                pieces = []
-                for i, inp in enumerate(op.inputs):
-                    if inp.from_modality:
-                        stage_in = self.store[Part(op.segments[0][0], f"input.{inp.source}")]
-                        pieces.append(stage_in(raw[inp.source][:, : inp.tokens]))
-                        M.check_stage_tokens(op.id, pieces[-1], inp.tokens, inp.source in lengths)
-                    else:
-                        pieces.append(leaves[f"{op.id}<{i}"])
-                x = torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]
+            if stage.tp == 1 or self.rank == stage.group_of(self.rank)[0]:
+                x = self._stage_input(stage, op, step, lo, hi, lengths, leaves)
             else:
-                x = leaves[f"{op.id}#{stage.index}"]
+                x = None
+            if stage.tp > 1:
+                x = self._shared_input(stage, x)
             again = op.id in self.recompute and torch.is_grad_enabled()
             for g in range(stage.first, stage.end):
                 module, j = layer_module(op, g)
-                layer = self.store[Part(module, f"layer.{j}")]
+                layer = self._layer(stage, Part(module, f"layer.{j}"))
                 x, mask = M.call_layer(layer, x, mask, again)
         if tuple(x.shape) != want:
             raise ExecutionError(
@@ -330,6 +332,75 @@ class StepExecutor:
                 f"out_width"
             )
         return x
+
+    def _stage_input(
+        self,
+        stage: Stage,
+        op: MetaOp,
+        step: int,
+        lo: int,
+        hi: int,
+        lengths: Mapping[str, torch.Tensor],
+        leaves: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """The input of a stage's first layer: the rows received, and at a chain's start the
+        input stages' embeddings of the raw rows."""
+        if stage.index > 0:
+            return leaves[f"{op.id}#{stage.index}"]
+        raw = self.data.rows(op.task, step, lo, hi) if _reads_raw(op) else {}
+        pieces = []
+        for i, inp in enumerate(op.inputs):
+            if inp.from_modality:
+                stage_in = self.store[Part(op.segments[0][0], f"input.{inp.source}")]
+                pieces.append(stage_in(raw[inp.source][:, : inp.tokens]))
+                M.check_stage_tokens(op.id, pieces[-1], inp.tokens, inp.source in lengths)
+            else:
+                pieces.append(leaves[f"{op.id}<{i}"])
+        return torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]
+
+    def _shared_input(self, stage: Stage, x: torch.Tensor | None) -> torch.Tensor:
+        """A tensor-parallel stage's input on every rank of the group: the lead's (which it
+        assembled from the rows it received) broadcast to the others, with its shape and
+        whether it carries a gradient, so every rank runs the same collectives backward."""
+        ranks = stage.group_of(self.rank)
+        group, lead = self.tp_groups[ranks], ranks[0]
+        header = torch.zeros(4, dtype=torch.int64, device=self.device)  # NCCL: on the device
+        if x is not None:
+            header = torch.tensor(
+                [x.requires_grad, *x.shape], dtype=torch.int64, device=self.device
+            )
+        dist.broadcast(header, src=lead, group=group)
+        if x is None:
+            x = torch.empty(tuple(header[1:].tolist()), dtype=self.dtype, device=self.device)
+        dist.broadcast(x.detach(), src=lead, group=group)
+        if self.rank != lead:
+            x.requires_grad_(bool(header[0]) and torch.is_grad_enabled())
+            self.meter.keep(x, "activations")
+        return x
+
+    def _group_grad(self, stage: Stage, out: torch.Tensor, grad: torch.Tensor | None):
+        """The gradient of a tensor-parallel stage's output on every rank of its group: the
+        lead's (from the stages and losses its rows went to) broadcast to the others."""
+        ranks = stage.group_of(self.rank)
+        if self.rank == ranks[0]:
+            grad = grad.contiguous() if grad is not None else torch.zeros_like(out)
+        else:
+            grad = torch.empty_like(out)
+        dist.broadcast(grad, src=ranks[0], group=self.tp_groups[ranks])
+        return grad
+
+    def _layer(self, stage: Stage, part: Part) -> torch.nn.Module:
+        """The module that runs ``part`` in ``stage`` on this rank: the layer itself, or in a
+        tensor-parallel stage this rank's view of its slice."""
+        if stage.tp == 1:
+            return self.store[part]
+        ranks = stage.group_of(self.rank)
+        view = self._views.get((part, ranks))
+        if view is None:
+            group = self.tp_groups[ranks]
+            view = ShardView(self.store[part], ranks.index(self.rank), stage.tp, group)
+            self._views[(part, ranks)] = view
+        return view
 
     # --- losses -------------------------------------------------------------------------------
     def _losses(
@@ -382,7 +453,7 @@ class StepExecutor:
             shares[task.name] = 0.0
             for i, sink_id in enumerate(task.sinks):
                 last = self.schedule.chain(sink_id)[-1]
-                if self.rank not in last.devices:
+                if self.rank not in last.leads:  # a tensor-parallel group scores on its lead
                     continue
                 key = (sink_id, last.index)
                 y = outputs[key].detach().requires_grad_(outputs[key].requires_grad)
@@ -514,7 +585,7 @@ class StepExecutor:
                         continue
                     for i, sink_id in enumerate(task.sinks):
                         last = self.schedule.chain(sink_id)[-1]
-                        if self.rank in last.devices:
+                        if self.rank in last.leads:
                             mask = self._sink_mask(sink_id, step, *self.rows(last, task.batch, m))
                             readouts[f"loss:{task.name}:{i}"] = L.readout(
                                 outputs[(sink_id, last.index)], mask

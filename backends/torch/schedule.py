@@ -5,9 +5,16 @@ of them agree, without talking, on who sends which rows to whom in every exchang
 which ranks hold (and must reduce) each parameter. It is plain Python with no torch, so it is
 cheap to test on its own.
 
-Execution model. Inside an entry's device group the runtime is data parallel: device ``i`` of
-the entry's ``devices`` list holds the ``i``-th contiguous ceil-split shard of the MetaOp's
-batch (the plan never asks for tensor parallelism). Data crosses groups in three places: the
+Execution model. An entry runs the layout the plan gives its MetaOp on that many devices
+(``PlanMetaOp.layout_at``): ``dp`` data-parallel replicas of ``tp``-way tensor-parallel layers.
+Data parallel (``tp = 1``): device ``i`` of the entry's ``devices`` holds the ``i``-th
+contiguous ceil-split shard of the MetaOp's batch. Tensor parallel: the stage keeps the first
+``dp * tp`` devices (the rest idle), consecutive runs of ``tp`` of them form a tensor-parallel
+group, and every device of group ``g`` holds the ``g``-th shard of the batch (whole rows). A
+group's first device, its *lead*, is the one that sends and receives its rows and scores its
+loss; it hands the other members their input and output gradients (``executor.py``). Every
+member holds the stage's layers whole and runs its slice of them (``tensor_parallel.py``).
+Data crosses groups in three places: the
 output of a MetaOp's last entry flows to the first entry of each consumer; a MetaOp split over
 several waves hands its activations from one entry to the next; a contrastive loss gathers
 the two pooled sink outputs of its task onto one device; and an lm sink whose loss the plan
@@ -25,6 +32,7 @@ from functools import cached_property
 from spindle_dsl.cost.memory import lm_text_tokens
 from spindle_dsl.errors import ExecutionError
 from spindle_dsl.kinds import get_kind
+from spindle_dsl.kinds.tp_split import tp_ok
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 from spindle_dsl.plan.model import Plan
 
@@ -81,12 +89,27 @@ class Stage:
     wave: int
     first: int
     end: int
-    devices: tuple[int, ...]
+    devices: tuple[int, ...]  # the busy devices: dp * tp of them
     last: bool  # runs the MetaOp's final layer
+    tp: int = 1  # tensor-parallel degree: each run of ``tp`` devices shares its rows
 
     def rows(self, batch: int, rank: int) -> tuple[int, int]:
-        """The batch rows ``rank`` holds in this stage."""
-        return shard_bounds(batch, len(self.devices))[self.devices.index(rank)]
+        """The batch rows ``rank`` holds in this stage (its group's shard)."""
+        return shard_bounds(batch, len(self.leads))[self.devices.index(rank) // self.tp]
+
+    @property
+    def leads(self) -> tuple[int, ...]:
+        """The first device of each tensor-parallel group: the devices rows move between."""
+        return self.devices[:: self.tp]
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """The tensor-parallel groups (each device alone when ``tp = 1``)."""
+        return tuple(self.devices[i : i + self.tp] for i in range(0, len(self.devices), self.tp))
+
+    def group_of(self, rank: int) -> tuple[int, ...]:
+        i = self.devices.index(rank)
+        return self.devices[i - i % self.tp : i - i % self.tp + self.tp]
 
 
 @dataclass(frozen=True)
@@ -194,6 +217,12 @@ class Schedule:
     def flows_into(self, phase: int) -> tuple[Flow, ...]:
         return tuple(f for f in self.flows if f.phase == phase)
 
+    @cached_property
+    def tp_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Every tensor-parallel group of ranks some stage runs (sorted, no repeats)."""
+        found = {g for _, chain in self.chains for s in chain if s.tp > 1 for g in s.groups}
+        return tuple(sorted(found))
+
     def loss_group(self, task: str) -> tuple[int, ...]:
         return dict(self.loss_devices)[task]
 
@@ -208,15 +237,15 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
     _check_plan(graph, plan, world_size)
     ops = active_ops(graph)
     chains: dict[str, list[Stage]] = defaultdict(list)
+    layouts = {m.id: m for m in plan.metaops}
     for wave in sorted(plan.waves, key=lambda w: w.index):
         for e in wave.entries:
             op = graph.op(e.metaop)
             chain = chains[e.metaop]
-            chain.append(
-                Stage(
-                    e.metaop, len(chain), wave.index, e.first, e.end, e.devices, e.end == op.layers
-                )
-            )
+            dp, tp = layouts[e.metaop].layout_at(len(e.devices))
+            devices = e.devices[: dp * tp] if tp > 1 else e.devices
+            last = e.end == op.layers
+            chain.append(Stage(e.metaop, len(chain), wave.index, e.first, e.end, devices, last, tp))
     n_waves = max((w.index for w in plan.waves), default=-1) + 1
 
     flows: list[Flow] = []
@@ -233,8 +262,8 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
                     f"{op.id}<{i}",
                     head.wave,
                     op.batch,
-                    last.devices,
-                    head.devices,
+                    last.leads,
+                    head.leads,
                     (dep.out_tokens, dep.out_width),
                     (dep.id, last.index),
                     dep.needs_backward,
@@ -246,8 +275,8 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
                     f"{op.id}#{stage.index}",
                     stage.wave,
                     op.batch,
-                    prev.devices,
-                    stage.devices,
+                    prev.leads,
+                    stage.leads,
                     shape_after(graph, op, stage.first - 1),
                     (op.id, prev.index),
                     op.needs_backward,
@@ -270,7 +299,7 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
                             f"{LM_LOSS_FLOW}{sink_id}",
                             n_waves,
                             task.batch * positions,
-                            last.devices,
+                            last.leads,
                             spread[sink_id],
                             (sink.out_width,),
                             (sink_id, last.index),
@@ -279,11 +308,11 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
                         )
                     )
             sinks = [
-                replace(last, devices=spread.get(sink_id, last.devices))
+                replace(last, devices=spread[sink_id], tp=1) if sink_id in spread else last
                 for sink_id, last in zip(task.sinks, sinks, strict=True)
             ]
         if task.loss == "contrastive":
-            group = (sinks[0].devices[0],)
+            group = (sinks[0].leads[0],)
             for i, (sink_id, last) in enumerate(zip(task.sinks, sinks, strict=True)):
                 sink = graph.op(sink_id)
                 flows.append(
@@ -291,7 +320,7 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
                         f"loss:{task.name}:{i}",
                         n_waves,
                         task.batch,
-                        last.devices,
+                        last.leads,
                         group,
                         (sink.out_width,),
                         (sink_id, last.index),
@@ -299,7 +328,7 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
                     )
                 )
         else:
-            group = tuple(sorted({d for s in sinks for d in s.devices}))
+            group = tuple(sorted({d for s in sinks for d in s.leads}))
         loss_devices.append((task.name, group))
 
     holders = _holders(graph, ops, chains, spread)
@@ -321,7 +350,8 @@ def _holders(
     spread: dict[str, tuple[int, ...]],
 ) -> tuple[tuple[Part, tuple[int, ...]], ...]:
     """Parameter device groups: every rank that runs anything touching a part holds it (an
-    LM head: the devices of its sinks' last entries and of their spread losses)."""
+    LM head: the devices of its sinks' last entries and of their spread losses). A
+    tensor-parallel group's lead alone runs its input stages and scores its loss."""
     held: dict[Part, set[int]] = defaultdict(set)
     for op in ops:
         first_module = op.segments[0][0]
@@ -332,13 +362,13 @@ def _holders(
             if stage.first == 0:
                 for inp in op.inputs:
                     if inp.from_modality:
-                        held[Part(first_module, f"input.{inp.source}")].update(stage.devices)
+                        held[Part(first_module, f"input.{inp.source}")].update(stage.leads)
     for task in graph.tasks:
         if task.batch <= 0 or task.loss != "lm":
             continue
         for sink_id in task.sinks:
             module = head_module(graph.op(sink_id))
-            devices = (*chains[sink_id][-1].devices, *spread.get(sink_id, ()))
+            devices = (*chains[sink_id][-1].leads, *spread.get(sink_id, ()))
             held[Part(module, "head")].update(devices)
             tied = tied_stage(graph, module)
             if tied is not None:  # a tied head multiplies by that stage's embedding
@@ -408,6 +438,7 @@ def _check_plan(graph: MetaGraph, plan: Plan, world_size: int) -> None:
                     f"{mid} starts in wave {first_wave[mid]} before its input {dep} ends "
                     f"(wave {last_wave[dep]})"
                 )
+    problems += _layout_problems(graph, plan, ops)
     lm_sinks = {s for t in graph.tasks if t.batch > 0 and t.loss == "lm" for s in t.sinks}
     for sink_id, devices in plan.loss_devices:
         if sink_id not in lm_sinks:
@@ -419,3 +450,21 @@ def _check_plan(graph: MetaGraph, plan: Plan, world_size: int) -> None:
             problems.append(f"loss_devices of {sink_id} names devices {bad}")
     if problems:
         raise ExecutionError("cannot run this plan:\n  " + "\n  ".join(problems))
+
+
+def _layout_problems(graph: MetaGraph, plan: Plan, ops: dict[str, MetaOp]) -> list[str]:
+    """Tensor-parallel layouts the runtime cannot run: a degree the layers of a MetaOp's
+    modules do not divide into (``tp_ok``)."""
+    problems = []
+    for m in plan.metaops:
+        if m.id not in ops:
+            continue
+        for n, (_, tp) in m.layout_per_layer:
+            if tp == 1:
+                continue
+            for name, _ in ops[m.id].segments:
+                info = graph.module(name)
+                why = tp_ok(info.kind, dict(info.args), tp)
+                if why is not None:
+                    problems.append(f"{m.id} on {n} devices runs module {name} {tp}-way: {why}")
+    return problems

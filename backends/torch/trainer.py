@@ -34,6 +34,7 @@ from .optim import RankOptimizer, ReplicatedAdamW
 from .params import DTYPES, PartStore
 from .schedule import Schedule, build_schedule
 from .shards import MAX_BUCKET_ELEMENTS, least_bucket_elements
+from .tensor_parallel import tp_groups
 from .trace import Tracer
 from .zero import ShardedAdamW, gloo_has_reduce_scatter
 
@@ -188,6 +189,7 @@ class Trainer:
             micro_batches=self.micro_batches,
             listener=self.opt.sync,
             meter=self.meter,
+            tp_groups=tp_groups(self.schedule.tp_groups, rank),
         )
         self.tasks = [t.name for t in graph.tasks if t.batch > 0]
         held = {t: d for t, d in (eval_datasets or {}).items() if t in self.tasks}

@@ -31,3 +31,21 @@ def one_rank():
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def tiny_mm_graph(spec_dir):
+    """The reference tiny_mm spec's MetaGraph (4 CPU devices)."""
+    from spindle_dsl.language import compile_file
+
+    return compile_file(spec_dir / "tiny_mm.spindle").graph
+
+
+@pytest.fixture(scope="module")
+def tiny_mm_oracle(tiny_mm_graph, request):
+    """The single-process float64 oracle trained for the module's ``STEPS``: its losses per
+    step and its final state."""
+    from spindle_dsl.backends.torch import ReferenceModel
+
+    ref = ReferenceModel(tiny_mm_graph, dtype="float64")
+    return ref.train(request.module.STEPS), ref.state()

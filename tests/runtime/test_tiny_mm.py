@@ -17,7 +17,7 @@ import pytest
 from runtime_helpers import checkpoint_state, loss_errors, worst_relative
 
 from spindle_dsl.backends.base import RunConfig
-from spindle_dsl.backends.torch import ReferenceModel, TorchBackend
+from spindle_dsl.backends.torch import TorchBackend
 
 pytestmark = pytest.mark.slow
 
@@ -25,16 +25,13 @@ STEPS = 5
 
 
 @pytest.fixture(scope="module")
-def graph(spec_dir):
-    from spindle_dsl.language import compile_file
-
-    return compile_file(spec_dir / "tiny_mm.spindle").graph
+def graph(tiny_mm_graph):
+    return tiny_mm_graph
 
 
 @pytest.fixture(scope="module")
-def oracle(graph):
-    ref = ReferenceModel(graph, dtype="float64")
-    return ref.train(STEPS), ref.state()
+def oracle(tiny_mm_oracle):
+    return tiny_mm_oracle
 
 
 @pytest.mark.parametrize("scheduler", ["default", "sequential"])
