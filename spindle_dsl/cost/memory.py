@@ -18,12 +18,17 @@ forward, where the peak usually is; with k > 1 passes under stage 0 or 1 the acc
 gradients are alive through every later forward, under ZeRO-2 the shards are; at the end of
 the backward every gradient is alive under stage 0, the shards and at most one bucket in
 flight (``GRAD_BUCKET_ELEMENTS``, the runtime's bucket cap) under ZeRO-1 and ZeRO-2.
-Tensor parallelism splits a layer's weights over its degree. A MetaOp's input stages live with
+Tensor parallelism leaves the weights whole: the runtime keeps a tensor-parallel layer whole on
+every rank of its group and runs that rank's slice of it (``backends/torch/tensor_parallel.py``,
+``ShardView``), so its parameter state is priced as a data-parallel layer's (ZeRO-1 and ZeRO-2
+shard the optimizer state and gradients over the holders, the group's ranks among them). A
+MetaOp's input stages live with
 its first layer and a task's LM head with the sink's last layer, where the runtime puts them;
 a tied head's embedding stage (``cost/tied.py``) lives with the head as well.
 
-Activations, per device (data parallelism splits the batch as ``ceil(batch / dp)``, tensor
-parallelism with sequence parallelism divides by its degree):
+Activations, per device (data parallelism splits the batch as ``ceil(batch / dp)``; tensor
+parallelism splits a layer's heads and inner widths but not its input, norms and residual
+stream, which every rank of the group holds whole: ``tp_activation_share``):
 - kept for backward: every layer's saved tensors (``Kind.activation_elements``, what autograd
   saves), or with activation recompute (full per-layer checkpointing) only each layer's input
   (tokens x in_width);
@@ -121,16 +126,29 @@ def layer_input_elements_per_sample(op: MetaOp) -> float:
     return float(get_kind(op.kind).layer_tokens(dict(op.args), op.tokens) * op.in_width)
 
 
+# The share of a transformer layer's saved activations that tensor parallelism without
+# sequence parallelism leaves whole on every rank: 10 of the 34 bytes per token and hidden
+# unit (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+# Models", Table 2: s*b*h*(10 + 24/t) plus the attention scores, which split by heads).
+TP_WHOLE_ACTIVATIONS = 10 / 34
+
+
+def tp_activation_share(tp: int) -> float:
+    """The share of a layer's saved activations one rank of a ``tp``-way group holds."""
+    return 1.0 if tp <= 1 else TP_WHOLE_ACTIVATIONS + (1 - TP_WHOLE_ACTIVATIONS) / tp
+
+
 def _part(
     key: str, params: float, tp: int, cluster: Cluster, trainable: bool, zero_stage: int = 1
 ) -> PartBytes:
+    """A part's bytes per holder (``tp`` does not divide them: see the module docstring)."""
     rep, shard = state_split(cluster, trainable, zero_stage)
     g = grad_bytes(cluster, trainable)
     return PartBytes(
         key,
-        int(params * rep / tp),
+        int(params * rep),
         int(params * shard),
-        grads=int(params * g / tp),
+        grads=int(params * g),
         grads_sharded=int(params * g) if zero_stage >= 1 else 0,
     )
 
@@ -273,12 +291,12 @@ def slice_activations(
     """(kept, working) activation bytes per device for ``layers`` layers of ``op``."""
     if layers <= 0 or op.batch <= 0:
         return (0, 0)
-    per_device = ceil_div(op.batch, dp) * dtype_bytes(cluster) / tp
+    per_device = ceil_div(op.batch, dp) * dtype_bytes(cluster)
     act = info.activations if info else activation_elements_per_sample(op)
-    full = act * per_device
+    full = act * per_device * tp_activation_share(tp)
     if not op.needs_backward:
         return (0, int(full))
-    if recompute:
+    if recompute:  # a layer's input is whole on every rank of the group
         layer_in = info.layer_input if info else layer_input_elements_per_sample(op)
         return (int(layer_in * per_device * layers), int(full))
     return (int(full * layers), 0)
@@ -339,5 +357,5 @@ def slice_memory_bytes(
     n = n or dp * tp
     params = op.params_per_layer * layers
     kept, working = slice_activations(op, layers, dp, tp, cluster, recompute=False)
-    alive = gradient_life(cluster).peak(kept, params * g / tp, params * g / n)
-    return int(params * (rep / tp + shard / n) + alive) + working
+    alive = gradient_life(cluster).peak(kept, params * g, params * g / n)
+    return int(params * (rep + shard / n) + alive) + working

@@ -21,6 +21,7 @@ from spindle_dsl.cost.memory import (
     gradient_life,
     layer_parts,
     staged,
+    tp_activation_share,
 )
 from spindle_dsl.metagraph import MetaOp
 
@@ -58,15 +59,15 @@ def alone_bytes(
         kept = working = loss = 0
         rows = -(-op.batch // dp)
         if layers > 0 and op.batch > 0:
-            per_device = rows * dt / tp
-            full = int(info.activations * per_device)
+            per_device = rows * dt
+            full = info.activations * per_device * tp_activation_share(tp)
             if not op.needs_backward:
-                working = full
-            elif recompute:
+                working = int(full)
+            elif recompute:  # a layer's input is whole on every rank of the group
                 kept = int(info.layer_input * per_device * layers)
-                working = full
+                working = int(full)
             else:
-                kept = int(info.activations * per_device * layers)
+                kept = int(full * layers)
         if text >= 2:
             head_rows = rows * (text - 1) * dt
             if op.needs_backward:
