@@ -28,7 +28,7 @@ allocator's continuous inverse does).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Generic, TypeVar
@@ -97,9 +97,10 @@ class StepCurve(Generic[T]):
     options: tuple[T, ...]
 
     @classmethod
-    def of(cls, priced: Iterable[tuple[int, float, T]]) -> StepCurve[T]:
+    def of(cls, priced: Iterable[tuple[int, float, T]], least: int = 1) -> StepCurve[T]:
         """From ``(devices used, seconds, option)``; ties go to fewer devices, then to the
-        option listed first. An option using one device must be among them."""
+        option listed first. An option using ``least`` devices, the fewest any uses, must be
+        among them (one device, unless the options all need more)."""
         ordered = sorted(enumerate(priced), key=lambda e: (e[1][0], e[1][1], e[0]))
         ns: list[int] = []
         secs: list[float] = []
@@ -111,7 +112,7 @@ class StepCurve(Generic[T]):
                 ns.append(used)
                 secs.append(seconds)
                 opts.append(option)
-        assert ns and ns[0] == 1, "a step curve needs an option on one device"
+        assert ns and ns[0] == least, f"a step curve needs an option on {least} device(s)"
         return cls(tuple(ns), tuple(secs), tuple(opts))
 
     def index(self, n: int) -> int:
@@ -140,12 +141,44 @@ class StepCurve(Generic[T]):
         return tuple(sorted(keep))
 
 
-def listed(step: StepCurve[T], cluster: Cluster) -> tuple[int, ...]:
+@dataclass(frozen=True)
+class ForcedCurve(Generic[T]):
+    """T(n) when every entry on at least ``from_n`` devices must run one kind of layout
+    (``spindle plan --tp K``): ``below``'s options under ``from_n`` devices, ``above``'s
+    from there. Unlike a ``StepCurve`` it may rise at ``from_n``: the forced layout can be
+    slower than the best one on fewer devices, and the planner then weighs that."""
+
+    below: StepCurve[T]
+    above: StepCurve[T]
+    from_n: int
+
+    def at(self, n: int) -> tuple[float, T]:
+        return (self.below if n < self.from_n else self.above).at(n)
+
+    def listed(self, grid: Sequence[int], devices: int) -> tuple[int, ...]:
+        low = self.below.listed(grid, min(devices, self.from_n - 1))
+        high = [n for n in self.above.listed(grid, devices) if n >= self.from_n]
+        return tuple(sorted({*low, *high}))
+
+
+def listed(step: StepCurve[T] | ForcedCurve[T], cluster: Cluster) -> tuple[int, ...]:
     """The allocations a curve of ``cluster`` lists for this step curve."""
     return step.listed(cluster_grid(cluster.devices, cluster.devices_per_node), cluster.devices)
 
 
-def curve_of(metaop: str, step: StepCurve[T], cluster: Cluster) -> Curve:
-    """The ``Curve`` a cost model hands the planner: T(n) at the listed allocations."""
+def curve_of(
+    metaop: str,
+    step: StepCurve[T] | ForcedCurve[T],
+    cluster: Cluster,
+    layout: Callable[[T], tuple[int, int] | None] | None = None,
+) -> Curve:
+    """The ``Curve`` a cost model hands the planner: T(n) at the listed allocations, with the
+    (dp, tp) of each point where ``layout`` names one that is not plain data parallel."""
     ns = listed(step, cluster)
-    return Curve(metaop, ns, tuple(step.at(n)[0] for n in ns))
+    points = [step.at(n) for n in ns]
+    layouts: tuple[tuple[int, int], ...] = ()
+    if layout is not None:
+        named = [layout(option) for _, option in points]
+        if any(lay is not None for lay in named):
+            layouts = tuple(lay or (n, 1) for n, lay in zip(ns, named, strict=True))
+    return Curve(metaop, ns, tuple(s for s, _ in points), layouts)

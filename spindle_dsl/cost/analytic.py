@@ -3,8 +3,11 @@
 T_m(n) is the fastest way of running one layer of a MetaOp on n devices, of these:
 - data parallelism over ``dp`` replicas: the batch is split as evenly as possible and the
   largest shard (``ceil(batch / dp)``) sets the time, so no n is ever forbidden;
-- tensor parallelism of degree ``tp`` inside one node (``tp`` divides the heads, or the output
-  width of an mlp, and ``n``), paying its activation all-reduces (Megatron-style);
+- tensor parallelism of degree ``tp`` inside one node, for the kinds and degrees the runtime
+  splits (``kinds.tp_split.tp_ok``: whole heads or K/V-head groups, whole slices of the
+  feed-forward and mlp widths), paying its activation all-reduces (Megatron-style) and,
+  since the runtime keeps every layer whole on each rank of the group, the reduction of the
+  whole gradient over all ``dp * tp`` ranks;
 - using fewer than n devices and leaving the rest idle, which is always possible, so T_m(n)
   never rises with n.
 Only the configurations that can be fastest are priced, and the curve lists the allocations
@@ -24,13 +27,19 @@ the forward's activation all-reduces. Memory is priced in ``cost.memory``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost import comm
-from spindle_dsl.cost.allocations import StepCurve, curve_of, listed, shard_breakpoints
+from spindle_dsl.cost.allocations import (
+    ForcedCurve,
+    StepCurve,
+    curve_of,
+    listed,
+    shard_breakpoints,
+)
 from spindle_dsl.cost.base import Curves, SliceMemory
 from spindle_dsl.cost.memory import (
     MemoryInfoCache,
@@ -40,6 +49,7 @@ from spindle_dsl.cost.memory import (
 )
 from spindle_dsl.cost.memory_table import alone_bytes
 from spindle_dsl.kinds import get_kind
+from spindle_dsl.kinds.tp_split import tp_ok
 from spindle_dsl.metagraph import MetaGraph, MetaOp
 
 
@@ -82,14 +92,14 @@ def backward_share(op: MetaOp) -> float:
     return (mult - 1) / mult
 
 
-# Kinds the model knows how to split by tensor parallelism: the argument whose divisors are the
-# allowed degrees, activation all-reduces per pass, and whether they carry the layer's input
-# ("in") or output ("out") tokens. Other kinds (user kinds) run data parallel only.
-_TP_RULES: dict[str, tuple[str, int, str]] = {
-    "transformer": ("heads", 2, "in"),
-    "vit": ("heads", 2, "in"),
-    "resampler": ("heads", 2, "out"),
-    "mlp": ("out", 1, "in"),
+# Kinds the runtime splits by tensor parallelism (``kinds/tp_split.py``, ``tp_ok``): the
+# activation all-reduces per pass (a block: after attention and after the feed-forward net,
+# forward; their conjugates backward) and whether they carry the layer's input ("in") or output
+# ("out") tokens. Other kinds (the resampler, user kinds) run data parallel only.
+_TP_RULES: dict[str, tuple[int, str]] = {
+    "transformer": (2, "in"),
+    "vit": (2, "in"),
+    "mlp": (1, "in"),
 }
 
 
@@ -113,14 +123,21 @@ class Config:
         return self.compute_s + self.tp_comm_s + self.grad_sync_s
 
 
-def tp_degrees(op: MetaOp, cluster: Cluster) -> tuple[int, ...]:
-    """Tensor-parallel degrees allowed for this op: 1, plus divisors of its split dimension
-    that fit in a node."""
-    rule = _TP_RULES.get(op.kind)
-    if rule is None:
+@lru_cache(maxsize=1024)
+def _splits(kind: str, args: tuple, tp: int) -> bool:
+    return tp_ok(kind, dict(args), tp) is None
+
+
+def tp_degrees(op: MetaOp, cluster: Cluster, forced: int | None = None) -> tuple[int, ...]:
+    """Tensor-parallel degrees this op may run: 1, and the degrees that fit in a node and
+    that the runtime can split its layers into; with ``forced`` (``--tp K``), 1 and K where
+    K is one of those."""
+    if op.kind not in _TP_RULES or forced == 1:
         return (1,)
-    dim = int(dict(op.args)[rule[0]])
-    return tuple(t for t in range(1, cluster.devices_per_node + 1) if dim % t == 0)
+    allowed = [t for t in range(2, cluster.devices_per_node + 1) if _splits(op.kind, op.args, t)]
+    if forced is not None:
+        return (1, forced) if forced in allowed else (1,)
+    return (1, *allowed)
 
 
 def compute_seconds(flops_per_device: float, cluster: Cluster) -> float:
@@ -142,34 +159,69 @@ def price(op: MetaOp, dp: int, tp: int, cluster: Cluster, recompute: bool = Fals
     share = shard / op.batch if op.batch else 0.0  # a task the mix leaves out has no samples
     work = backward_multiplier(op, recompute) * op.forward_flops_per_layer * share / tp
     compute = compute_seconds(work, cluster)
-    tp_comm = 0.0
-    if tp > 1:
-        _, per_pass, basis = _TP_RULES[op.kind]
-        # the tokens a layer works at (a CLS token more, a stem's fewer), or hands on
-        inner = get_kind(op.kind).layer_tokens(dict(op.args), op.tokens)
-        tokens = inner if basis == "in" else op.out_tokens
-        message = shard * tokens * op.out_width * dtype_bytes(cluster)
-        passes = (2 if op.needs_backward else 1) + (1 if recompute else 0)
-        bandwidth, latency = comm.link(cluster, crosses_nodes=False)
-        tp_comm = per_pass * passes * comm.ring_allreduce_seconds(message, tp, bandwidth, latency)
+    bandwidth, latency = comm.link(cluster, crosses_nodes=False)
+    tp_comm = tp_comm_seconds(
+        op, shard, tp, recompute, cluster,
+        lambda nbytes, ranks: comm.ring_allreduce_seconds(nbytes, ranks, bandwidth, latency),
+    )  # fmt: skip
     grad = 0.0
-    if not op.frozen and dp > 1:
+    if not op.frozen and dp * tp > 1:
+        # every rank of a tensor-parallel group holds the layer whole and a gradient that is
+        # non-zero in its slice only: the runtime sums the whole gradient over all dp * tp
         crosses = comm.contiguous_group_spans_nodes(dp * tp, cluster)
         bandwidth, latency = comm.link(cluster, crosses)
-        grad = comm.ring_allreduce_seconds(op.param_bytes_per_layer / tp, dp, bandwidth, latency)
+        grad = comm.ring_allreduce_seconds(op.param_bytes_per_layer, dp * tp, bandwidth, latency)
     return Config(dp * tp, dp, tp, compute, tp_comm, grad)
 
 
+def tp_comm_seconds(
+    op: MetaOp,
+    shard: int,
+    tp: int,
+    recompute: bool,
+    cluster: Cluster,
+    allreduce: Callable[[float, int], float],
+) -> float:
+    """Seconds of one layer's tensor-parallel all-reduces on a shard of ``shard`` rows over
+    ``tp`` ranks (0 for ``tp = 1``), ``allreduce(bytes, ranks)`` pricing one: per pass the
+    kind's count (``_TP_RULES``), at the tokens a layer works at (a CLS token more, a stem's
+    fewer) or hands on, one more forward's worth when it recomputes."""
+    if tp <= 1:
+        return 0.0
+    per_pass, basis = _TP_RULES[op.kind]
+    inner = get_kind(op.kind).layer_tokens(dict(op.args), op.tokens)
+    tokens = inner if basis == "in" else op.out_tokens
+    message = shard * tokens * op.out_width * dtype_bytes(cluster)
+    passes = (2 if op.needs_backward else 1) + (1 if recompute else 0)
+    return per_pass * passes * allreduce(message, tp)
+
+
 @lru_cache(maxsize=4096)
-def step_curve(op: MetaOp, cluster: Cluster, recompute: bool = False) -> StepCurve[Config]:
+def step_curve(
+    op: MetaOp, cluster: Cluster, recompute: bool = False, forced: int | None = None
+) -> StepCurve[Config] | ForcedCurve[Config]:
     """T(n) for every n, from the configurations worth pricing (``allocations``): for each
-    tensor-parallel degree, the data-parallel degrees at the batch's shard breakpoints."""
-    priced = []
-    for tp in tp_degrees(op, cluster):
-        for dp in shard_breakpoints(op.batch, cluster.devices // tp):
+    tensor-parallel degree, the data-parallel degrees at the batch's shard breakpoints. With
+    ``forced`` K (an op that splits K-way), every n >= K runs K-way, fewer data parallel."""
+    degrees = tp_degrees(op, cluster, forced)
+
+    def priced(tp: int, limit: int) -> list[tuple[int, float, Config]]:
+        out = []
+        for dp in shard_breakpoints(op.batch, limit):
             c = price(op, dp, tp, cluster, recompute)
-            priced.append((c.used, c.seconds, c))
-    return StepCurve.of(priced)
+            out.append((c.used, c.seconds, c))
+        return out
+
+    if forced is None or len(degrees) == 1:
+        return StepCurve.of(p for tp in degrees for p in priced(tp, cluster.devices // tp))
+    below = StepCurve.of(priced(1, forced - 1)) if forced > 1 else None
+    above = StepCurve.of(priced(forced, cluster.devices // forced), least=forced)
+    return ForcedCurve(below, above, forced) if below is not None else above
+
+
+def layout_of_config(c: Config) -> tuple[int, int] | None:
+    """The (dp, tp) a plan records for a tensor-parallel config (None: data parallel)."""
+    return (c.dp, c.tp) if c.tp > 1 else None
 
 
 def _tail(c: Config) -> tuple[int, int, float, float, float]:
@@ -185,16 +237,20 @@ def best_config(op: MetaOp, cluster: Cluster, n: int, recompute: bool = False) -
 class AnalyticCostModel(comm.LinkPricing):
     """The ``CostModel`` built from FLOPs and datasheets alone (no measurement)."""
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, tp: int | None = None):
+        """``tp``: force that tensor-parallel degree on every entry of a kind that splits
+        into it on at least that many devices (1: data parallel only); None lets the
+        model choose per MetaOp and allocation."""
         self.cluster = cluster
+        self.tp = tp
         self._info = MemoryInfoCache()
         # step curves per op without hashing the MetaOp on every call (planning asks per n)
-        self._steps: dict[tuple[str, bool], tuple[MetaOp, StepCurve[Config]]] = {}
+        self._steps: dict[tuple[str, bool], tuple[MetaOp, StepCurve[Config] | ForcedCurve]] = {}
 
-    def _step(self, op: MetaOp, recompute: bool) -> StepCurve[Config]:
+    def _step(self, op: MetaOp, recompute: bool) -> StepCurve[Config] | ForcedCurve[Config]:
         held = self._steps.get((op.id, recompute))
         if held is None or held[0] is not op:  # same id, another graph: price again
-            held = (op, step_curve(op, self.cluster, recompute))
+            held = (op, step_curve(op, self.cluster, recompute, self.tp))
             self._steps[(op.id, recompute)] = held
         return held[1]
 
@@ -212,7 +268,8 @@ class AnalyticCostModel(comm.LinkPricing):
 
     def curves(self, graph: MetaGraph, recompute: frozenset[str] = frozenset()) -> Curves:
         steps = ((op, self._step(op, op.id in recompute and op.needs_backward)) for op in graph)
-        return Curves(tuple(curve_of(op.id, s, self.cluster) for op, s in steps), "analytic")
+        curves = tuple(curve_of(op.id, s, self.cluster, layout_of_config) for op, s in steps)
+        return Curves(curves, "analytic")
 
     def memory_bytes(self, op: MetaOp, n: int, layers: int) -> int:
         c = self.config(op, n)

@@ -52,9 +52,12 @@ class Curve:
     metaop: str
     ns: tuple[int, ...]  # valid allocations, increasing
     seconds: tuple[float, ...]
+    # (dp, tp) behind each point, aligned with ``ns``; empty: data parallel over all n devices
+    layouts: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         assert len(self.ns) == len(self.seconds) > 0, f"{self.metaop}: empty or ragged curve"
+        assert not self.layouts or len(self.layouts) == len(self.ns), f"{self.metaop}: layouts"
         assert list(self.ns) == sorted(set(self.ns)), f"{self.metaop}: ns must increase"
         assert all(s > 0 for s in self.seconds), f"{self.metaop}: times must be positive"
 
@@ -65,6 +68,12 @@ class Curve:
     def at(self, n: int) -> float:
         """T_m(n); KeyError if n is not a valid allocation."""
         return self._by_n[n]
+
+    def layout(self, n: int) -> tuple[int, int]:
+        """(dp, tp) the point at ``n`` is priced with: ``dp`` replicas of ``tp``-way layers."""
+        if not self.layouts:
+            return (n, 1)
+        return dict(zip(self.ns, self.layouts, strict=True)).get(n, (n, 1))
 
     def lists(self, n: int) -> bool:
         """Whether ``n`` is one of the allocations this curve lists."""

@@ -53,8 +53,14 @@ from typing import Any, Literal
 from spindle_dsl.atomic import write_atomic
 from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost import comm
-from spindle_dsl.cost.allocations import StepCurve, curve_of, listed, shard_breakpoints
-from spindle_dsl.cost.analytic import backward_multiplier
+from spindle_dsl.cost.allocations import (
+    ForcedCurve,
+    StepCurve,
+    curve_of,
+    listed,
+    shard_breakpoints,
+)
+from spindle_dsl.cost.analytic import backward_multiplier, tp_comm_seconds, tp_degrees
 from spindle_dsl.cost.base import Curve, Curves, SliceMemory
 from spindle_dsl.cost.fit import PiecewiseFit, Segment
 from spindle_dsl.cost.memory import MemoryInfoCache, slice_memory, slice_memory_bytes
@@ -277,26 +283,39 @@ def first_layer_saving(graph: MetaGraph, op: MetaOp, ratio: float | None) -> flo
     return (op.layers - 1 + ratio) / op.layers
 
 
+def _tp_only(option: tuple[int, int]) -> tuple[int, int] | None:
+    """A curve point's layout where it is tensor parallel (``allocations.curve_of``)."""
+    return option if option[1] > 1 else None
+
+
 def _scaled(curve: Curve, factor: float) -> Curve:
     """``curve`` with every time multiplied by ``factor``."""
     if factor == 1.0:
         return curve
-    return Curve(curve.metaop, curve.ns, tuple(t * factor for t in curve.seconds))
+    return Curve(curve.metaop, curve.ns, tuple(t * factor for t in curve.seconds), curve.layouts)
 
 
 class ProfiledCostModel(comm.LinkPricing):
     """T_m(n) from measured layer times (data parallelism, idle devices allowed); the rest of
     the step (gradient reduction, exchange, losses, optimizer) from the profile's measured
-    overheads, or the analytic ones for a profile made without ``--nproc``."""
+    overheads, or the analytic ones for a profile made without ``--nproc``.
+
+    With ``tp`` (``--tp K``) an entry of a kind that splits K-way runs K-way on at least K
+    devices. The profile measures whole layers only, so such a point is an estimate: the
+    fit's time at a K-th of the shard's FLOPs (its fixed cost per layer kept whole) plus the
+    layer's activation all-reduces at the measured all-reduce line (``tp_comm_seconds``)."""
 
     prediction_margin = PREDICTION_MARGIN
 
-    def __init__(self, cluster: Cluster, profile: Profile, source: str = "profile"):
+    def __init__(
+        self, cluster: Cluster, profile: Profile, source: str = "profile", tp: int | None = None
+    ):
         self.cluster = cluster
         self.profile = profile
         self.source = source
+        self.tp = tp
         self.overheads = profile.overheads or analytic_overheads(cluster)
-        self._best_memo: dict[tuple[MetaOp, bool], StepCurve[int]] = {}
+        self._best_memo: dict[tuple[MetaOp, bool], Any] = {}
         self._info = MemoryInfoCache()
 
     def step_model(self, graph: MetaGraph) -> StepModel:
@@ -329,34 +348,58 @@ class ProfiledCostModel(comm.LinkPricing):
             f"on this spec again"
         )
 
-    def _time(self, op: MetaOp, dp: int, recompute: bool = False) -> float:
+    def _time(self, op: MetaOp, dp: int, recompute: bool = False, tp: int = 1) -> float:
         """Measured layer time at ``dp``'s shard; recomputing reads the fit at the work of
-        one more forward (the fit maps per-device FLOPs to seconds for this shape and mode).
-        No gradient all-reduce: the step model prices the reduction as the runtime issues it."""
+        one more forward (the fit maps per-device FLOPs to seconds for this shape and mode);
+        ``tp > 1`` is the estimate of the class docstring. No gradient all-reduce: the step
+        model prices the reduction as the runtime issues it."""
         entry = self._entry(op)
         shard = comm.ceil_div(op.batch, dp)
-        mult = backward_multiplier(op, recompute and op.needs_backward)
-        per_sample = mult * op.forward_flops_per_layer / max(op.batch, 1)
-        return max(entry.fit.predict(per_sample * shard), 1e-9)
+        rc = recompute and op.needs_backward
+        per_sample = backward_multiplier(op, rc) * op.forward_flops_per_layer / max(op.batch, 1)
+        compute = max(entry.fit.predict(per_sample * shard / tp), 1e-9)
+        if tp == 1:
+            return compute
+        measured = self.overheads.all_reduce.seconds
+        return compute + tp_comm_seconds(op, shard, tp, rc, self.cluster, measured)
 
-    def _best(self, op: MetaOp, recompute: bool = False) -> StepCurve[int]:
+    def _forced(self, op: MetaOp) -> int | None:
+        """K of ``--tp K`` where this op runs K-way on K or more devices, else None."""
+        if self.tp is None or self.tp == 1:
+            return None
+        return self.tp if self.tp in tp_degrees(op, self.cluster, self.tp) else None
+
+    def _best(self, op: MetaOp, recompute: bool = False) -> StepCurve | ForcedCurve:
         """T(n) for every n: the fastest dp <= n (idle devices allowed), from the dp at the
         batch's shard breakpoints only (``cost.allocations``: a fixed shard is fastest on the
-        fewest replicas, as the gradient all-reduce only grows with them)."""
+        fewest replicas, as the gradient all-reduce only grows with them); each option is its
+        (dp, tp). With ``--tp K``, K-way from K devices on (``ForcedCurve``)."""
         key = (op, recompute)
         if key not in self._best_memo:
-            dps = shard_breakpoints(op.batch, self.cluster.devices)
-            self._best_memo[key] = StepCurve.of(
-                (dp, self._time(op, dp, recompute), dp) for dp in dps
-            )
+            k = self._forced(op)
+
+            def options(tp: int, limit: int) -> list[tuple[int, float, tuple[int, int]]]:
+                dps = shard_breakpoints(op.batch, limit)
+                return [(dp * tp, self._time(op, dp, recompute, tp), (dp, tp)) for dp in dps]
+
+            if k is None:
+                curve: Any = StepCurve.of(options(1, self.cluster.devices))
+            else:
+                above = StepCurve.of(options(k, self.cluster.devices // k), least=k)
+                curve = ForcedCurve(StepCurve.of(options(1, k - 1)), above, k)
+            self._best_memo[key] = curve
         return self._best_memo[key]
 
-    def _dp(self, op: MetaOp, n: int) -> int:
-        """The data-parallel degree whose shard the runtime runs on n devices (it splits a
-        batch over every device of an entry): the least dp with n's shard. With the fit
-        monotone, no smaller dp is faster, so the time is ``_best``'s at n as well."""
+    def _layout(self, op: MetaOp, n: int) -> tuple[int, int]:
+        """(dp, tp) of an entry on n devices: the forced layout where ``--tp`` applies, else
+        the data-parallel degree whose shard the runtime runs (it splits a batch over every
+        device of an entry): the least dp with n's shard. With the fit monotone, no smaller
+        dp is faster, so the time is ``_best``'s at n as well."""
+        k = self._forced(op)
+        if k is not None and n >= k:
+            return self._best(op).at(n)[1]
         shard = comm.ceil_div(max(op.batch, 1), max(min(n, max(op.batch, 1)), 1))
-        return comm.ceil_div(max(op.batch, 1), shard)
+        return comm.ceil_div(max(op.batch, 1), shard), 1
 
     def allocations(self, op: MetaOp, recompute: bool = False) -> tuple[int, ...]:
         """The allocations ``op``'s curve lists (``cost.allocations``)."""
@@ -369,7 +412,7 @@ class ProfiledCostModel(comm.LinkPricing):
         return Curves(
             tuple(
                 _scaled(
-                    curve_of(op.id, self._best(op, op.id in recompute), self.cluster),
+                    curve_of(op.id, self._best(op, op.id in recompute), self.cluster, _tp_only),
                     first_layer_saving(graph, op, self._entry(op).first_layer_ratio),
                 )
                 for op in graph.metaops
@@ -378,7 +421,7 @@ class ProfiledCostModel(comm.LinkPricing):
         )
 
     def memory_bytes(self, op: MetaOp, n: int, layers: int) -> int:
-        return slice_memory_bytes(op, layers, self._dp(op, n), 1, self.cluster, n)
+        return slice_memory_bytes(op, layers, *self._layout(op, n), self.cluster, n)
 
     def alone_bytes(
         self,
@@ -393,7 +436,7 @@ class ProfiledCostModel(comm.LinkPricing):
     ) -> tuple[int, ...]:
         recompute = recompute and op.needs_backward
         ns = self.allocations(op, recompute) if ns is None else ns
-        configs = [(n, self._dp(op, n), 1) for n in ns]
+        configs = [(n, *self._layout(op, n)) for n in ns]
         info = self._info(graph, op)
         return alone_bytes(
             info, op, first, end, configs, recompute, self.cluster, zero_stage, micro_batches
@@ -411,8 +454,8 @@ class ProfiledCostModel(comm.LinkPricing):
         micro_batches: int = 1,
     ) -> SliceMemory:
         recompute = recompute and op.needs_backward
-        dp = 1 if n == 1 else self._dp(op, n)
+        dp, tp = (1, 1) if n == 1 else self._layout(op, n)
         info = self._info(graph, op)
         return slice_memory(
-            info, op, first, end, dp, 1, recompute, self.cluster, zero_stage, micro_batches
+            info, op, first, end, dp, tp, recompute, self.cluster, zero_stage, micro_batches
         )

@@ -486,6 +486,7 @@ def to_plan(
             m,
             tuple(zip(ctx.problem.op(m.id).ns, ctx.problem.op(m.id).seconds, strict=True)),
             recompute=m.id in ctx.recompute,
+            layouts=tuple((n, ctx.curves[m.id].layout(n)) for n in ctx.problem.op(m.id).ns),
         )
         for m in graph.metaops
     )

@@ -197,7 +197,9 @@ def _price(
             for n, t1 in full[op.id].items()
             if (t0 := bare_at.get(n)) is not None
         ]
-        out[op.id] = Curve(op.id, tuple(n for n, _ in points), tuple(s for _, s in points))
+        ns = tuple(n for n, _ in points)
+        layouts = tuple(full[op.id].layout(n) for n in ns)
+        out[op.id] = Curve(op.id, ns, tuple(s for _, s in points), layouts)
     return out
 
 
