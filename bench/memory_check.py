@@ -9,13 +9,14 @@ of every part the rank holds and its share of the optimizer state; the gradients
 peak; the activations kept for backward summed over its slices; the loss phase's tensors; the
 largest working set of one slice), the measurement as the meter found it at the moment of the
 peak (parameters, gradients, optimizer state, activations, communication buffers).
-``--micro-batches`` / ``--zero-stage`` plan with that lever and run it. The target: predicted
+``--micro-batches`` / ``--zero-stage`` plan with that lever and run it; ``--tp K`` plans every
+entry on K or more devices K-way tensor parallel (``spindle plan --tp``). The target: predicted
 within 20% of measured on every rank for cpu_medium with 2 ranks, default and sequential
 plans.
 
     .venv/bin/python bench/memory_check.py [SPEC] [--nproc 2] [--steps 3] [--stages]
                                           [--scheduler default sequential]
-                                          [--micro-batches K] [--zero-stage S]
+                                          [--micro-batches K] [--zero-stage S] [--tp K]
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main() -> int:
     ap.add_argument("--scheduler", nargs="+", default=["default", "sequential"])
     ap.add_argument("--micro-batches", type=int)
     ap.add_argument("--zero-stage", type=int, choices=(0, 1, 2))
+    ap.add_argument("--tp", type=int, help="tensor-parallel degree forced on every entry")
     ap.add_argument(
         "--stages", action="store_true", help="also compare kept activations entry by entry"
     )
@@ -83,7 +85,7 @@ def main() -> int:
 
     try:
         graph = compile_file(args.spec, cluster_overrides={"devices": args.nproc}).graph
-        cost = make_cost_model(graph.cluster)
+        cost = make_cost_model(graph.cluster, tp=args.tp)
         config = RunConfig(
             steps=args.steps,
             progress=False,
@@ -106,9 +108,10 @@ def main() -> int:
             result = TorchBackend().train(graph, plan, config, nproc=args.nproc)
             terms = predicted_terms(graph, plan, cost)
             extra = result.extra
+            layouts = sorted({plan.layout_text(e) or "dp" for w in plan.waves for e in w.entries})
             print(
                 f"\n{scheduler} ({plan.solver.name}, micro_batches {extra['micro_batches']}, "
-                f"zero_stage {extra['zero_stage']})"
+                f"zero_stage {extra['zero_stage']}, layouts {' '.join(layouts)})"
             )
             head = f"{'rank':<6}{'predicted':>10}{'measured':>10}{'pred/meas':>10}   "
             print(head + "predicted terms | measured terms at the peak")

@@ -26,7 +26,12 @@ from spindle_dsl.cli.calibration import (
     calibrate_plan,
     uncalibrated_text,
 )
-from spindle_dsl.cli.common import add_spec_arguments, load_compiled, load_cost_model
+from spindle_dsl.cli.common import (
+    add_spec_arguments,
+    add_tp_argument,
+    load_compiled,
+    load_cost_model,
+)
 from spindle_dsl.cli.plan_phases import add_jobs_argument, run_scheduled
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.render.gap import gap_text
@@ -62,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "solves run in a separate process, so a solver crash only costs that solve "
         "(SPINDLE_SOLVER_ISOLATE=0 solves in-process)",
     )
+    add_tp_argument(parser)
     parser.add_argument(
         "--micro-batches",
         type=_at_least_one,
@@ -126,9 +132,10 @@ def devices_text(ds: tuple[int, ...]) -> str:
 def wave_table(plan: Plan) -> str:
     """One line per entry, grouped by wave, times in milliseconds."""
     width = max((len(e.metaop) for w in plan.waves for e in w.entries), default=6)
+    split = any(plan.layout_text(e) for w in plan.waves for e in w.entries)
     lines = [
         f"{'wave':>4} {'start ms':>10} {'dur ms':>9}  {'MetaOp':<{width}} {'layers':>9} "
-        f"{'n':>4} {'time ms':>9}  devices"
+        f"{'n':>4}{' dp x tp' if split else ''} {'time ms':>9}  devices"
     ]
     for w in plan.waves:
         for j, e in enumerate(w.entries):
@@ -139,7 +146,8 @@ def wave_table(plan: Plan) -> str:
             )
             lines.append(
                 f"{head}  {e.metaop:<{width}} {f'{e.first}-{e.end - 1}':>9} "
-                f"{len(e.devices):>4} {e.time_s * 1e3:>9.2f}  {devices_text(e.devices)}"
+                f"{len(e.devices):>4}{f' {plan.layout_text(e):>7}' if split else ''} "
+                f"{e.time_s * 1e3:>9.2f}  {devices_text(e.devices)}"
             )
     return "\n".join(lines)
 

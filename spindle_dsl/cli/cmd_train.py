@@ -30,7 +30,12 @@ from spindle_dsl.cli.calibration import (
     uncalibrated_text,
 )
 from spindle_dsl.cli.cmd_data import DATA_HELP, bind_data, describe_data
-from spindle_dsl.cli.common import add_spec_arguments, load_compiled, load_cost_model
+from spindle_dsl.cli.common import (
+    add_spec_arguments,
+    add_tp_argument,
+    load_compiled,
+    load_cost_model,
+)
 from spindle_dsl.errors import ExecutionError
 
 
@@ -124,6 +129,7 @@ def _add_execution_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """The training data, and the levers (micro-batches, ZeRO stage) that override a plan's."""
     parser.add_argument("--data", action="append", metavar="DIR|TASK=PATH", help=DATA_HELP)
+    add_tp_argument(parser)
     parser.add_argument(
         "--micro-batches",
         type=int,
@@ -411,6 +417,12 @@ def _warn_overridden_levers(args: argparse.Namespace, plan: Any) -> None:
                 "have them priced)",
                 file=sys.stderr,
             )
+    if getattr(args, "tp", None) is not None:
+        print(
+            f"warning: --tp {args.tp} chooses layouts when planning; --plan runs the layouts the "
+            f"plan file holds (`spindle plan --tp {args.tp}` to plan with it)",
+            file=sys.stderr,
+        )
 
 
 AUTO_TRACE_STEPS = 500  # longer runs compare only with --trace (spans are kept per step)

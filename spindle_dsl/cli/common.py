@@ -92,7 +92,28 @@ def load_compiled(
 
 
 def load_cost_model(args: argparse.Namespace, graph: MetaGraph):  # -> CostModel
-    """The analytic model, or the one fitted to ``--profile``."""
+    """The analytic model, or the one fitted to ``--profile``, with ``--tp``'s degree."""
     from spindle_dsl.cost import make_cost_model
 
-    return make_cost_model(graph.cluster, profile=getattr(args, "profile", None))
+    profile = getattr(args, "profile", None)
+    return make_cost_model(graph.cluster, profile=profile, tp=getattr(args, "tp", None))
+
+
+def add_tp_argument(parser: argparse.ArgumentParser) -> None:
+    """``--tp K``: the tensor-parallel degree of every entry that can run it."""
+
+    def degree(text: str) -> int:
+        value = int(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"a tensor-parallel degree is at least 1, got {value}")
+        return value
+
+    parser.add_argument(
+        "--tp",
+        type=degree,
+        default=None,
+        metavar="K",
+        help="run every entry on K or more devices K-way tensor parallel where its kind splits "
+        "K-way (transformer, vit and mlp layers whose heads and widths K divides), data "
+        "parallel on fewer; 1: data parallel only; default: the cost model chooses",
+    )

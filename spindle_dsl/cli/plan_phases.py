@@ -50,6 +50,7 @@ def plan_bundle(args: argparse.Namespace, schedule: MixSchedule) -> PlanBundle:
             jobs=getattr(args, "jobs", None),
             micro_batches=getattr(args, "micro_batches", None),
             zero_stage=getattr(args, "zero_stage", None),
+            tp=getattr(args, "tp", None),
         )
     for w in caught:
         if issubclass(w.category, SolverCrashWarning):

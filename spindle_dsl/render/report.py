@@ -146,7 +146,8 @@ def _wave_table(plan: Plan, colours: Palette) -> str:
             rows.append(
                 f"<tr>{head}<td><span class='sw' style='background:{col.base}'></span>"
                 f"{escape(e.metaop)}</td><td>[{e.first}, {e.end})</td>"
-                f"<td>{escape(device_ranges(e.devices))}</td><td class='num'>{len(e.devices)}</td>"
+                f"<td>{escape(device_ranges(e.devices))}</td><td class='num'>{len(e.devices)}"
+                f"{escape(f' ({plan.layout_text(e)} dp x tp)' if plan.layout_text(e) else '')}</td>"
                 f"<td class='num'>{escape(fmt_seconds(e.time_s))}</td></tr>"
             )
     return (

@@ -157,6 +157,7 @@ def plan_spans(plan: Plan) -> tuple[list[Span], list[Flow]]:
             "wave": p.wave,
             "devices": len(e.devices),
             "predicted_s": e.time_s,
+            **({"dp_x_tp": plan.layout_text(e)} if plan.layout_text(e) else {}),
         }
         for d in e.devices:
             spans.append(Span(d // per_node, d, p.label, p.start_s, e.time_s, p.op.task, args))

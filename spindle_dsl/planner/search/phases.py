@@ -63,6 +63,7 @@ class PlanRequest:
     zero_stage: int | None = None
     # helper processes for its runner-up rounds (``planner.search.round_helper``; None: its default)
     helpers: int | None = None
+    tp: int | None = None  # force this tensor-parallel degree (``--tp``; None: the model chooses)
 
 
 def plan_one(request: PlanRequest) -> Plan:
@@ -73,7 +74,7 @@ def plan_one(request: PlanRequest) -> Plan:
     r = request
     return make_plan(
         r.graph,
-        make_cost_model(r.graph.cluster, profile=r.profile),
+        make_cost_model(r.graph.cluster, profile=r.profile, tp=r.tp),
         scheduler=r.scheduler,
         time_limit_s=DEFAULT_TIME_LIMIT_S if r.time_limit_s is None else r.time_limit_s,
         check_memory=r.check_memory,
@@ -115,11 +116,13 @@ def plan_schedule(
     jobs: int | None = None,
     micro_batches: int | None = None,
     zero_stage: int | None = None,
+    tp: int | None = None,
 ) -> PlanBundle:
     """A plan per phase of ``schedule``, as a bundle. ``jobs``: worker processes planning
     beside this one (default: one per distinct graph but the first, at most the number of
     idle cores, ``idle_cores``; 0 plans everything here). ``micro_batches``/``zero_stage``
-    force that lever in every phase (``make_plan``). Raises ``PlanError`` naming the phase
+    force that lever in every phase (``make_plan``), ``tp`` that tensor-parallel degree
+    (``make_cost_model``). Raises ``PlanError`` naming the phase
     that cannot be planned."""
     t0 = time.perf_counter()
     graphs, index = distinct_graphs(schedule)
@@ -138,6 +141,7 @@ def plan_schedule(
             micro_batches,
             zero_stage,
             helpers,
+            tp,
         )
         for g in graphs
     ]
