@@ -13,7 +13,11 @@ executor tells the gradient synchroniser (``grads.GradSync``) which backward tic
 it can start reducing the buckets that are final.
 
 A stage's autograd graph spans only its own layers (inputs are leaves), so backward of a wave
-needs nothing from any other rank beyond the output gradients already delivered.
+needs nothing from any other rank beyond the output gradients already delivered, and, in a
+tensor-parallel stage, its group: the lead assembles the stage's input and broadcasts it, the
+ranks run their slices of the layers (``tensor_parallel.ShardView``, whose all-reduces they
+run together), the lead alone sends the output on and scores its loss, and broadcasts the
+output's gradient back to the group before the stage's backward.
 
 Micro-batches keep the losses' whole-batch normalisation (an ``lm`` or ``mse`` shard divides its
 sum by the task's whole batch), so the passes' gradients add up to the one-pass gradient. A
@@ -366,6 +370,7 @@ class StepExecutor:
         group, lead = self.tp_groups[ranks], ranks[0]
         header = torch.zeros(4, dtype=torch.int64, device=self.device)  # NCCL: on the device
         if x is not None:
+            x = x.contiguous()  # a collective sends a dense tensor
             header = torch.tensor(
                 [x.requires_grad, *x.shape], dtype=torch.int64, device=self.device
             )

@@ -11,10 +11,10 @@ Data parallel (``tp = 1``): device ``i`` of the entry's ``devices`` holds the ``
 contiguous ceil-split shard of the MetaOp's batch. Tensor parallel: the stage keeps the first
 ``dp * tp`` devices (the rest idle), consecutive runs of ``tp`` of them form a tensor-parallel
 group, and every device of group ``g`` holds the ``g``-th shard of the batch (whole rows). A
-group's first device, its *lead*, is the one that sends and receives its rows and scores its
-loss; it hands the other members their input and output gradients (``executor.py``). Every
-member holds the stage's layers whole and runs its slice of them (``tensor_parallel.py``).
-Data crosses groups in three places: the
+group's first device, its *lead*, is the one that sends and receives its rows, runs its input
+stages and scores its loss; it hands the other members the stage's input and, backward, the
+gradient of its output (``executor.py``). Every member holds the stage's layers whole and runs
+its slice of them (``tensor_parallel.py``). Data crosses groups in three places: the
 output of a MetaOp's last entry flows to the first entry of each consumer; a MetaOp split over
 several waves hands its activations from one entry to the next; a contrastive loss gathers
 the two pooled sink outputs of its task onto one device; and an lm sink whose loss the plan
