@@ -34,6 +34,9 @@ def _entry_label(p: Placed) -> str:
         f"devices {escape(device_ranges(e.devices))} ({len(e.devices)})",
         fmt_seconds(e.time_s),
     ]
+    dp, tp = p.op.layout_at(len(e.devices))
+    if tp > 1:
+        rows.insert(3, f"{dp} x {tp}-way tensor parallel")
     return "<" + "<br/>".join(rows) + ">"
 
 

@@ -53,6 +53,7 @@ def waves_text(plan: Plan) -> str:
             lines.append(
                 f"  {e.metaop:<32} layers [{e.first},{e.end})  devices "
                 f"{device_ranges(e.devices)} ({len(e.devices)})  {fmt_seconds(e.time_s)}"
+                + (f"  dp x tp {plan.layout_text(e)}" if plan.layout_text(e) else "")
             )
     return "\n".join(lines) + "\n"
 

@@ -168,6 +168,15 @@ def _draw_overhead(frame: _Frame, tail: Overhead) -> None:
         )
 
 
+def entry_labels(p: Placed) -> tuple[str, ...]:
+    """An entry's labels, longest first: module, layer range and, when it is tensor
+    parallel, its data x tensor layout."""
+    span = f"[{p.entry.first},{p.entry.end})"
+    dp, tp = p.op.layout_at(len(p.entry.devices))
+    plain = (f"{p.op.module} {span}", span)
+    return (f"{p.op.module} {span} {dp}x{tp} tp", *plain) if tp > 1 else plain
+
+
 def _draw_entries(frame: _Frame, placed: tuple[Placed, ...], colours: Palette) -> None:
     """One bar per entry and run of consecutive devices, in its task's colour, with its
     module and layer range (or the range alone) inside where the text fits."""
@@ -192,10 +201,7 @@ def _draw_entries(frame: _Frame, placed: tuple[Placed, ...], colours: Palette) -
             fit = _label_fit(
                 p.entry.time_s / frame.total * frame.ax_width_px,
                 n * frame.row_px,
-                (
-                    f"{p.op.module} [{p.entry.first},{p.entry.end})",
-                    f"[{p.entry.first},{p.entry.end})",
-                ),
+                entry_labels(p),
             )
             if fit is not None:
                 text, size, rotation = fit

@@ -86,3 +86,17 @@ def test_a_degree_the_layers_cannot_split_into_is_refused(graph, sequential):
     plan = _with(sequential, {"lm": ((4, (1, 3)),)})  # 4 heads do not split 3-way
     with pytest.raises(ExecutionError, match=r"runs module lm 3-way: .*heads"):
         build_schedule(graph, plan, 4)
+
+
+def test_the_wave_table_text_and_timeline_name_each_entrys_layout(sequential):
+    from spindle_dsl.cli.cmd_plan import wave_table
+    from spindle_dsl.render.schedule import placed_entries
+    from spindle_dsl.render.text import waves_text
+    from spindle_dsl.render.timeline import entry_labels
+
+    plan = _with(sequential, {"lm": ((4, (2, 2)),)})
+    assert "dp x tp" in wave_table(plan) and "2x2" in wave_table(plan)
+    assert "dp x tp 2x2" in waves_text(plan)
+    labels = {p.op.module: entry_labels(p)[0] for p in placed_entries(plan)}
+    assert labels["lm"].endswith("2x2 tp") and "tp" not in labels["vision"]
+    assert "dp x tp" not in wave_table(sequential)
