@@ -65,13 +65,13 @@ from spindle_dsl.kinds.layers import (
 )
 from spindle_dsl.kinds.tower_layers import TailedBlock
 from spindle_dsl.kinds.tp_split import (
-    Split,
     TpLayout,
     block_layout,
     embedding_layout,
     ffn_layout,
     head_layout,
     mlp_layout,
+    slices,
     split_state,
 )
 
@@ -192,17 +192,6 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.factor, None
 
 
-def _slices(full: torch.Tensor, split: Split, tp_rank: int, tp: int) -> torch.Tensor:
-    """Rank ``tp_rank``'s slice of every segment of ``full``, concatenated, as an autograd
-    view of ``full`` (its gradient lands in those rows of ``full``'s gradient)."""
-    pieces, start = [], 0
-    for seg in split.segments:
-        step = seg.size // tp
-        pieces.append(full.narrow(split.dim, start + tp_rank * step, step))
-        start += seg.size
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=split.dim)
-
-
 class ShardView(nn.Module):
     """Rank ``tp_rank``'s tensor-parallel slice of a built-in layer that the rank holds whole.
 
@@ -237,7 +226,7 @@ class ShardView(nn.Module):
         for name, t in full.state_dict(keep_vars=True).items():
             split = self.layout.split_of(name)
             if split is not None:
-                out[name] = _slices(t, split, self.tp_rank, self.tp)
+                out[name] = slices(t, split, self.tp_rank, self.tp)
             elif t.requires_grad:
                 out[name] = _ScaleGrad.apply(t, 1.0 / self.tp)
             else:

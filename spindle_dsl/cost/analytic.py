@@ -214,9 +214,9 @@ def step_curve(
 
     if forced is None or len(degrees) == 1:
         return StepCurve.of(p for tp in degrees for p in priced(tp, cluster.devices // tp))
-    below = StepCurve.of(priced(1, forced - 1)) if forced > 1 else None
+    below = StepCurve.of(priced(1, forced - 1))  # forced > 1 here: tp_degrees gave (1, K)
     above = StepCurve.of(priced(forced, cluster.devices // forced), least=forced)
-    return ForcedCurve(below, above, forced) if below is not None else above
+    return ForcedCurve(below, above, forced)
 
 
 def layout_of_config(c: Config) -> tuple[int, int] | None:

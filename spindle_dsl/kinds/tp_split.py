@@ -240,21 +240,28 @@ def _check_degree(layout: TpLayout, tp: int, tp_rank: int) -> None:
         raise ExecutionError(f"tensor-parallel rank {tp_rank} is outside 0..{tp - 1}")
 
 
-def _take(full: torch.Tensor, split: Split, tp_rank: int, tp: int, name: str) -> torch.Tensor:
-    """Rank ``tp_rank``'s slice of every segment of ``full``, concatenated (a new tensor)."""
+def slices(full: torch.Tensor, split: Split, tp_rank: int, tp: int) -> torch.Tensor:
+    """Rank ``tp_rank``'s slice of every segment of ``full``, concatenated along the split
+    dimension: a new tensor, through autograd when ``full`` carries a gradient (its gradient
+    then lands in those rows of ``full``'s)."""
     import torch
 
+    pieces, start = [], 0
+    for seg in split.segments:
+        step = seg.size // tp
+        pieces.append(full.narrow(split.dim, start + tp_rank * step, step))
+        start += seg.size
+    return torch.cat(pieces, dim=split.dim)
+
+
+def _take(full: torch.Tensor, split: Split, tp_rank: int, tp: int, name: str) -> torch.Tensor:
+    """``slices`` of a state tensor, detached, after checking its shape."""
     if full.dim() <= split.dim or full.shape[split.dim] != split.size:
         raise ExecutionError(
             f"parameter {name} has shape {tuple(full.shape)}, but its layout splits "
             f"{split.size} entries along dimension {split.dim}"
         )
-    pieces, start = [], 0
-    for seg in split.segments:
-        step = seg.size // tp
-        pieces.append(full.detach().narrow(split.dim, start + tp_rank * step, step))
-        start += seg.size
-    return torch.cat(pieces, dim=split.dim)
+    return slices(full.detach(), split, tp_rank, tp)
 
 
 def split_state(

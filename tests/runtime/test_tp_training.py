@@ -25,16 +25,6 @@ STEPS = 4
 TOL = 1e-9
 
 
-@pytest.fixture(scope="module")
-def graph(tiny_mm_graph):
-    return tiny_mm_graph
-
-
-@pytest.fixture(scope="module")
-def oracle(tiny_mm_oracle):
-    return tiny_mm_oracle
-
-
 def _plan(graph, scheduler: str):
     from spindle_dsl.cost import make_cost_model
     from spindle_dsl.planner import make_plan
@@ -57,8 +47,7 @@ def _with_tp(graph, plan, tp: int, **levers):
 
 
 def _degrees(plan) -> set[int]:
-    by_id = {m.id: m for m in plan.metaops}
-    return {by_id[e.metaop].layout_at(len(e.devices))[1] for w in plan.waves for e in w.entries}
+    return {plan.layout_of(e)[1] for w in plan.waves for e in w.entries}
 
 
 def _check(result, root, oracle) -> None:
@@ -78,15 +67,19 @@ def _check(result, root, oracle) -> None:
     ],
 )
 def test_tensor_parallel_plans_train_the_oracle_model(
-    tmp_path, graph, oracle, scheduler, tp, levers
+    tmp_path, tiny_mm_graph, tiny_mm_oracle, scheduler, tp, levers
 ):
+    graph, oracle = tiny_mm_graph, tiny_mm_oracle
     plan = _with_tp(graph, _plan(graph, scheduler), tp, **levers)
     assert tp in _degrees(plan)
     config = RunConfig(steps=STEPS, dtype="float64", checkpoint_dir=str(tmp_path), progress=False)
     _check(TorchBackend().train(graph, plan, config, nproc=4), tmp_path, oracle)
 
 
-def test_a_tensor_parallel_checkpoint_resumes_under_a_data_parallel_plan(tmp_path, graph, oracle):
+def test_a_tensor_parallel_checkpoint_resumes_under_a_data_parallel_plan(
+    tmp_path, tiny_mm_graph, tiny_mm_oracle
+):
+    graph, oracle = tiny_mm_graph, tiny_mm_oracle
     sequential = _plan(graph, "sequential")
     split = _with_tp(graph, sequential, 2, zero_stage=1)
     first = RunConfig(steps=2, dtype="float64", checkpoint_dir=str(tmp_path), progress=False)
