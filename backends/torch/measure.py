@@ -21,6 +21,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,6 +44,7 @@ from .grads import _reduce_scatter
 from .optim import adamw_step
 from .params import build_part
 from .parts import Part
+from .tensor_parallel import ShardView
 from .zero import _all_gather, state_dtype
 
 Beat = Callable[[str], None]
@@ -163,6 +165,75 @@ def layers_seconds(
         means.append(sum(each) / len(each) if each else None)
     jitter = rank_jitter([[turn for point in turns for turn in point] for turns in timed])
     return means, jitter
+
+
+# Repeats per turn of a tensor-parallel layer point: a fixed count, as the group's ranks meet in
+# its all-reduces on every repeat (``COMM_BUDGET``'s reason).
+TP_REPEATS = 3
+
+
+def tp_groups(probe: Probe, degrees: Sequence[int]) -> dict[int, tuple[Any, int] | None]:
+    """For each degree K, this rank's (process group, rank in it) among the groups of K
+    consecutive ranks that fit on the active ranks, or None where it is in none. A
+    collective: every rank creates every group in the same order, as ``new_group`` needs."""
+    out: dict[int, tuple[Any, int] | None] = {}
+    for k in sorted(set(degrees)):
+        out[k] = None
+        for first in range(0, probe.active - k + 1, k):
+            ranks = list(range(first, first + k))
+            group = dist.new_group(ranks)
+            if probe.rank in ranks:
+                out[k] = (group, probe.rank - first)
+    return out
+
+
+def tp_layers_seconds(
+    probe: Probe,
+    points: Sequence[tuple[MetaOp, str, int, int]],
+    on_turn: Callable[[str], None] = lambda _label: None,
+) -> list[float | None]:
+    """Every (op, mode, degree K, rows per group) point: ``op``'s layer run K-way tensor
+    parallel as the runtime runs it (``ShardView``: each rank its slice on all the rows,
+    with the slice's all-reduces), by as many groups of K ranks side by side as fit on the
+    active ranks, in turns as ``layers_seconds`` times. Rank 0 gets each point's mean over
+    the ranks that ran it (None elsewhere)."""
+    groups = tp_groups(probe, [k for _, _, k, _ in points])
+    where = str(probe.device)
+    steps = []
+    for op, mode, k, rows in points:
+        mine = groups[k]
+        if mine is None:
+            steps.append(None)
+            continue
+        group, tp_rank = mine
+
+        def wrap(layer: torch.nn.Module, tp_rank=tp_rank, k=k, group=group) -> ShardView:
+            return ShardView(layer, tp_rank, k, group)
+
+        args = dict(op.args)
+        steps.append(layer_runner(op.kind, args, op.tokens, mode, rows, device=where, wrap=wrap))  # type: ignore[arg-type]
+    times: list[list[float]] = [[] for _ in points]
+    for _ in range(LAYER_ROUNDS):
+        for i, step in enumerate(steps):
+            op, _, k, rows = points[i]
+            label = f"layer {op.id} {k}-way tensor parallel, {rows} rows"
+            probe.beat(label)
+            on_turn(label)
+            probe.sync()
+            dist.barrier()
+            if step is not None:
+                step()  # the turn's warm-up
+                times[i].extend(step() for _ in range(TP_REPEATS))
+    summaries = [probe.budget.summary(t) if t else None for t in times]
+    got: list[list[float | None]] = [[] for _ in range(probe.world)] if probe.rank == 0 else []
+    dist.gather_object(summaries, got if probe.rank == 0 else None, dst=0)
+    if probe.rank != 0:
+        return [None] * len(points)
+    means: list[float | None] = []
+    for i in range(len(points)):
+        each = [ranks[i] for ranks in got if ranks[i] is not None]
+        means.append(sum(each) / len(each) if each else None)
+    return means
 
 
 def first_layer_ratio(probe: Probe, op: MetaOp, batch: int) -> float | None:

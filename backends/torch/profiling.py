@@ -31,15 +31,23 @@ from spindle_dsl.cost.overheads import (
     StepOverheads,
     analytic_overheads,
 )
-from spindle_dsl.cost.profile import Profile, ProfileEntry, mode_of, shape_key
+from spindle_dsl.cost.profile import (
+    Profile,
+    ProfileEntry,
+    data_parallel_rate,
+    mode_of,
+    shape_key,
+)
 from spindle_dsl.cost.profile_needs import ProfileSelection, part_classes
 from spindle_dsl.cost.profiler import (
     TimingBudget,
+    measured_tp_degrees,
     needs_first_layer_ratio,
     per_sample_flops,
     shape_batches,
     shape_entry,
     shape_groups,
+    tp_batches,
 )
 from spindle_dsl.cost.step_parts import op_steps, sink_losses
 from spindle_dsl.metagraph import MetaGraph
@@ -149,6 +157,7 @@ class _Plan:
     groups: list  # MetaOp shape groups
     layer_points: list  # (shape group, per-device batch)
     first_layers: list  # (shape group index, per-device batch): its ``first_layer_ratio``
+    tp_points: list  # (shape group, tensor-parallel degree, rows per group)
     stages: dict  # input key -> (op, modality, tokens)
     sinks: dict  # loss key -> SinkLoss
     comm_sizes: tuple[int, ...]
@@ -160,11 +169,26 @@ class _Plan:
 
     @classmethod
     def of(
-        cls, graph: MetaGraph, world: int, points: int, only: ProfileSelection | None = None
+        cls,
+        graph: MetaGraph,
+        world: int,
+        active: int,
+        points: int,
+        only: ProfileSelection | None = None,
     ) -> _Plan:
         """Everything ``graph``'s step is priced with, or only what ``only`` selects."""
         devices = graph.cluster.devices
-        groups = [g for g in shape_groups(graph) if only is None or shape_key(g[0]) in only.shapes]
+
+        def wanted(ops: list, tp: int = 1) -> bool:
+            return only is None or shape_key(ops[0], tp) in only.shapes
+
+        groups = [g for g in shape_groups(graph) if wanted(g)]
+        tp_shapes = [
+            (ops, k)
+            for ops in shape_groups(graph)
+            for k in measured_tp_degrees(ops[0], graph.cluster, active)
+            if wanted(ops, k)
+        ]
         stages: dict[str, tuple] = {}
         steps = op_steps(graph)
         for op in graph.metaops:
@@ -184,6 +208,9 @@ class _Plan:
                 for i, ops in enumerate(groups)
                 if needs_first_layer_ratio(graph, ops)
             ],
+            tp_points=[
+                (ops, k, b) for ops, k in tp_shapes for b in tp_batches(ops, devices, k, points)
+            ],
             stages=stages,
             sinks=sinks,
             comm_sizes=M.log_sizes(4096, min(total, MAX_COMM_BYTES), points) if machine else (),
@@ -201,7 +228,7 @@ class _Plan:
     def items(self, points: int) -> int:
         """Timing points in all, for the progress bar."""
         return (
-            len(self.layer_points) * M.LAYER_ROUNDS
+            (len(self.layer_points) + len(self.tp_points)) * M.LAYER_ROUNDS
             + len(self.first_layers)
             + points * (len(self.stages) + len(self.sinks))
             + len(COLLECTIVES) * len(self.group_sizes) * len(self.comm_sizes)
@@ -226,7 +253,7 @@ def _measure(
     active = world if cores is None else max(1, min(world, cores))
     dtype = torch.bfloat16 if cuda else torch.float32
     probe = M.Probe(rank, world, active, device, dtype, settings.budget, beat)
-    todo = _Plan.of(graph, world, settings.points, settings.only)
+    todo = _Plan.of(graph, world, active, settings.points, settings.only)
     sharing = 1 if world > active and todo.machine else 0  # the taking-turns point
     bar = Bar(todo.items(settings.points) + sharing, rank == 0 and settings.progress)
     try:
@@ -243,13 +270,12 @@ def _measure(
         bar.close()
     if rank != 0:
         return None
-    rates = sorted(e.samples[-1].seconds / e.samples[-1].flops for e in entries if e.samples)
     overheads = StepOverheads(
         source="profile",
         **comm,
         **optimizer,
         wave_s=stage or 0.0,
-        seconds_per_flop=rates[len(rates) // 2] if rates else 0.0,
+        seconds_per_flop=data_parallel_rate(entries) or 0.0,
         inputs=inputs,
         losses=losses,
         cores=cores,
@@ -279,6 +305,9 @@ def _layers(probe: M.Probe, todo: _Plan, bar: Bar) -> tuple[tuple[ProfileEntry, 
     for group, b in todo.first_layers:
         ratios[group] = M.first_layer_ratio(probe, todo.groups[group][0], b)
         bar.step(f"{todo.groups[group][0].id}: first layer without an input gradient")
+    tp_seconds = M.tp_layers_seconds(
+        probe, [(ops[0], mode_of(ops[0]), k, b) for ops, k, b in todo.tp_points], bar.step
+    )
     if probe.rank != 0:
         return (), 0.0
     timings: list[list[tuple[int, float]]] = [[] for _ in todo.groups]
@@ -289,7 +318,17 @@ def _layers(probe: M.Probe, todo: _Plan, bar: Bar) -> tuple[tuple[ProfileEntry, 
         shape_entry(ops, t, ratios.get(i))
         for i, (ops, t) in enumerate(zip(todo.groups, timings, strict=True))
     )
-    return entries, jitter
+    return entries + _tp_entries(todo.tp_points, tp_seconds), jitter
+
+
+def _tp_entries(points: list, seconds: list[float | None]) -> tuple[ProfileEntry, ...]:
+    """An entry per (shape group, degree) of the tensor-parallel points that were timed."""
+    timings: dict[tuple[int, int], tuple[list, list[tuple[int, float]]]] = {}
+    for (ops, k, rows), t in zip(points, seconds, strict=True):
+        timed = timings.setdefault((id(ops), k), (ops, []))[1]
+        if t is not None:
+            timed.append((rows, t))
+    return tuple(shape_entry(ops, t, tp=k) for (_, k), (ops, t) in timings.items() if t)
 
 
 def _sharing(probe: M.Probe, todo: _Plan, bar: Bar) -> float | None:

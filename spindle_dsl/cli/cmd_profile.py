@@ -10,8 +10,10 @@ With ``--nproc N`` it measures on N worker processes of the backend a run uses (
 ``spindle train --nproc N`` spawns them: gloo on CPU, NCCL on CUDA, the workers' own thread
 setting), and measures everything else a step does too: the process group's collectives and
 point-to-point exchange, the optimizer, the input stages, the loss heads and the fixed cost
-per stage (``spindle_dsl.backends.torch.profiling``). Without it, one process times the layers
-alone and the rest of the step keeps its analytic figures.
+per stage (``spindle_dsl.backends.torch.profiling``); every shape the runtime can split is
+also timed tensor parallel, as a group of 2, 3, ... ranks runs it (up to N, and no more ranks
+than cores), so that a plan prices those layouts as measured. Without it, one process times
+the layers alone (data parallel) and the rest of the step keeps its analytic figures.
 """
 
 from __future__ import annotations
@@ -82,13 +84,15 @@ def run(args: argparse.Namespace) -> int:
         )
     profile.write(args.out)
     timings = sum(len(e.samples) for e in profile.entries)
+    split = sum(1 for e in profile.entries if e.tp > 1)
     where = (
         f"{profile.nproc} {profile.backend} worker processes ({profile.device_name})"
         if profile.nproc
         else profile.device_name
     )
     print(
-        f"wrote {args.out}: {len(profile.entries)} layer shapes, {timings} timings"
+        f"wrote {args.out}: {len(profile.entries) - split} layer shapes"
+        f"{f' (and {split} tensor-parallel layouts)' if split else ''}, {timings} timings"
         f"{', and the step overheads' if profile.overheads else ''} on {where} in "
         f"{time.perf_counter() - start:.1f} s"
     )

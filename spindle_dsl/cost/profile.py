@@ -15,7 +15,8 @@
               "samples": [{"batch": int, "flops": float, "seconds": float}],
               "segments": [{"from_flops": float, "to_flops": float | null,
                             "alpha_s": float, "beta_s_per_flop": float}],
-              "first_layer_ratio": float}]}     # optional, see below
+              "first_layer_ratio": float,       # optional, see below
+              "tp": int}]}                      # optional, see below (absent: 1)
 ```
 
 An entry is keyed by what determines a layer's time (kind, resolved args, input tokens, and
@@ -31,6 +32,13 @@ layer's first matmul, not a third of the layer: an mlp layer of two matmuls skip
 four backward matmuls (5/6 of the layer left), a transformer block far less. The curve of
 that MetaOp is its layers' mean, ``((L - 1) + ratio) / L`` times the profiled time; a
 profile without the measurement prices no saving.
+
+``tp`` (an entry of a profile made with ``--nproc N``): the layer as a tensor-parallel group of
+``tp`` ranks runs it (``ShardView``: each rank its slice of the layer on all the group's rows,
+with the slice's all-reduces), timed at several rows per group; ``flops`` is then a ``tp``-th
+of the rows' work, the share of one device, so the fit is read as a data-parallel entry's is.
+A layout measured so replaces the estimate of ``ProfiledCostModel`` and can be chosen
+unforced; one not measured (a degree above the worker count or the cores) keeps the estimate.
 
 A profile made on N worker processes (``spindle profile --nproc N``) times the layers on as
 many processes at once as the machine has cores for (so they contend for memory and caches as
@@ -78,7 +86,8 @@ VERSION = 1
 # predicted faster by more than this.
 PREDICTION_MARGIN = 0.05
 Mode = Literal["train", "input_grad", "forward"]
-ShapeKey = tuple[str, tuple[tuple[str, ArgValue], ...], int, str]
+# (kind, resolved args, input tokens, mode, tensor-parallel degree)
+ShapeKey = tuple[str, tuple[tuple[str, ArgValue], ...], int, str, int]
 
 
 def mode_of(op: MetaOp) -> Mode:
@@ -88,8 +97,9 @@ def mode_of(op: MetaOp) -> Mode:
     return "input_grad" if op.frozen else "train"
 
 
-def shape_key(op: MetaOp) -> ShapeKey:
-    return (op.kind, tuple(sorted(op.args)), op.tokens, mode_of(op))
+def shape_key(op: MetaOp, tp: int = 1) -> ShapeKey:
+    """What determines the time of a layer of ``op`` run ``tp``-way tensor parallel."""
+    return (op.kind, tuple(sorted(op.args)), op.tokens, mode_of(op), tp)
 
 
 @dataclass(frozen=True)
@@ -110,10 +120,11 @@ class ProfileEntry:
     fit: PiecewiseFit
     # the layer with an input that needs no gradient over the layer as timed (module docstring)
     first_layer_ratio: float | None = None
+    tp: int = 1  # the tensor-parallel degree it was timed at (module docstring)
 
     @property
     def key(self) -> ShapeKey:
-        return (self.kind, self.args, self.tokens, self.mode)
+        return (self.kind, self.args, self.tokens, self.mode, self.tp)
 
 
 @dataclass(frozen=True)
@@ -129,8 +140,8 @@ class Profile:
     backend: str = ""  # their process group's backend
     overheads: StepOverheads | None = None  # measured with --nproc (see the module docstring)
 
-    def lookup(self, op: MetaOp) -> ProfileEntry | None:
-        key = shape_key(op)
+    def lookup(self, op: MetaOp, tp: int = 1) -> ProfileEntry | None:
+        key = shape_key(op, tp)
         return next((e for e in self.entries if e.key == key), None)
 
     # --- JSON ---------------------------------------------------------------------------------
@@ -172,6 +183,7 @@ class Profile:
                         if e.first_layer_ratio is not None
                         else {}
                     ),
+                    **({"tp": e.tp} if e.tp > 1 else {}),
                 }
                 for e in self.entries
             ],
@@ -210,6 +222,7 @@ class Profile:
                         )
                     ),
                     first_layer_ratio=_ratio(e.get("first_layer_ratio")),
+                    tp=_degree(e.get("tp", 1)),
                 )
                 for e in d["entries"]
             )
@@ -259,6 +272,23 @@ def _ratio(value: Any) -> float | None:
     return ratio
 
 
+def _degree(value: Any) -> int:
+    """A stored ``tp``: an int of at least 1."""
+    degree = int(value)
+    if degree < 1 or degree != value:
+        raise ValueError(f"tp {value!r} is not a degree of at least 1")
+    return degree
+
+
+def data_parallel_rate(entries: Sequence[ProfileEntry]) -> float | None:
+    """Seconds per FLOP at the largest batch, the median over the data-parallel entries (a
+    tensor-parallel entry's time holds its all-reduces): the rate of work no layer prices."""
+    rates = sorted(
+        e.samples[-1].seconds / e.samples[-1].flops for e in entries if e.samples and e.tp == 1
+    )
+    return rates[len(rates) // 2] if rates else None
+
+
 def first_input_needs_no_gradient(graph: MetaGraph, op: MetaOp) -> bool:
     """Whether a trained MetaOp's first layer gets an input that needs no gradient: its inputs
     all come from MetaOps without a backward pass (frozen towers), none from a modality's
@@ -300,10 +330,12 @@ class ProfiledCostModel(comm.LinkPricing):
     the step (gradient reduction, exchange, losses, optimizer) from the profile's measured
     overheads, or the analytic ones for a profile made without ``--nproc``.
 
-    With ``tp`` (``--tp K``) an entry of a kind that splits K-way runs K-way on at least K
-    devices. The profile measures whole layers only, so such a point is an estimate: the
-    fit's time at a K-th of the shard's FLOPs (its fixed cost per layer kept whole) plus the
-    layer's activation all-reduces at the measured all-reduce line (``tp_comm_seconds``)."""
+    A tensor-parallel layout is priced from its own entry where the profile measured it (the
+    module docstring), and then competes with data parallelism point by point. With ``tp``
+    (``--tp K``) an entry of a kind that splits K-way runs K-way on at least K devices; a
+    degree the profile did not measure is an estimate: the data-parallel fit's time at a K-th
+    of the shard's FLOPs (its fixed cost per layer kept whole) plus the layer's activation
+    all-reduces at the measured all-reduce line (``tp_comm_seconds``)."""
 
     prediction_margin = PREDICTION_MARGIN
 
@@ -351,17 +383,20 @@ class ProfiledCostModel(comm.LinkPricing):
     def _time(self, op: MetaOp, dp: int, recompute: bool = False, tp: int = 1) -> float:
         """Measured layer time at ``dp``'s shard; recomputing reads the fit at the work of
         one more forward (the fit maps per-device FLOPs to seconds for this shape and mode);
-        ``tp > 1`` is the estimate of the class docstring. No gradient all-reduce: the step
-        model prices the reduction as the runtime issues it."""
-        entry = self._entry(op)
+        ``tp > 1`` reads that degree's entry, or makes the estimate of the class docstring. No
+        gradient all-reduce: the step model prices the reduction as the runtime issues it."""
         shard = comm.ceil_div(op.batch, dp)
         rc = recompute and op.needs_backward
         per_sample = backward_multiplier(op, rc) * op.forward_flops_per_layer / max(op.batch, 1)
-        compute = max(entry.fit.predict(per_sample * shard / tp), 1e-9)
+        work = per_sample * shard / tp
+        measured = self.profile.lookup(op, tp) if tp > 1 else None
+        if measured is not None:
+            return max(measured.fit.predict(work), 1e-9)
+        compute = max(self._entry(op).fit.predict(work), 1e-9)
         if tp == 1:
             return compute
-        measured = self.overheads.all_reduce.seconds
-        return compute + tp_comm_seconds(op, shard, tp, rc, self.cluster, measured)
+        line = self.overheads.all_reduce.seconds
+        return compute + tp_comm_seconds(op, shard, tp, rc, self.cluster, line)
 
     def _forced(self, op: MetaOp) -> int | None:
         """K of ``--tp K`` where this op runs K-way on K or more devices, else None."""
@@ -369,11 +404,20 @@ class ProfiledCostModel(comm.LinkPricing):
             return None
         return self.tp if self.tp in tp_degrees(op, self.cluster, self.tp) else None
 
+    def _measured_degrees(self, op: MetaOp) -> tuple[int, ...]:
+        """The tensor-parallel degrees of ``op`` the profile timed and the runtime can run
+        (none under ``--tp 1``)."""
+        if self.tp == 1:
+            return ()
+        allowed = tp_degrees(op, self.cluster)[1:]
+        return tuple(k for k in allowed if self.profile.lookup(op, k) is not None)
+
     def _best(self, op: MetaOp, recompute: bool = False) -> StepCurve | ForcedCurve:
-        """T(n) for every n: the fastest dp <= n (idle devices allowed), from the dp at the
-        batch's shard breakpoints only (``cost.allocations``: a fixed shard is fastest on the
-        fewest replicas, as the gradient all-reduce only grows with them); each option is its
-        (dp, tp). With ``--tp K``, K-way from K devices on (``ForcedCurve``)."""
+        """T(n) for every n: the fastest layout on at most n devices (idle devices allowed),
+        from the dp at the batch's shard breakpoints only (``cost.allocations``: a fixed shard
+        is fastest on the fewest replicas, as the gradient all-reduce only grows with them),
+        data parallel or at a measured tensor-parallel degree; each option is its (dp, tp).
+        With ``--tp K``, K-way from K devices on (``ForcedCurve``)."""
         key = (op, recompute)
         if key not in self._best_memo:
             k = self._forced(op)
@@ -383,7 +427,9 @@ class ProfiledCostModel(comm.LinkPricing):
                 return [(dp * tp, self._time(op, dp, recompute, tp), (dp, tp)) for dp in dps]
 
             if k is None:
-                curve: Any = StepCurve.of(options(1, self.cluster.devices))
+                degrees = (1, *self._measured_degrees(op))
+                devices = self.cluster.devices
+                curve: Any = StepCurve.of(p for t in degrees for p in options(t, devices // t))
             else:
                 above = StepCurve.of(options(k, self.cluster.devices // k), least=k)
                 curve = ForcedCurve(StepCurve.of(options(1, k - 1)), above, k)
@@ -391,13 +437,13 @@ class ProfiledCostModel(comm.LinkPricing):
         return self._best_memo[key]
 
     def _layout(self, op: MetaOp, n: int) -> tuple[int, int]:
-        """(dp, tp) of an entry on n devices: the forced layout where ``--tp`` applies, else
-        the data-parallel degree whose shard the runtime runs (it splits a batch over every
-        device of an entry): the least dp with n's shard. With the fit monotone, no smaller
-        dp is faster, so the time is ``_best``'s at n as well."""
-        k = self._forced(op)
-        if k is not None and n >= k:
-            return self._best(op).at(n)[1]
+        """(dp, tp) of an entry on n devices: the curve's tensor-parallel layout at n where it
+        has one, else the data-parallel degree whose shard the runtime runs (it splits a batch
+        over every device of an entry): the least dp with n's shard. With the fit monotone, no
+        smaller dp is faster, so the time is ``_best``'s at n as well."""
+        chosen = self._best(op).at(n)[1]
+        if chosen[1] > 1:
+            return chosen
         shard = comm.ceil_div(max(op.batch, 1), max(min(n, max(op.batch, 1)), 1))
         return comm.ceil_div(max(op.batch, 1), shard), 1
 

@@ -32,7 +32,7 @@ from spindle_dsl.atomic import write_atomic
 from spindle_dsl.cost.fit import fit_piecewise
 from spindle_dsl.cost.machine import MachineKey
 from spindle_dsl.cost.overheads import StepOverheads
-from spindle_dsl.cost.profile import Profile, ProfileEntry, Sample
+from spindle_dsl.cost.profile import Profile, ProfileEntry, Sample, data_parallel_rate
 from spindle_dsl.cost.profile_needs import ProfileNeeds, ProfileSelection, ShapeNeed
 from spindle_dsl.errors import SpindleError
 
@@ -111,8 +111,8 @@ class CachedProfile:
             d[field] = {name: d[field][key] for name, key in pairs}
         for field in ("parts", "parts_alone"):
             d[field] = {name: d[field][key] for name, key in needs.parts if key in d[field]}
-        rates = sorted(e.samples[-1].seconds / e.samples[-1].flops for e in entries if e.samples)
-        d["seconds_per_flop"] = rates[len(rates) // 2] if rates else d["seconds_per_flop"]
+        rate = data_parallel_rate(entries)
+        d["seconds_per_flop"] = d["seconds_per_flop"] if rate is None else rate
         return replace(
             self.profile,
             spec=needs.spec,

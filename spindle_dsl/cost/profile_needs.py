@@ -7,8 +7,10 @@ those terms gets a second name, its cache key: the spec's name and a fingerprint
 it belongs to (its kind, resolved arguments, frozenness and the modalities its input stages
 read), so that two specs calling different modules ``lm`` never share a figure and a renamed
 module is measured again. Layer shapes need no such name: ``shape_key`` already says all that
-determines a layer's time, and the per-device batches the planner will ask about
-(``ShapeNeed.batches``) say which range of the fit must be measured rather than extrapolated.
+determines a layer's time (its tensor-parallel degree included: each degree the runtime can
+split a shape into, up to the workers that compute side by side, is a shape of its own), and
+the per-device batches the planner will ask about (``ShapeNeed.batches``) say which range of
+the fit must be measured rather than extrapolated.
 
 ``ProfileSelection`` is the other direction: what a profiling run is to measure, in the spec's
 own names (the backend measures a spec), for the terms the cache lacks.
@@ -21,9 +23,15 @@ import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+from spindle_dsl.cluster import usable_cores
 from spindle_dsl.cost.overheads import part_class
 from spindle_dsl.cost.profile import ShapeKey, shape_key
-from spindle_dsl.cost.profiler import needs_first_layer_ratio, shape_batches, shape_groups
+from spindle_dsl.cost.profiler import (
+    measured_tp_degrees,
+    needs_first_layer_ratio,
+    shape_groups,
+    tp_batches,
+)
 from spindle_dsl.cost.step_parts import op_steps, sink_losses
 from spindle_dsl.metagraph import MetaGraph
 
@@ -36,7 +44,7 @@ class ShapeNeed:
 
     key: ShapeKey
     metaops: tuple[str, ...]  # the graph's MetaOps of this shape
-    batches: tuple[int, ...]  # per-device batches the planner prices (``shape_batches``)
+    batches: tuple[int, ...]  # per-device batches (rows per group) priced (``tp_batches``)
     first_layer_ratio: bool  # whether some MetaOp of it needs ``first_layer_ratio``
 
 
@@ -54,14 +62,16 @@ class ProfileNeeds:
     @classmethod
     def of(cls, graph: MetaGraph, points: int = POINTS) -> ProfileNeeds:
         devices = graph.cluster.devices
+        side_by_side = min(devices, usable_cores())
         shapes = tuple(
             ShapeNeed(
-                shape_key(ops[0]),
+                shape_key(ops[0], tp),
                 tuple(o.id for o in ops),
-                shape_batches(ops, devices, points),
-                needs_first_layer_ratio(graph, ops),
+                tp_batches(ops, devices, tp, points),
+                tp == 1 and needs_first_layer_ratio(graph, ops),
             )
             for ops in shape_groups(graph)
+            for tp in (1, *measured_tp_degrees(ops[0], graph.cluster, side_by_side))
         )
         inputs = {  # a MetaOp without samples runs no input stage (nor is one measured)
             stage.key: cache_key(graph, stage.key, stage.part.split("/")[0])
@@ -116,10 +126,12 @@ class ProfileSelection:
         return not (self.shapes or self.inputs or self.losses or self.parts or self.machine)
 
     def describe(self) -> str:
-        """``2 layer shapes, 1 input stage and the machine's collectives``, for a progress
-        line."""
+        """``2 layer shapes, 2 tensor-parallel layouts, 1 input stage and the machine's
+        collectives``, for a progress line."""
+        split = sum(1 for key in self.shapes if key[-1] > 1)
         counts = (
-            (len(self.shapes), "layer shape"),
+            (len(self.shapes) - split, "layer shape"),
+            (split, "tensor-parallel layout"),
             (len(self.inputs), "input stage"),
             (len(self.losses), "loss head"),
             (len(self.parts), "optimizer part"),

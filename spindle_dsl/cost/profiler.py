@@ -15,9 +15,11 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from spindle_dsl.cluster import Cluster
 from spindle_dsl.cost import comm
-from spindle_dsl.cost.analytic import backward_multiplier
+from spindle_dsl.cost.analytic import backward_multiplier, tp_degrees
 from spindle_dsl.cost.fit import fit_piecewise
 from spindle_dsl.cost.profile import (
     Mode,
@@ -75,12 +77,14 @@ def layer_runner(
     *,
     device: str = "cpu",
     input_grad: bool | None = None,
+    wrap: Callable[[Any], Any] | None = None,
 ) -> Callable[[], float]:
     """One layer of this shape built with its input, as a function that runs it once, forward
     (+ backward unless ``mode == "forward"``), and returns the seconds it took. The input
     needs a gradient unless ``mode == "forward"`` or ``input_grad`` is False (a layer whose
     input comes from frozen towers: its backward then skips its first matmul's input
-    gradient)."""
+    gradient). ``wrap`` runs the built layer through another module (a rank's
+    tensor-parallel view of it)."""
     import torch
 
     kind = get_kind(kind_name)
@@ -89,6 +93,8 @@ def layer_runner(
     layer = kind.build_layer(args).to(device=dev, dtype=dtype)
     if mode != "train":
         layer.requires_grad_(False)
+    if wrap is not None:
+        layer = wrap(layer)
     # the layers work at the tokens the input stage makes (a CLS token more, a stem's fewer)
     inner = kind.layer_tokens(args, tokens)
     x = torch.randn(batch, inner, kind.in_width(args), device=dev, dtype=dtype)
@@ -203,6 +209,20 @@ def shape_batches(ops: Sequence[MetaOp], devices: int, points: int) -> tuple[int
     return planned_batches(largest, devices, points)
 
 
+def measured_tp_degrees(op: MetaOp, cluster: Cluster, side_by_side: int) -> tuple[int, ...]:
+    """The tensor-parallel degrees a profile times ``op``'s shape at: those the runtime can
+    split it into (``tp_degrees``) with a group small enough for ``side_by_side``, the ranks
+    that compute at once without taking turns on a core (a larger group would time the OS's
+    time-slicing, which the step model prices per wave)."""
+    return tuple(k for k in tp_degrees(op, cluster)[1:] if k <= side_by_side)
+
+
+def tp_batches(ops: Sequence[MetaOp], devices: int, tp: int, points: int) -> tuple[int, ...]:
+    """The rows per ``tp``-way group to time a shape at: those its MetaOps meet with a
+    data-parallel degree of up to ``devices // tp``."""
+    return shape_batches(ops, max(devices // tp, 1), points)
+
+
 def per_sample_flops(op: MetaOp) -> float:
     """Forward+backward FLOPs of one layer of ``op`` for one sample."""
     return backward_multiplier(op) * get_kind(op.kind).forward_flops(dict(op.args), op.tokens)
@@ -234,10 +254,13 @@ def shape_entry(
     ops: Sequence[MetaOp],
     timings: Sequence[tuple[int, float]],
     first_layer_ratio: float | None = None,
+    tp: int = 1,
 ) -> ProfileEntry:
-    """A profile entry from (per-device batch, median seconds) timings of the shape."""
+    """A profile entry from (per-device batch, seconds) timings of the shape; with ``tp``,
+    (rows per group, seconds) timings of its ``tp``-way layer, each device doing a ``tp``-th
+    of the rows' work."""
     op = ops[0]
-    per_sample = per_sample_flops(op)
+    per_sample = per_sample_flops(op) / tp
     samples = tuple(Sample(b, per_sample * b, t) for b, t in timings)
     return ProfileEntry(
         kind=op.kind,
@@ -248,6 +271,7 @@ def shape_entry(
         samples=samples,
         fit=fit_piecewise([(s.flops, s.seconds) for s in samples]),
         first_layer_ratio=first_layer_ratio,
+        tp=tp,
     )
 
 

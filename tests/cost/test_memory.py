@@ -27,7 +27,7 @@ def linear_profile(graph, alpha: float, beta: float) -> Profile:
     """A profile measuring every shape of ``graph`` as alpha + beta * FLOPs."""
     entries = {}
     for op in graph.metaops:
-        kind, args, tokens, mode = shape_key(op)
+        kind, args, tokens, mode, _ = shape_key(op)
         entries[shape_key(op)] = ProfileEntry(
             kind,
             args,

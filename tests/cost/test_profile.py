@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -28,7 +29,7 @@ def graph(cluster, *ops) -> MetaGraph:
 
 
 def synthetic_profile(op, alpha: float, beta: float) -> Profile:
-    kind, args, tokens, mode = shape_key(op)
+    kind, args, tokens, mode, _ = shape_key(op)
     entry = ProfileEntry(
         kind=kind,
         args=args,
@@ -91,6 +92,52 @@ def test_profile_round_trips_through_json(tmp_path, build_op, cluster) -> None:
     model = make_cost_model(cluster(2, "cpu"), path)
     assert isinstance(model, ProfiledCostModel)
     assert model.curves(graph(cluster(2, "cpu"), op)).source == str(path)
+
+
+def with_tp_entry(profile: Profile, tp: int, alpha: float, beta: float) -> Profile:
+    """``profile`` with its one layer shape also timed ``tp``-way tensor parallel."""
+    entry = replace(
+        profile.entries[0], tp=tp, fit=PiecewiseFit((Segment(0.0, float("inf"), alpha, beta),))
+    )
+    return replace(profile, entries=(*profile.entries, entry))
+
+
+def test_a_measured_tensor_parallel_layout_is_priced_from_its_entry(build_op, cluster) -> None:
+    """A layout the profile timed is priced from its own fit (no estimate added), chosen where
+    it is faster than data parallelism, never where it is slower, and off under ``--tp 1``."""
+    c = cluster(4, "cpu")
+    op = build_op("mlp", MLP, batch=2, tokens=8, dtype_bytes=4)
+    per_sample = 3 * op.forward_flops_per_layer / 2
+    base = synthetic_profile(op, 1e-3, 1e-9)
+    fast = with_tp_entry(base, 2, 1e-4, 1e-9)
+    curve = ProfiledCostModel(c, fast).curves(graph(c, op))[op.id]
+    # a batch of 2 stops data parallelism at 2 devices; two 2-way groups use 4
+    assert curve.layout(4) == (2, 2)
+    assert curve.at(4) == pytest.approx(1e-4 + 1e-9 * per_sample * 1 / 2)
+    slow = with_tp_entry(base, 2, 1e-2, 1e-9)
+    assert ProfiledCostModel(c, slow).curves(graph(c, op))[op.id].layouts == ()
+    assert ProfiledCostModel(c, fast, tp=1).curves(graph(c, op))[op.id].layouts == ()
+    # forced, the measured figure replaces the estimate
+    forced = ProfiledCostModel(c, slow, tp=2).curves(graph(c, op))[op.id]
+    assert forced.layout(2) == (1, 2)
+    assert forced.at(2) == pytest.approx(1e-2 + 1e-9 * per_sample * 2 / 2)
+
+
+def test_a_tensor_parallel_entry_round_trips_and_a_bad_degree_is_refused(
+    tmp_path, build_op
+) -> None:
+    op = build_op("mlp", MLP, batch=10, tokens=8, dtype_bytes=4)
+    profile = with_tp_entry(synthetic_profile(op, 2e-3, 3e-9), 2, 1e-3, 2e-9)
+    path = tmp_path / "p.json"
+    profile.write(path)
+    assert Profile.read(path) == profile
+    assert profile.lookup(op, 2) is profile.entries[1] and profile.lookup(op, 4) is None
+    data = json.loads(path.read_text())
+    assert "tp" not in data["entries"][0] and data["entries"][1]["tp"] == 2
+    data["entries"][1]["tp"] = 0
+    path.write_text(json.dumps(data))
+    with pytest.raises(SpindleError, match="tp 0 is not a degree"):
+        Profile.read(path)
 
 
 @pytest.mark.parametrize(

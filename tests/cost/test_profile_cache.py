@@ -32,9 +32,9 @@ from spindle_dsl.cost.profile_cache import (
 from spindle_dsl.cost.profile_needs import ProfileNeeds, ProfileSelection
 from spindle_dsl.cost.profiler import (
     needs_first_layer_ratio,
-    shape_batches,
     shape_entry,
     shape_groups,
+    tp_batches,
 )
 from spindle_dsl.cost.step_parts import op_steps, sink_losses
 from spindle_dsl.errors import ExecutionError
@@ -55,15 +55,18 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def fake_profile(graph: MetaGraph, ranks: int, selection: ProfileSelection) -> Profile:
     """What a profiling run of ``selection`` returns, with made-up figures: a layer takes
-    1 ms per sample, the step's other terms keep the analytic figures."""
+    1 ms per sample (a K-way tensor-parallel one a K-th of that), the step's other terms keep
+    the analytic figures."""
     entries = tuple(
         shape_entry(
             ops,
-            [(b, 1e-3 * b) for b in shape_batches(ops, graph.cluster.devices, 5)],
-            0.9 if needs_first_layer_ratio(graph, ops) else None,
+            [(b, 1e-3 * b / tp) for b in tp_batches(ops, graph.cluster.devices, tp, 5)],
+            0.9 if tp == 1 and needs_first_layer_ratio(graph, ops) else None,
+            tp=tp,
         )
         for ops in shape_groups(graph)
-        if shape_key(ops[0]) in selection.shapes
+        for tp in range(1, graph.cluster.devices + 1)
+        if shape_key(ops[0], tp) in selection.shapes
     )
     d = analytic_overheads(graph.cluster).to_dict()
     line = {"alpha_s": 1e-4, "beta_s": 1e-5}
@@ -147,7 +150,9 @@ def test_a_second_run_reuses_the_cache_without_measuring(
     out, err = capfd.readouterr()
     assert [ranks for ranks, _ in measured] == [2]  # one worker process per device
     first = measured[0][1]
-    assert first.machine and len(first.shapes) == 6 and first.inputs and first.losses
+    # the 6 layer shapes, and each of them 2-way tensor parallel
+    assert sorted(key[-1] for key in first.shapes) == [1] * 6 + [2] * 6
+    assert first.machine and first.inputs and first.losses
     assert "profiling this machine" in err and "cost model: the cached profile" in err
     assert "uncalibrated" not in out
     assert the_cache_file(cache).is_file()
@@ -175,12 +180,13 @@ def test_a_spec_with_one_new_shape_measures_only_that_shape(
     assert main(["plan", str(wider), *PLAN]) == 0
     capfd.readouterr()
     graph = compile_file(str(wider), cluster_overrides={"devices": 2}).graph
-    new = shape_key(graph.op("transcribe/audio_proj"))
-    assert measured[1][1] == ProfileSelection(shapes=frozenset({new}),
+    op = graph.op("transcribe/audio_proj")
+    new = {shape_key(op), shape_key(op, 2)}  # and its 2-way tensor-parallel layer
+    assert measured[1][1] == ProfileSelection(shapes=frozenset(new),
                                               parts=frozenset({"audio_proj/layer"}))  # fmt: skip
     # both specs' shapes are in the file now
     cached, warning = read_cache(the_cache_file(cache), MachineKey.here(2))
-    assert warning is None and len(cached.profile.entries) == 7
+    assert warning is None and len(cached.profile.entries) == 14
 
 
 def test_a_larger_batch_measures_the_shapes_again_and_merges_the_samples(
@@ -193,7 +199,7 @@ def test_a_larger_batch_measures_the_shapes_again_and_merges_the_samples(
     assert main(["plan", str(bigger), *PLAN]) == 0
     capfd.readouterr()
     again = measured[1][1]
-    assert len(again.shapes) == 6 and not again.machine  # the fits would be read past samples
+    assert len(again.shapes) == 12 and not again.machine  # the fits would be read past samples
     cached, _ = read_cache(the_cache_file(cache), MachineKey.here(2))
     lm = next(e for e in cached.profile.entries if e.metaops == ("caption/lm",))
     assert [s.batch for s in lm.samples] == [12, 24, 48, 96]  # 32's (12, 24) and 128's (48, 96)
@@ -372,7 +378,7 @@ def test_an_unusable_cache_file_is_ignored_with_a_warning_and_rebuilt(
     assert "warning: ignoring the profile cache" in err and "Traceback" not in err
     assert len(measured) == 1 and measured[0][1].machine  # measured afresh
     cached, warning = read_cache(path, MachineKey.here(2))
-    assert warning is None and len(cached.profile.entries) == 6
+    assert warning is None and len(cached.profile.entries) == 12
     assert "uncalibrated" not in out
 
 
@@ -481,5 +487,6 @@ def test_measuring_on_workers_fills_the_cache_and_then_only_what_is_new(
     assert main(["plan", str(spec), "--quiet", "--scheduler", "paper"]) == 0
     capfd.readouterr()
     assert len(got) == 2
-    assert [e.tokens for e in got[1].entries] == [6]  # only the new shape's layer
+    # only the new shape's layer, data and 2-way tensor parallel
+    assert [(e.tokens, e.tp) for e in got[1].entries] == [(6, 1), (6, 2)]
     assert got[1].overheads and not got[1].overheads.all_reduce.fits  # no collectives again

@@ -58,6 +58,25 @@ def test_profile_on_workers_measures_the_whole_step(tmp_path, capfd) -> None:
     assert plan["breakdown"]["loss_s"] > 0 and plan["breakdown"]["optimizer_s"] > 0
 
 
+def test_the_workers_time_tensor_parallel_layers_and_the_plan_prices_them(tmp_path, capfd) -> None:
+    """Each shape the runtime can split 2-way is also timed as a 2-way group of the workers
+    runs it; ``--tp 2`` then prices the layout from that entry, not from an estimate."""
+    spec, out_file, _out, err = _profile(tmp_path, capfd)
+    assert "2-way tensor parallel" in err  # the progress bar names the points
+    profile = Profile.read(out_file)
+    graph = compile_file(str(spec)).graph
+    for op in graph.metaops:
+        entry = profile.lookup(op, 2)
+        assert entry is not None and entry.samples and profile.lookup(op) is not None
+        assert all(s.seconds > 0 for s in entry.samples)
+    lm = graph.op("listen/lm")
+    model = make_cost_model(graph.cluster, out_file, tp=2)
+    curve = model.curves(graph)[lm.id]  # type: ignore[attr-defined]
+    assert curve.layout(2) == (1, 2)
+    work = 3 * lm.forward_flops_per_layer / 2  # the whole batch's per-device share
+    assert curve.at(2) == profile.lookup(lm, 2).fit.predict(work)  # type: ignore[union-attr]
+
+
 def test_more_ranks_than_cores_measures_what_taking_turns_costs(tmp_path, capfd, monkeypatch):
     """2 ranks on 1 core (``SPINDLE_CORES=1``, which the workers inherit): the profile times
     one layer on one rank, then on both at once, and keeps what the sharing costs beyond the
@@ -72,6 +91,8 @@ def test_more_ranks_than_cores_measures_what_taking_turns_costs(tmp_path, capfd,
     graph = compile_file(str(spec)).graph
     step = make_cost_model(graph.cluster, out_file).step_model(graph)  # type: ignore[attr-defined]
     assert step.cores == 1 and step.overheads.sharing_slowdown == o.sharing_slowdown
+    # a 2-way group on one core would time the OS taking turns: no tensor-parallel layer
+    assert all(e.tp == 1 for e in Profile.read(out_file).entries)
 
 
 FROZEN = """
@@ -89,7 +110,8 @@ def test_the_workers_measure_the_first_layer_of_an_adapter_after_a_frozen_tower(
     tmp_path, capfd
 ) -> None:
     _, out_file, _, _ = _profile(tmp_path, capfd, FROZEN)
-    ratios = {e.metaops: e.first_layer_ratio for e in Profile.read(out_file).entries}
+    entries = Profile.read(out_file).entries
+    ratios = {e.metaops: e.first_layer_ratio for e in entries if e.tp == 1}
     assert ratios[("listen/ear",)] is None and ratios[("listen/lm",)] is None
     ratio = ratios[("listen/adapt",)]
     assert ratio is not None and 0.0 < ratio <= 1.0
