@@ -32,7 +32,9 @@ runs a few seconds apart, and the default/sequential figure of a case is the med
 pairs' ratios.
 
     .venv/bin/python bench/predict_accuracy.py [--steps 8] [--repeat 3] [--turns 2]
-        [--cases tiny_mm@2 ...]
+        [--cases tiny_mm@2 ...] [--tp K]
+
+``--tp K`` plans both with ``--tp K`` (the profile times the tensor-parallel layers as well).
 """
 
 from __future__ import annotations
@@ -109,10 +111,16 @@ def speed_probe() -> float:
 
 
 def run_case(
-    name: str, nproc: int, steps: int, work: Path, cycle: int = 0, turns: int = 1
+    name: str,
+    nproc: int,
+    steps: int,
+    work: Path,
+    cycle: int = 0,
+    turns: int = 1,
+    tp: int | None = None,
 ) -> list[dict]:
-    """Profile the case once, plan it with both schedulers, then train each plan ``turns``
-    times, the plans alternating; a row per run."""
+    """Profile the case once, plan it with both schedulers (``--tp tp`` where given), then
+    train each plan ``turns`` times, the plans alternating; a row per run."""
     spec = str(SPECS[name])
     common = ("--devices", str(nproc), "--nproc", str(nproc))
     profile = work / f"{name}-{nproc}-{cycle}-profile.json"
@@ -125,7 +133,8 @@ def run_case(
     for scheduler in SCHEDULERS:
         plans[scheduler] = work / f"{name}-{nproc}-{cycle}-{scheduler}-plan.json"
         spindle("plan", spec, "--devices", str(nproc), "--profile", str(profile),
-                "--scheduler", scheduler, "--out", str(plans[scheduler]), "--quiet")  # fmt: skip
+                "--scheduler", scheduler, "--out", str(plans[scheduler]), "--quiet",
+                *(("--tp", str(tp)) if tp else ()))  # fmt: skip
     out = []
     for turn in range(max(1, turns)):
         # default first in even cycles and turns, sequential first otherwise: on a machine
@@ -250,6 +259,12 @@ def main() -> int:
         metavar="T",
         help="train each cycle's two plans T times, alternating (default 1)",
     )
+    ap.add_argument(
+        "--tp",
+        type=int,
+        metavar="K",
+        help="plan with --tp K: every entry of a kind that splits K-way runs K-way",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument(
         "--keep",
@@ -274,12 +289,13 @@ def main() -> int:
         Path(tmp).mkdir(parents=True, exist_ok=True)
         for cycle in range(max(1, args.repeat)):  # repeats interleaved: drift spreads over all
             for name, n in cases:
-                rows += run_case(name, n, args.steps, Path(tmp), cycle, args.turns)
+                rows += run_case(name, n, args.steps, Path(tmp), cycle, args.turns, args.tp)
     load_after = os.getloadavg()[0]
     print(
         f"\npredicted vs measured step time: gloo workers on {cores} CPU cores, float32, "
         f"median of steps 2..{args.steps}; load average {load_before:.1f} before, "
         f"{load_after:.1f} after; drift: the machine's speed at the run over at the profile"
+        + (f"; planned with --tp {args.tp}" if args.tp else "")
     )
     print_rows(rows, cores)
     if args.repeat * args.turns > 1:

@@ -64,6 +64,11 @@ class DeviceModel:
 
 # GPUs: large bf16 GEMM-bound layers reach ~60% of the dense peak (typical training MFU is
 # 40-60%); a ~2 GFLOP layer (~10 us) runs at half that; ~60 us of launch/dispatch per layer.
+# Published runs to check it against (``bench/published_runs.py`` prints them beside the
+# prediction): torchtitan's Llama 3 8B reaches 2,973 tokens/s per A100-80GB at 58.2% MFU (64
+# GPUs, FSDP, local batch 1, sequence 8,192), and Llama 3.1 8B 5,762 tokens/s per H100 (8 GPUs
+# at a 500 W power limit, FSDP, local batch 2), 33-39% MFU (github.com/pytorch/torchtitan,
+# docs/performance.md).
 GPU_MODEL = DeviceModel(max_efficiency=0.6, half_work_flops=2e9, layer_overhead_s=60e-6)
 # CPU: eager PyTorch dispatch costs ~0.3 ms per layer forward+backward; small matmuls lose
 # efficiency below a few MFLOP.
