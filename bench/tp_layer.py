@@ -7,7 +7,10 @@ backward, two ways, interleaved repetition by repetition: data parallel (each ra
 ``W``-way slice of the layer through the runtime's ``ShardView``). It prints the median
 seconds of rank 0 beside the analytic cost model's price of the same layout (compute plus
 the tensor-parallel all-reduces; the gradient reduction, which both layouts pay in full in this
-runtime, is left out of both). Over 2 cores, W = 4 shares the cores.
+runtime, is left out of both), and the bytes of activations autograd keeps for the backward on
+rank 0 beside the memory model's ``kept`` term for one layer of that layout (the weights are
+held whole in both layouts, so the activations are what tensor parallelism changes). Over 2
+cores, W = 4 shares the cores.
 
     .venv/bin/python bench/tp_layer.py [SPEC] [--metaop chat/lm] [--worlds 1 2 4] [--repeat 15]
 """
@@ -59,9 +62,34 @@ def _rank(rank: int, world: int, port: int, spec: str, metaop: str, repeat: int,
         times["dp"].append(step(layer, mine))
         if view is not None:
             times["tp"].append(step(view, rows))
+    kept = {"dp": _kept_bytes(layer, layer, mine)}
+    if view is not None:
+        kept["tp"] = _kept_bytes(layer, view, rows)
     if rank == 0:
-        out.put({k: statistics.median(v[3:]) for k, v in times.items() if v})
+        out.put({k: (statistics.median(v[3:]), kept[k]) for k, v in times.items() if v})
     dist.destroy_process_group()
+
+
+def _kept_bytes(layer, module, x) -> int:
+    """Bytes of the activations autograd keeps from ``module``'s forward until its backward
+    (each storage once, the layer's own parameters and their slices left out): the rank's
+    ``kept`` term of the memory model for one layer."""
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    x = x.clone().requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = module(x)
+    y.sum().backward()
+    return sum(kept.values())
 
 
 def _measure(world: int, spec: str, metaop: str, repeat: int) -> dict[str, float]:
@@ -91,26 +119,34 @@ def main() -> int:
     args = ap.parse_args()
 
     from spindle_dsl.cost.analytic import price
+    from spindle_dsl.cost.memory import op_memory_info, slice_activations
     from spindle_dsl.language import compile_file
 
     graph = compile_file(args.spec).graph
     op = graph.op(args.metaop)
+    info = op_memory_info(graph, op)
     cluster = graph.cluster.with_overrides(devices=max(args.worlds))
     print(
         f"{Path(args.spec).name} {args.metaop}: one layer, batch {op.batch}, {op.tokens} tokens, "
-        f"width {op.in_width}; median of {args.repeat} forward+backward on rank 0 (ms)"
+        f"width {op.in_width}; median of {args.repeat} forward+backward on rank 0 (ms); "
+        f"activations kept for the backward on rank 0 (MiB)"
     )
-    print(f"{'ranks':>5} {'layout':>8} {'predicted':>10} {'measured':>9} {'meas/pred':>9}")
+    print(
+        f"{'ranks':>5} {'layout':>8} {'predicted':>10} {'measured':>9} {'meas/pred':>9}"
+        f" {'kept pred':>10} {'kept meas':>10} {'meas/pred':>9}"
+    )
     for world in args.worlds:
         measured = _measure(world, args.spec, args.metaop, args.repeat)
         layouts = {"dp": (world, 1), "tp": (1, world)}
-        for name, seconds in measured.items():
+        for name, (seconds, kept) in measured.items():
             dp, tp = layouts[name]
             c = price(op, dp, tp, cluster)
             predicted = c.compute_s + c.tp_comm_s
+            kept_pred = slice_activations(op, 1, dp, tp, cluster, False, info)[0]
             print(
                 f"{world:>5} {f'{dp}x{tp}':>8} {predicted * 1e3:>10.2f} {seconds * 1e3:>9.2f} "
-                f"{seconds / predicted:>9.2f}"
+                f"{seconds / predicted:>9.2f} {kept_pred / 2**20:>10.2f} {kept / 2**20:>10.2f} "
+                f"{kept / kept_pred:>9.2f}"
             )
     return 0
 
