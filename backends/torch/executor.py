@@ -385,8 +385,13 @@ class StepExecutor:
 
     def _group_grad(self, stage: Stage, out: torch.Tensor, grad: torch.Tensor | None):
         """The gradient of a tensor-parallel stage's output on every rank of its group: the
-        lead's (from the stages and losses its rows went to) broadcast to the others."""
+        lead's (from the stages and losses its rows went to) broadcast to the others, or, for
+        a sink scored split by vocabulary, the sum of every rank's share."""
         ranks = stage.group_of(self.rank)
+        if stage.last and stage.metaop in self.schedule.vocab_split:
+            grad = grad.contiguous() if grad is not None else torch.zeros_like(out)
+            dist.all_reduce(grad, group=self.tp_groups[ranks])
+            return grad
         if self.rank == ranks[0]:
             grad = grad.contiguous() if grad is not None else torch.zeros_like(out)
         else:
@@ -458,14 +463,16 @@ class StepExecutor:
             shares[task.name] = 0.0
             for i, sink_id in enumerate(task.sinks):
                 last = self.schedule.chain(sink_id)[-1]
-                if self.rank not in last.leads:  # a tensor-parallel group scores on its lead
+                split = sink_id in self.schedule.vocab_split
+                # a tensor-parallel group scores on its lead, or together split by vocabulary
+                if self.rank not in (last.devices if split else last.leads):
                     continue
                 key = (sink_id, last.index)
                 y = outputs[key].detach().requires_grad_(outputs[key].requires_grad)
                 sink_leaves.append((key, y))
                 part = self._sink_loss(task, i, sink_id, step, m, last, y, readouts)
-                if part is not None:
-                    _add_loss(shares, seeds, task.name, part)
+                if part is not None:  # each group counts its loss once, on its lead
+                    _add_loss(shares, seeds, task.name, part, count=self.rank in last.leads)
         return shares, seeds, sink_leaves, readouts
 
     def _sink_loss(
@@ -498,11 +505,18 @@ class StepExecutor:
         if task.loss == "lm":
             head = self.store[Part(head_module(self.graph.op(sink_id)), "head")]
             where = self.lm_targets[sink_id]
+            targets = M.lm_targets(raw, where.modality, where.count)
+            scored = self._scored(task.name, sink_id, step)
+            if sink_id in self.schedule.vocab_split:
+                ranks = last.group_of(self.rank)
+                return L.vocab_parallel_lm_loss_part(
+                    head, y, raw[where.modality], where, task.batch,
+                    self.tp_groups[ranks], ranks.index(self.rank), last.tp,
+                    targets=targets, scored=scored,
+                )  # fmt: skip
             return L.lm_loss_part(
-                head, y, raw[where.modality], where, task.batch,
-                targets=M.lm_targets(raw, where.modality, where.count),
-                scored=self._scored(task.name, sink_id, step),
-            )  # fmt: skip
+                head, y, raw[where.modality], where, task.batch, targets=targets, scored=scored
+            )
         return L.mse_loss_part(y, raw[f"target:{sink_id}"], task.batch)
 
     def _gathered_losses(
@@ -705,10 +719,16 @@ def _micro_flow(flow: Flow, k: int, m: int) -> MicroFlow:
 
 
 def _add_loss(
-    shares: dict[str, float], seeds: list[torch.Tensor], task: str, loss: torch.Tensor
+    shares: dict[str, float],
+    seeds: list[torch.Tensor],
+    task: str,
+    loss: torch.Tensor,
+    count: bool = True,
 ) -> None:
-    """Count a loss in its task's share and, where it has a graph, back-propagate it later."""
-    shares[task] += float(loss.detach())
+    """Count a loss in its task's share (unless another rank counts it: ``count``) and, where
+    it has a graph, back-propagate it later."""
+    if count:
+        shares[task] += float(loss.detach())
     if loss.requires_grad:
         seeds.append(loss)
 

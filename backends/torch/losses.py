@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from spindle_dsl.errors import ExecutionError
@@ -92,6 +94,74 @@ def lm_loss_part(
         logits.reshape(-1, logits.shape[-1]), chosen.reshape(-1), reduction="sum"
     )  # (-100, the default ignore_index, scores nothing)
     return total / (scored if scored is not None else batch * (n - 1))
+
+
+def vocab_bounds(vocab: int, rank: int, tp: int) -> tuple[int, int]:
+    """The vocabulary entries ``[lo, hi)`` rank ``rank`` of a ``tp``-way group scores: even
+    runs of ``ceil(vocab / tp)``, the last one shorter where ``tp`` does not divide it."""
+    width = -(-vocab // tp)
+    return min(rank * width, vocab), min((rank + 1) * width, vocab)
+
+
+def vocab_parallel_lm_loss_part(
+    head: torch.nn.Module,
+    out: torch.Tensor,
+    ids: torch.Tensor,
+    where: LmTarget,
+    batch: int,
+    group: Any,
+    tp_rank: int,
+    tp: int,
+    *,
+    targets: torch.Tensor | None = None,
+    scored: int | None = None,
+) -> torch.Tensor:
+    """``lm_loss_part`` scored by a tensor-parallel group, this rank its slice of the
+    vocabulary (``vocab_bounds``): every rank of ``group`` gets the same loss, the gradient
+    of the head's matrix in its own rows, and a share of the gradient of ``out`` that the
+    group's shares sum to (the runtime all-reduces it, ``executor``)."""
+    n = where.count
+    hidden = out[:, where.offset : where.offset + n - 1]
+    lo, hi = vocab_bounds(head.weight.shape[0], tp_rank, tp)
+    logits = head.logits(hidden, lo, hi)
+    chosen = ids[:, 1:n] if targets is None else targets
+    per_row = _VocabParallelCrossEntropy.apply(
+        logits.reshape(-1, logits.shape[-1]), chosen.reshape(-1), lo, group
+    )
+    return per_row.sum() / (scored if scored is not None else batch * (n - 1))
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Cross-entropy per row over a vocabulary split across a group, each rank holding the
+    logits of ``[lo, lo + width)``: the max, the sum of exponentials and the target's logit
+    are all-reduced, so no rank builds the whole row (Megatron-LM's vocab-parallel loss, after
+    Shoeybi et al. 2019). A target of -100 scores nothing."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, lo: int, group: Any):
+        width = logits.shape[-1]
+        top = logits.max(dim=-1).values
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - top.unsqueeze(-1)
+        exp = shifted.exp()
+        total = exp.sum(dim=-1)
+        dist.all_reduce(total, group=group)
+        mine = (target >= lo) & (target < lo + width)
+        local = torch.where(mine, target - lo, torch.zeros_like(target))
+        picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1) * mine
+        dist.all_reduce(picked, group=group)
+        scored = target != -100
+        ctx.save_for_backward(exp / total.unsqueeze(-1), local, mine, scored)
+        return (total.log() - picked) * scored
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        softmax, local, mine, scored = ctx.saved_tensors
+        grad = grad * scored
+        out = softmax * grad.unsqueeze(-1)
+        rows = torch.arange(out.shape[0], device=out.device)[mine]
+        out[rows, local[mine]] -= grad[mine]
+        return out, None, None, None
 
 
 def lm_loss_positions(

@@ -11,15 +11,18 @@ Data parallel (``tp = 1``): device ``i`` of the entry's ``devices`` holds the ``
 contiguous ceil-split shard of the MetaOp's batch. Tensor parallel: the stage keeps the first
 ``dp * tp`` devices (the rest idle), consecutive runs of ``tp`` of them form a tensor-parallel
 group, and every device of group ``g`` holds the ``g``-th shard of the batch (whole rows). A
-group's first device, its *lead*, is the one that sends and receives its rows, runs its input
-stages and scores its loss; it hands the other members the stage's input and, backward, the
-gradient of its output (``executor.py``). Every member holds the stage's layers whole and runs
-its slice of them (``tensor_parallel.py``). Data crosses groups in three places: the
-output of a MetaOp's last entry flows to the first entry of each consumer; a MetaOp split over
-several waves hands its activations from one entry to the next; a contrastive loss gathers
-the two pooled sink outputs of its task onto one device; and an lm sink whose loss the plan
-spreads (``Plan.loss_devices``) re-splits the positions its head reads over its loss devices,
-position by position (``LM_LOSS_FLOW``, ``Flow.src_unit``), which hold the head.
+group's first device, its *lead*, is the one that sends and receives its rows and runs its
+input stages; it hands the other members the stage's input and, backward, the gradient of its
+output (``executor.py``). Every member holds the stage's layers whole and runs its slice of
+them (``tensor_parallel.py``); an lm sink's group scores its loss together, each member its
+slice of the vocabulary (``vocab_split_sinks``), and sums the gradients of its output.
+
+Data crosses groups in four places: the output of a MetaOp's last entry flows to the first
+entry of each consumer; a MetaOp split over several waves hands its activations from one
+entry to the next; a contrastive loss gathers the two pooled sink outputs of its task onto one
+device; and an lm sink whose loss the plan spreads (``Plan.loss_devices``) re-splits the
+positions its head reads over its loss devices, position by position (``LM_LOSS_FLOW``,
+``Flow.src_unit``), which hold the head.
 """
 
 from __future__ import annotations
@@ -191,6 +194,7 @@ class Schedule:
     flows: tuple[Flow, ...]
     holders: tuple[tuple[Part, tuple[int, ...]], ...]  # each parameter part and who holds it
     loss_devices: tuple[tuple[str, tuple[int, ...]], ...]  # where each task's loss is computed
+    vocab_split: frozenset[str] = frozenset()  # lm sinks scored split by vocabulary
 
     @cached_property
     def _chains(self) -> dict[str, tuple[Stage, ...]]:
@@ -236,6 +240,27 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
     """Check that ``plan`` fits ``graph`` and ``world_size``, and compile it for the runtime."""
     _check_plan(graph, plan, world_size)
     ops = active_ops(graph)
+    chains = _chains(graph, plan)
+    n_waves = max((w.index for w in plan.waves), default=-1) + 1
+    spread = dict(plan.loss_devices)
+    flows = [f for op in ops for f in _activation_flows(graph, op, chains)]
+    loss_flows, loss_devices = _loss_phase(graph, chains, spread, n_waves)
+    flows += loss_flows
+    vocab_split = vocab_split_sinks(graph, chains, spread)
+    flows.sort(key=lambda f: f.phase)  # stable: creation order inside a phase
+    return Schedule(
+        world_size=world_size,
+        n_waves=n_waves,
+        chains=tuple((op.id, tuple(chains[op.id])) for op in ops),
+        flows=tuple(flows),
+        holders=_holders(graph, ops, chains, spread, vocab_split),
+        loss_devices=tuple(loss_devices),
+        vocab_split=vocab_split,
+    )
+
+
+def _chains(graph: MetaGraph, plan: Plan) -> dict[str, list[Stage]]:
+    """Each MetaOp's stages in wave order, each running the layout the plan gives it."""
     chains: dict[str, list[Stage]] = defaultdict(list)
     layouts = {m.id: m for m in plan.metaops}
     for wave in sorted(plan.waves, key=lambda w: w.index):
@@ -246,67 +271,68 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
             devices = e.devices[: dp * tp] if tp > 1 else e.devices
             last = e.end == op.layers
             chain.append(Stage(e.metaop, len(chain), wave.index, e.first, e.end, devices, last, tp))
-    n_waves = max((w.index for w in plan.waves), default=-1) + 1
+    return chains
 
+
+def _activation_flows(graph: MetaGraph, op: MetaOp, chains: dict[str, list[Stage]]) -> list[Flow]:
+    """The rows ``op`` receives: each input MetaOp's output into its first stage, and each of
+    its stages' output into the next."""
+    chain = chains[op.id]
+    head = chain[0]
     flows: list[Flow] = []
-    for op in ops:
-        chain = chains[op.id]
-        head = chain[0]
-        for i, inp in enumerate(op.inputs):
-            if inp.from_modality:
-                continue
-            dep = graph.op(inp.source)
-            last = chains[dep.id][-1]
-            flows.append(
-                Flow(
-                    f"{op.id}<{i}",
-                    head.wave,
-                    op.batch,
-                    last.leads,
-                    head.leads,
-                    (dep.out_tokens, dep.out_width),
-                    (dep.id, last.index),
-                    dep.needs_backward,
-                )
+    for i, inp in enumerate(op.inputs):
+        if inp.from_modality:
+            continue
+        dep = graph.op(inp.source)
+        last = chains[dep.id][-1]
+        flows.append(
+            Flow(
+                f"{op.id}<{i}",
+                head.wave,
+                op.batch,
+                last.leads,
+                head.leads,
+                (dep.out_tokens, dep.out_width),
+                (dep.id, last.index),
+                dep.needs_backward,
             )
-        for prev, stage in itertools.pairwise(chain):
-            flows.append(
-                Flow(
-                    f"{op.id}#{stage.index}",
-                    stage.wave,
-                    op.batch,
-                    prev.leads,
-                    stage.leads,
-                    shape_after(graph, op, stage.first - 1),
-                    (op.id, prev.index),
-                    op.needs_backward,
-                )
+        )
+    for prev, stage in itertools.pairwise(chain):
+        flows.append(
+            Flow(
+                f"{op.id}#{stage.index}",
+                stage.wave,
+                op.batch,
+                prev.leads,
+                stage.leads,
+                shape_after(graph, op, stage.first - 1),
+                (op.id, prev.index),
+                op.needs_backward,
             )
+        )
+    return flows
 
-    spread = dict(plan.loss_devices)
+
+def _loss_phase(
+    graph: MetaGraph,
+    chains: dict[str, list[Stage]],
+    spread: dict[str, tuple[int, ...]],
+    n_waves: int,
+) -> tuple[list[Flow], list[tuple[str, tuple[int, ...]]]]:
+    """The loss phase's flows (spread lm head inputs, contrastive readouts) and the devices
+    that compute each task's loss."""
+    flows: list[Flow] = []
     loss_devices: list[tuple[str, tuple[int, ...]]] = []
     for task in graph.tasks:
         if task.batch <= 0:
             continue
         sinks = [chains[s][-1] for s in task.sinks]
         if task.loss == "lm":
-            for sink_id, last in zip(task.sinks, sinks, strict=True):
-                if sink_id in spread:
-                    sink = graph.op(sink_id)
-                    positions = lm_text_tokens(graph, sink) - 1  # what the head reads per row
-                    flows.append(
-                        Flow(
-                            f"{LM_LOSS_FLOW}{sink_id}",
-                            n_waves,
-                            task.batch * positions,
-                            last.leads,
-                            spread[sink_id],
-                            (sink.out_width,),
-                            (sink_id, last.index),
-                            sink.needs_backward,
-                            src_unit=positions,
-                        )
-                    )
+            flows += [
+                _spread_flow(graph, sink_id, last, spread[sink_id], task.batch, n_waves)
+                for sink_id, last in zip(task.sinks, sinks, strict=True)
+                if sink_id in spread
+            ]
             sinks = [
                 replace(last, devices=spread[sink_id], tp=1) if sink_id in spread else last
                 for sink_id, last in zip(task.sinks, sinks, strict=True)
@@ -330,16 +356,40 @@ def build_schedule(graph: MetaGraph, plan: Plan, world_size: int) -> Schedule:
         else:
             group = tuple(sorted({d for s in sinks for d in s.leads}))
         loss_devices.append((task.name, group))
+    return flows, loss_devices
 
-    holders = _holders(graph, ops, chains, spread)
-    flows.sort(key=lambda f: f.phase)  # stable: creation order inside a phase
-    return Schedule(
-        world_size=world_size,
-        n_waves=n_waves,
-        chains=tuple((op.id, tuple(chains[op.id])) for op in ops),
-        flows=tuple(flows),
-        holders=holders,
-        loss_devices=tuple(loss_devices),
+
+def _spread_flow(
+    graph: MetaGraph, sink_id: str, last: Stage, to: tuple[int, ...], batch: int, phase: int
+) -> Flow:
+    """A spread lm sink's head inputs, re-split position by position over its loss devices."""
+    sink = graph.op(sink_id)
+    positions = lm_text_tokens(graph, sink) - 1  # what the head reads per row
+    return Flow(
+        f"{LM_LOSS_FLOW}{sink_id}",
+        phase,
+        batch * positions,
+        last.leads,
+        to,
+        (sink.out_width,),
+        (sink_id, last.index),
+        sink.needs_backward,
+        src_unit=positions,
+    )
+
+
+def vocab_split_sinks(
+    graph: MetaGraph, chains: dict[str, list[Stage]], spread: dict[str, tuple[int, ...]]
+) -> frozenset[str]:
+    """The lm sinks whose head runs split by vocabulary: those whose last stage is tensor
+    parallel and whose loss the plan does not spread. Every rank of such a group scores its
+    slice of the vocabulary for the group's rows (``losses.vocab_parallel_lm_loss_part``)."""
+    return frozenset(
+        sink_id
+        for task in graph.tasks
+        if task.batch > 0 and task.loss == "lm"
+        for sink_id in task.sinks
+        if sink_id not in spread and chains[sink_id][-1].tp > 1
     )
 
 
@@ -348,10 +398,12 @@ def _holders(
     ops: tuple[MetaOp, ...],
     chains: dict[str, list[Stage]],
     spread: dict[str, tuple[int, ...]],
+    vocab_split: frozenset[str],
 ) -> tuple[tuple[Part, tuple[int, ...]], ...]:
     """Parameter device groups: every rank that runs anything touching a part holds it (an
-    LM head: the devices of its sinks' last entries and of their spread losses). A
-    tensor-parallel group's lead alone runs its input stages and scores its loss."""
+    LM head: the devices that score its sinks, the leads of their last entries, every rank
+    of them where the head runs split by vocabulary, or their spread losses' devices). A
+    tensor-parallel group's lead alone runs its input stages."""
     held: dict[Part, set[int]] = defaultdict(set)
     for op in ops:
         first_module = op.segments[0][0]
@@ -368,7 +420,9 @@ def _holders(
             continue
         for sink_id in task.sinks:
             module = head_module(graph.op(sink_id))
-            devices = (*chains[sink_id][-1].leads, *spread.get(sink_id, ()))
+            last = chains[sink_id][-1]
+            scorers = last.devices if sink_id in vocab_split else last.leads
+            devices = (*scorers, *spread.get(sink_id, ()))
             held[Part(module, "head")].update(devices)
             tied = tied_stage(graph, module)
             if tied is not None:  # a tied head multiplies by that stage's embedding

@@ -17,13 +17,13 @@ since every rank sees the same rows). Where each parameter goes is ``tp_split.py
   slices), the activation local, fc2 row-parallel and summed.
 - ``MlpLayer``: with a hidden layer as the feed-forward net; a single Linear column-parallel
   over its outputs, which are then gathered.
-- ``LMHead`` and ``EmbeddingStage`` (an option): by vocabulary. The head gathers its logits
-  along the vocabulary, so every rank holds the full logits and ``losses.py``'s cross-entropy
-  runs unchanged and exactly (each logit is the same dot product the full head takes); a
-  vocabulary-parallel cross-entropy would save the full logits' memory but sums its
-  log-sum-exp across ranks in another order, so it is left for when that memory matters. The
+- ``LMHead`` and ``EmbeddingStage`` (an option of ``shard_layer``): by vocabulary. The head
+  gathers its logits along the vocabulary, so every rank holds the full logits; the
   embedding looks up the ids in its rows, zeroes the others and sums over the group (exact:
-  one term is non-zero). A tied head multiplies by its sharded stage's rows.
+  one term is non-zero). A tied head multiplies by its sharded stage's rows. The runtime
+  scores a tensor-parallel group's lm loss without gathering: each rank computes the logits
+  of its vocabulary slice and a vocabulary-parallel cross-entropy
+  (``losses.vocab_parallel_lm_loss_part``), so no rank holds the full logits.
 
 Communication is Megatron's conjugate pair of autograd functions over ``all_reduce`` on the
 group (``tp_layers.py``): identity forward and summed input gradients backward where a

@@ -33,10 +33,11 @@ stream, which every rank of the group holds whole: ``tp_activation_share``):
   saves), or with activation recompute (full per-layer checkpointing) only each layer's input
   (tokens x in_width);
 - the loss phase: an LM sink's log-probabilities (text tokens - 1) x (vocab + LayerNorm and
-  head inputs). The runtime back-propagates its losses as soon as the loss phase has computed
-  them, so they never wait for the waves' backward, but the loss phase runs while every kept
-  activation of the pass is alive and computes every loss of the device before it
-  back-propagates them together: they add up with the kept activations at the peak, not after;
+  head inputs), a tensor-parallel group's split by vocabulary (each rank its slice). The
+  runtime back-propagates its losses as soon as the loss phase has computed them, so they
+  never wait for the waves' backward, but the loss phase runs while every kept activation of
+  the pass is alive and computes every loss of the device before it back-propagates them
+  together: they add up with the kept activations at the peak, not after;
 - working, alive only while one layer runs: with recompute, the layer's full saved tensors
   rebuilt for its backward; without a backward pass, one layer's activations; the logits
   while the loss is computed.
@@ -302,15 +303,19 @@ def slice_activations(
     return (int(full * layers), 0)
 
 
-def head_activations(op: MetaOp, info: OpMemoryInfo, dp: int, cluster: Cluster) -> tuple[int, int]:
+def head_activations(
+    op: MetaOp, info: OpMemoryInfo, dp: int, cluster: Cluster, tp: int = 1
+) -> tuple[int, int]:
     """(loss, working) bytes per device of an LM sink's loss phase: the log-probabilities and
     the head's inputs, alive until the losses are back-propagated; the logits while the
-    cross-entropy runs."""
+    cross-entropy runs. A ``tp``-way group scores its rows split by vocabulary, each device
+    its ``ceil(vocab / tp)`` entries."""
     if info.text_tokens < 2 or op.batch <= 0:
         return (0, 0)
     rows = ceil_div(op.batch, dp) * (info.text_tokens - 1) * dtype_bytes(cluster)
-    loss = rows * (info.vocab + 2 * op.out_width) if op.needs_backward else 0
-    return (loss, rows * info.vocab)
+    vocab = ceil_div(info.vocab, tp)
+    loss = rows * (vocab + 2 * op.out_width) if op.needs_backward else 0
+    return (loss, rows * vocab)
 
 
 def slice_memory(
@@ -337,7 +342,7 @@ def slice_memory(
     loss = 0
     if end == op.layers:
         parts.extend(staged(p, zero_stage) for p in info.last_layer_parts(first))
-        loss, head_working = head_activations(op, info, dp, cluster)
+        loss, head_working = head_activations(op, info, dp, cluster, tp)
         working = max(working, head_working)
     life = gradient_life(cluster, micro_batches, zero_stage)
     return SliceMemory(tuple(parts), kept, working, loss, life)

@@ -333,10 +333,20 @@ class LMHead(nn.Module):
     def tie_to(self, stage: EmbeddingStage) -> None:
         self._tied[:] = [stage]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.ln(x)
+    @property
+    def weight(self) -> torch.Tensor:
+        """The (vocab, hidden) matrix the logits multiply by: its own or the tied embedding."""
         if self.out is not None:
-            return self.out(x)
+            return self.out.weight
         if not self._tied:
             raise RuntimeError("a tied LM head was built without its token embedding")
-        return F.linear(x, self._tied[0].embed.weight)
+        return self._tied[0].embed.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits(x)
+
+    def logits(self, x: torch.Tensor, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """The logits of vocabulary entries ``[lo, hi)`` (all by default): a slice of the
+        matrix, so its gradient lands in those rows of the whole one."""
+        weight = self.weight if lo == 0 and hi is None else self.weight[lo:hi]
+        return F.linear(self.ln(x), weight)

@@ -76,7 +76,9 @@ def test_the_schedule_moves_rows_between_leads_and_holds_parts_where_they_run(gr
     assert into_lm.dst == (0,)
     holders = schedule.holder_map
     assert holders[Part("lm", "layer.0")] == (0, 1)  # every rank of the group holds the layer
-    assert holders[Part("lm", "head")] == (0,)  # the lead scores the loss
+    # the group scores the lm loss together, split by vocabulary: both hold the head
+    assert holders[Part("lm", "head")] == (0, 1)
+    assert schedule.vocab_split == {"caption/lm", "transcribe/lm"}
     assert holders[Part("vision", "input.image")] == (0, 2)  # the leads embed the raw rows
     assert schedule.tp_groups == ((0, 1), (2, 3))
     assert schedule.loss_group("caption") == (0,)
