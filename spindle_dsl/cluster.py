@@ -52,6 +52,9 @@ PRESETS: dict[str, DevicePreset] = {
             "machine, 1 Gb/s Ethernet between machines (assumed; `spindle profile` measures the "
             "real compute figures)",
         ),
+        # The GPU presets' peaks are datasheet figures; what fraction of them a layer reaches
+        # is the analytic model's (``cost.analytic.GPU_MODEL``), checked against torchtitan's
+        # published Llama 3 / 3.1 8B runs on A100s and H100s by ``bench/published_runs.py``.
         DevicePreset(
             "A100-40GB",
             peak_flops=312e12,
