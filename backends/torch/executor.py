@@ -16,8 +16,9 @@ A stage's autograd graph spans only its own layers (inputs are leaves), so backw
 needs nothing from any other rank beyond the output gradients already delivered, and, in a
 tensor-parallel stage, its group: the lead assembles the stage's input and broadcasts it, the
 ranks run their slices of the layers (``tensor_parallel.ShardView``, whose all-reduces they
-run together), the lead alone sends the output on and scores its loss, and broadcasts the
-output's gradient back to the group before the stage's backward.
+run together), the lead alone sends the output on and broadcasts the output's gradient back
+to the group before the stage's backward. An lm sink's group scores its loss together, split
+by vocabulary (``losses.vocab_parallel_lm_loss_part``), and sums its output's gradient.
 
 Micro-batches keep the losses' whole-batch normalisation (an ``lm`` or ``mse`` shard divides its
 sum by the task's whole batch), so the passes' gradients add up to the one-pass gradient. A
