@@ -44,7 +44,7 @@ from .grads import _reduce_scatter
 from .optim import adamw_step
 from .params import build_part
 from .parts import Part
-from .tensor_parallel import ShardView
+from .tensor_parallel import ShardView, tp_groups
 from .zero import _all_gather, state_dtype
 
 Beat = Callable[[str], None]
@@ -172,18 +172,18 @@ def layers_seconds(
 TP_REPEATS = 3
 
 
-def tp_groups(probe: Probe, degrees: Sequence[int]) -> dict[int, tuple[Any, int] | None]:
+def _tp_groups(probe: Probe, degrees: Sequence[int]) -> dict[int, tuple[Any, int] | None]:
     """For each degree K, this rank's (process group, rank in it) among the groups of K
-    consecutive ranks that fit on the active ranks, or None where it is in none. A
-    collective: every rank creates every group in the same order, as ``new_group`` needs."""
-    out: dict[int, tuple[Any, int] | None] = {}
-    for k in sorted(set(degrees)):
-        out[k] = None
-        for first in range(0, probe.active - k + 1, k):
-            ranks = list(range(first, first + k))
-            group = dist.new_group(ranks)
-            if probe.rank in ranks:
-                out[k] = (group, probe.rank - first)
+    consecutive ranks that fit on the active ranks, or None where it is in none (the groups
+    made as a run makes them, ``tensor_parallel.tp_groups``: a collective)."""
+    wanted = {
+        k: [tuple(range(first, first + k)) for first in range(0, probe.active - k + 1, k)]
+        for k in set(degrees)
+    }
+    made = tp_groups([g for groups in wanted.values() for g in groups], probe.rank)
+    out: dict[int, tuple[Any, int] | None] = dict.fromkeys(wanted)
+    for ranks, group in made.items():
+        out[len(ranks)] = (group, ranks.index(probe.rank))
     return out
 
 
@@ -197,7 +197,7 @@ def tp_layers_seconds(
     with the slice's all-reduces), by as many groups of K ranks side by side as fit on the
     active ranks, in turns as ``layers_seconds`` times. Rank 0 gets each point's mean over
     the ranks that ran it (None elsewhere)."""
-    groups = tp_groups(probe, [k for _, _, k, _ in points])
+    groups = _tp_groups(probe, [k for _, _, k, _ in points])
     where = str(probe.device)
     steps = []
     for op, mode, k, rows in points:
