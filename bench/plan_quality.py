@@ -67,7 +67,7 @@ beyond the LP and those floors), each with its share of the gap.
 Planning times (``plan s``, ``make_plan``'s wall time) are as a user's plans take them in a
 long-lived process (a notebook, a service): where the lever search leaves runner-up settings,
 a planning helper process plans their rounds beside this one where a core is spare
-(``planner.search.round_helper``), started with the first such plan and kept for the others.
+(``planner.search.helpers``), started with the first such plan and kept for the others.
 
 Table 5 (``ablation``): what each pass of the ``milp`` scheduler buys (``PassOptions``):
 the same workloads planned with all passes, with each switched off in turn, and with none,

@@ -9,7 +9,7 @@ tasks (``synthetic_spec.py``, global batch 16 per device) at 1,024 (target: unde
 65,536 devices. Each row is
 ``spindle plan`` as a user runs it (default scheduler and time limit, memory enforced) in its
 own interpreter, so the peak resident memory is that plan's alone, and in that one process
-(``jobs=0``: no planning helpers for the runner-up rounds, ``planner.search.round_helper``, whose
+(``jobs=0``: no planning helpers for the runner-up rounds, ``planner.search.helpers``, whose
 memory its peak would not count, and whose number would depend on the cores left spare).
 ``--quick`` keeps the rows at 1,024 and 65,536 devices.
 """

@@ -63,10 +63,11 @@ def time_shareable(schedule) -> float:
 
 
 def planning_table(repeat: int, limit: float | None) -> None:
-    from spindle_dsl.planner.search.phases import distinct_graphs, idle_cores
+    from spindle_dsl.planner.search.helpers import spare_cores
+    from spindle_dsl.planner.search.phases import distinct_graphs
 
     print(f"Table 1: planning every phase (median of {repeat} runs; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, {idle_cores()} idle)")  # fmt: skip
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, {spare_cores()} spare)")  # fmt: skip
     head = f"{'workload':<30} {'phases':>6} {'plans':>5} {'serial s':>9} {'side by side s':>14} "
     print(head + f"{'speed-up':>8} {'default s':>9} {'curves+context s':>16}")
     for name, schedule in workloads():
@@ -78,8 +79,8 @@ def planning_table(repeat: int, limit: float | None) -> None:
             f"{name:<30} {len(schedule):>6} {plans:>5} {serial:>9.2f} {side:>14.2f} "
             f"{serial / side:>7.2f}x {auto:>9.2f} {time_shareable(schedule):>16.4f}"
         )
-    print("(side by side: a worker process per plan but the first; default: workers only for")
-    print(" idle cores, so serial on a busy machine)")
+    print("(side by side: a helper process per plan but the first; default: helpers only for")
+    print(" spare cores, so serial on a busy machine)")
 
 
 def switch_table(repeat: int) -> None:

@@ -25,9 +25,9 @@ def add_jobs_argument(parser: argparse.ArgumentParser) -> None:
         "--jobs",
         type=int,
         metavar="N",
-        help="worker processes planning beside this one: with a schedule, its phases "
-        "(default: one per phase but the first, at most the idle cores), else the runner-up "
-        "lever settings' rounds (default: one per idle core and runner-up); 0: none",
+        help="helper processes planning beside this one: with a schedule, its phases "
+        "(default: one per phase but the first, at most the spare cores), else the runner-up "
+        "lever settings' rounds (default: one per spare core and runner-up); 0: none",
     )
 
 
@@ -116,7 +116,7 @@ def run_scheduled(args: argparse.Namespace, schedule: MixSchedule) -> int:
         print(phase_table(rows))
         print(
             f"planning: {planning['plans']} plans in {planning['wall_s']:.2f} s, "
-            f"{planning['worker_processes']} worker processes beside this one"
+            f"{planning['worker_processes']} helper processes beside this one"
             + (
                 f"; {planning['phases_sharing_a_plan']} phases share a plan"
                 if planning["phases_sharing_a_plan"]

@@ -63,14 +63,20 @@ def test_a_phase_that_cannot_be_planned_is_named():
         plan_schedule(schedule, scheduler="paper", jobs=0)
 
 
-def test_by_default_workers_start_only_for_idle_cores(monkeypatch):
-    import os
+def test_by_default_helpers_start_only_for_spare_cores(monkeypatch):
+    from spindle_dsl.planner.search import helpers
 
+    schedule = compile_file(EXAMPLES / "tiny_schedule.spindle").schedule
+    monkeypatch.setattr(helpers, "spare_cores", lambda: 0)
+    assert plan_schedule(schedule, scheduler="paper").planning["worker_processes"] == 0
+    monkeypatch.setattr(helpers, "spare_cores", lambda: 1)
+    assert plan_schedule(schedule, scheduler="paper").planning["worker_processes"] == 1
+
+
+def test_a_phase_whose_kinds_a_helper_cannot_import_is_planned_here(monkeypatch):
     from spindle_dsl.planner.search import phases
 
-    monkeypatch.setattr(os, "getloadavg", lambda: (50.0, 0.0, 0.0))
-    assert phases.idle_cores() == 0
+    monkeypatch.setattr(phases, "kind_modules", lambda graph: None)
     schedule = compile_file(EXAMPLES / "tiny_schedule.spindle").schedule
-    assert plan_schedule(schedule, scheduler="paper").planning["worker_processes"] == 0
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert phases.idle_cores() == len(os.sched_getaffinity(0))
+    bundle = plan_schedule(schedule, scheduler="paper", jobs=2)
+    assert bundle.planning["worker_processes"] == 0 and validate_bundle(bundle) == []

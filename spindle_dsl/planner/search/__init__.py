@@ -1,4 +1,4 @@
 """The search: ``make`` (``make_plan``) runs the lever search (``leversearch``, ``memfit``,
 ``offered``), each lever setting a round of schedulers (``rounds``, ``milp_scheduler``), in
-helper processes where cores are spare (``round_helper``), and schedules of mixes
+helper processes where cores are spare (``helpers``), and schedules of mixes
 (``phases``)."""

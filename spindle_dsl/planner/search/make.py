@@ -15,7 +15,7 @@ Memory is a planning decision (``leversearch``): with a cost model that prices m
 parameter part (both built-in models), the planner chooses the number of micro-batches k, the
 ZeRO stage and the MetaOps that recompute their activations in one search judged by the placed
 plans' iteration time (where other k come within ``RUNNER_UP_MARGIN``, the MILP plans those
-too, in helper processes beside this one where cores are spare: ``round_helper``), and every
+too, in helper processes beside this one where cores are spare: ``helpers``), and every
 scheduler plans with each MetaOp's minimum device count. The baselines are tuned with the same
 levers, so speed-ups compare like with like. The plan records the levers (``micro_batches``,
 ``zero_stage``, per-MetaOp ``recompute``) and its notes say why.
@@ -50,16 +50,16 @@ from spindle_dsl.planner.evaluate.relabel import RENAME_NOTE
 from spindle_dsl.planner.model.levers import Levers, pass_problem
 from spindle_dsl.planner.model.passes import ALL_PASSES, Budget, PassOptions
 from spindle_dsl.planner.model.problem import Problem, Schedule
-from spindle_dsl.planner.search.leversearch import SEARCH_SHARE, Fit, Judge, LeverSearch, Trial
-from spindle_dsl.planner.search.memfit import memory_room, no_fit_message, overflow_message
-from spindle_dsl.planner.search.round_helper import (
+from spindle_dsl.planner.search.helpers import (
     has_rounds,
     helper_count,
     kind_modules,
     side_by_side,
 )
-from spindle_dsl.planner.search.round_helper import start as start_helpers
-from spindle_dsl.planner.search.rounds import Round, RoundRequest, plan_round
+from spindle_dsl.planner.search.helpers import start as start_helpers
+from spindle_dsl.planner.search.leversearch import SEARCH_SHARE, Fit, Judge, LeverSearch, Trial
+from spindle_dsl.planner.search.memfit import memory_room, no_fit_message, overflow_message
+from spindle_dsl.planner.search.rounds import Round, RoundRequest, plan_round, remote_round
 from spindle_dsl.planner.solver.choice import SolverChoice, choose_solver
 from spindle_dsl.planner.solver.isolate import warm_up
 from spindle_dsl.planner.starts.baselines import BASELINES
@@ -188,7 +188,7 @@ def make_plan(
     ``solver``: the MILP solver, "highs" or "cbc" (default: ``$SPINDLE_SOLVER``, else HiGHS;
     see ``planner.solver.choice``). ``passes``: the ``milp`` scheduler's passes to run (all by
     default; ``bench/plan_quality.py --ablation`` switches each off in turn). ``jobs``: helper
-    processes planning the runner-up settings' rounds beside this one (``round_helper``;
+    processes planning the runner-up settings' rounds beside this one (``helpers``;
     default: one per spare core, up to ``RUNNERS_UP``; 0: none).
     The plan's ``lower_bound_s`` and ``extra["bounds"]``: see ``Bound``.
     """
@@ -239,7 +239,7 @@ def make_plan(
 
 
 def _helpers(call: _Call, jobs: int | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The helper processes that plan runner-up rounds (``round_helper``), started now so
+    """The helper processes that plan runner-up rounds (``helpers``), started now so
     that they come up while the lever search runs, and the modules registering the graph's
     kinds, for them to import."""
     if not (has_rounds(call.scheduler, call.check_memory) and has_slice_memory(call.cost)):
@@ -345,6 +345,8 @@ def _plan_rounds(
         requests,
         rival_here,
         helpers if rivals else (),
+        remote_round,
+        limit,
         meanwhile=meanwhile,
     )
     # (the overflow loop only adds recompute: the plan's k is still none of the rivals')

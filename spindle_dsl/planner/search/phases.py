@@ -7,33 +7,22 @@ worth its complexity, while two things do pay:
 
 * phases whose graphs are equal (the same mix twice, or two mixes that give every task the
   same batch) are planned once and share the plan;
-* distinct graphs are planned side by side: this process plans the first while up to
-  ``jobs`` worker processes plan the others. A worker is a fresh interpreter
-  (``python -c``), not a ``multiprocessing`` child, for the reasons ``planner.solver.isolate``
-  gives: a fork would share the parent's solver process and locks, and a spawn would re-run
-  a user script's top-level code. Each worker starts its own solver process, so a solver
-  crash in one phase is a warning there, as in a single plan. A worker costs its start
-  (imports, its solver process), and it needs a core of its own: side by side pays on cores
-  that are otherwise idle and costs a lot on cores a dozen other processes keep busy
-  (``bench/schedule_bench.py`` times both ways). So by default a worker is started only for a
-  core the load average says is idle.
+* distinct graphs are planned side by side: this process plans the first while the planner's
+  helper processes (``planner.search.helpers``, one per core the load leaves idle, or
+  ``jobs``) plan the others, each with a solver process of its own, so a solver crash in one
+  phase is a warning there, as in a single plan. A helper that dies costs its phase, which
+  is planned here.
 
 With one distinct graph, or ``jobs=0``, everything runs in this process. The plans made side
-by side start no helpers of their own for their runner-up rounds (``planner.search.round_helper``):
-the phases already fill the cores.
+by side start no helpers of their own for their runner-up rounds: the phases fill the cores.
 """
 
 from __future__ import annotations
 
-import os
-import pickle
-import subprocess
-import sys
-import tempfile
+import importlib
 import time
 import warnings
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spindle_dsl.errors import PlanError, SpindleError
@@ -41,16 +30,22 @@ from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.phases import MixSchedule
 from spindle_dsl.plan.bundle import BundlePhase, PlanBundle
 from spindle_dsl.plan.model import Plan, SpecRef
+from spindle_dsl.planner.search.helpers import (
+    Caught,
+    helper_count,
+    kind_modules,
+    side_by_side,
+)
+from spindle_dsl.planner.search.helpers import start as start_helpers
+from spindle_dsl.planner.search.make import DEFAULT_TIME_LIMIT_S, make_plan
 
 if TYPE_CHECKING:
     from spindle_dsl.cost.profile import Profile
 
-_CHILD = "import sys; from spindle_dsl.planner.search.phases import _serve; _serve(sys.argv[1])"
-
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """What planning one graph needs (picklable: it travels to a worker process)."""
+    """What planning one graph needs (picklable: it travels to a helper process)."""
 
     graph: MetaGraph
     # a `spindle profile` file or a loaded profile (the profile cache's), else the analytic model
@@ -61,15 +56,15 @@ class PlanRequest:
     solver: str | None = None
     micro_batches: int | None = None  # force the lever (None: the planner chooses)
     zero_stage: int | None = None
-    # helper processes for its runner-up rounds (``planner.search.round_helper``; None: its default)
+    # helper processes for its runner-up rounds (``planner.search.helpers``; None: its default)
     helpers: int | None = None
     tp: int | None = None  # force this tensor-parallel degree (``--tp``; None: the model chooses)
+    kind_modules: tuple[str, ...] = ()  # modules registering the graph's kinds, for a helper
 
 
 def plan_one(request: PlanRequest) -> Plan:
     """``make_plan`` for one graph, with the cost model the request names."""
     from spindle_dsl.cost import make_cost_model
-    from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S, make_plan
 
     r = request
     return make_plan(
@@ -118,16 +113,17 @@ def plan_schedule(
     zero_stage: int | None = None,
     tp: int | None = None,
 ) -> PlanBundle:
-    """A plan per phase of ``schedule``, as a bundle. ``jobs``: worker processes planning
-    beside this one (default: one per distinct graph but the first, at most the number of
-    idle cores, ``idle_cores``; 0 plans everything here). ``micro_batches``/``zero_stage``
+    """A plan per phase of ``schedule``, as a bundle. ``jobs``: helper processes planning
+    beside this one (default: one per distinct graph but the first, at most one per spare
+    core, ``helpers.spare_cores``; 0 plans everything here). ``micro_batches``/``zero_stage``
     force that lever in every phase (``make_plan``), ``tp`` that tensor-parallel degree
     (``make_cost_model``). Raises ``PlanError`` naming the phase
     that cannot be planned."""
     t0 = time.perf_counter()
     graphs, index = distinct_graphs(schedule)
-    most = jobs if jobs is not None else idle_cores()
-    workers = max(0, min(len(graphs) - 1, most))
+    kinds = _kinds(graphs)
+    workers = helper_count(jobs, len(graphs) - 1) if kinds is not None else 0
+    workers = min(workers, len(graphs) - 1)
     # phases side by side already fill the cores, and ``jobs=0`` asks for one process
     helpers = 0 if workers or jobs == 0 else None
     requests = [
@@ -142,10 +138,11 @@ def plan_schedule(
             zero_stage,
             helpers,
             tp,
+            kinds or (),
         )
         for g in graphs
     ]
-    outcomes = _side_by_side(requests, workers) if workers else _here(requests)
+    outcomes = _side_by_side(requests, workers)
     phases = []
     for p, i in zip(schedule.phases, index, strict=True):
         outcome = outcomes[i]
@@ -166,95 +163,52 @@ def plan_schedule(
     )
 
 
-def idle_cores() -> int:
-    """Cores this process may use that the last minute's load average leaves idle (the CPU
-    count where the platform keeps no load average)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        load = 0.0
-    return max(0, int((cores or 1) - load))
+def _kinds(graphs: list[MetaGraph]) -> tuple[str, ...] | None:
+    """The modules a helper imports to rebuild every graph's kinds (None: one cannot)."""
+    found: set[str] = set()
+    for g in graphs:
+        modules = kind_modules(g)
+        if modules is None:
+            return None
+        found.update(modules)
+    return tuple(sorted(found))
 
 
 def _for_mix(plan: Plan, mix: str) -> Plan:
     return replace(plan, spec=replace(plan.spec, mix=mix))
 
 
-def _here(requests: list[PlanRequest]) -> list[Plan | str]:
-    out: list[Plan | str] = []
-    for r in requests:
-        try:
-            out.append(plan_one(r))
-        except SpindleError as exc:
-            out.append(exc.render())
-    return out
+def _here(request: PlanRequest) -> Plan | str:
+    """One request planned in this process: its plan, or the message of its error."""
+    try:
+        return plan_one(request)
+    except SpindleError as exc:
+        return exc.render()
+
+
+def remote_plan(request: PlanRequest) -> tuple[Plan | str, Caught] | None:
+    """``_here`` in a helper process, with the warnings it raised, for the caller to raise;
+    None where a module registering the graph's kinds does not import there."""
+    try:
+        for module in request.kind_modules:
+            importlib.import_module(module)
+    except ImportError:
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = _here(request)
+    return out, tuple((w.category, str(w.message)) for w in caught)
 
 
 def _side_by_side(requests: list[PlanRequest], workers: int) -> list[Plan | str]:
-    """The first request planned here while worker processes plan the others, ``workers``
-    at a time; a worker's warnings (solver crashes) are raised again here."""
-    out: list[Plan | str | None] = [None] * len(requests)
-    with tempfile.TemporaryDirectory(prefix="spindle-phases-") as tmp:
-        folder = Path(tmp)
-        pending = list(range(1, len(requests)))
-        running: dict[int, tuple[subprocess.Popen, object]] = {}
-        mine = True
-        while mine or pending or running:
-            while pending and len(running) < workers:
-                i = pending.pop(0)
-                (folder / f"request-{i}.pkl").write_bytes(pickle.dumps(requests[i]))
-                err = (folder / f"stderr-{i}").open("w+b")
-                proc = subprocess.Popen(
-                    [sys.executable, "-c", _CHILD, str(folder / f"request-{i}.pkl")],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=err,
-                    env=_child_env(),
-                )
-                running[i] = (proc, err)
-            if mine:
-                out[0], mine = _here(requests[:1])[0], False
-                continue
-            done = [i for i, (proc, _) in running.items() if proc.poll() is not None]
-            if not done:
-                time.sleep(0.01)
-                continue
-            for i in done:
-                proc, err = running.pop(i)
-                out[i] = _collect(folder, i, proc.returncode, err)
-    return out  # type: ignore[return-value]
-
-
-def _collect(folder: Path, i: int, code: int, err) -> Plan | str:
-    result = folder / f"request-{i}.pkl.out"
-    err.seek(0)
-    stderr = err.read().decode(errors="replace").strip()
-    err.close()
-    if code != 0 or not result.exists():
-        tail = stderr.splitlines()[-1] if stderr else f"exit status {code}"
-        return f"the planning process failed: {tail}"
-    kind, payload, caught = pickle.loads(result.read_bytes())
-    for category, message in caught:
-        warnings.warn(message, category, stacklevel=4)
-    return payload if kind == "plan" else str(payload)
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[3])
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([package_root, *(p for p in sys.path if p)]))
-    return env
-
-
-def _serve(request_path: str) -> None:
-    """A worker: plan one request, pickle (kind, plan or message, warnings) beside it."""
-    request = pickle.loads(Path(request_path).read_bytes())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            out: tuple = ("plan", plan_one(request))
-        except SpindleError as exc:
-            out = ("error", exc.render())
-    kept = [(w.category, str(w.message)) for w in caught if issubclass(w.category, Warning)]
-    Path(request_path + ".out").write_bytes(pickle.dumps((*out, kept)))
+    """The first request planned here while ``workers`` helpers plan the others."""
+    limit = max(r.time_limit_s or DEFAULT_TIME_LIMIT_S for r in requests)
+    first, rest = side_by_side(
+        lambda: _here(requests[0]),
+        requests[1:],
+        lambda i: _here(requests[i + 1]),
+        start_helpers(workers) if workers else (),
+        remote_plan,
+        limit,
+    )
+    return [first, *rest]

@@ -4,7 +4,7 @@ the one the scheduler picks.
 ``make_plan`` runs a round at the lever search's best setting and one at each runner-up
 setting (``search.make.RUNNER_UP_MARGIN``). A round reads only its context, so a round can also be
 described by a picklable ``RoundRequest`` (the graph, the cost model, the levers and the
-options) and run in another process (``remote_round``, which ``planner.search.round_helper`` sends
+options) and run in another process (``remote_round``, which ``planner.search.helpers`` sends
 to a helper process): the context it rebuilds there is the one the lever search built here, the
 search's caches being only memos.
 """
@@ -23,6 +23,7 @@ from spindle_dsl.planner.evaluate.lossspread import spread_round
 from spindle_dsl.planner.model.levers import Levers
 from spindle_dsl.planner.model.passes import ALL_PASSES, PassOptions
 from spindle_dsl.planner.model.problem import Schedule
+from spindle_dsl.planner.search.helpers import Caught
 from spindle_dsl.planner.search.milp_scheduler import milp_schedule
 from spindle_dsl.planner.solver.choice import SolverChoice
 from spindle_dsl.planner.starts.baselines import BASELINES
@@ -108,7 +109,6 @@ class RoundRequest:
     placed: tuple[Evaluated, ...] = ()
 
 
-Caught = tuple[tuple[type[Warning], str], ...]
 HELPER = "a planning helper"  # where a remote round solves (``SolverChoice.host``)
 
 

@@ -56,7 +56,7 @@ class SolverChoice:
     isolated: bool = True
     notes: tuple[str, ...] = ()
     # where it solves in-process, when that process is itself a helper another one watches
-    # (``planner.search.round_helper``: a crash there costs the round, which its caller re-plans)
+    # (``planner.search.helpers``: a crash there costs the round, which its caller re-plans)
     host: str = ""
 
     @property

@@ -17,7 +17,7 @@ the spec compiles (``after=``: once the planner's helpers have started, so that 
 a time imports beside the planner).
 
 Channels: each name (``SOLVER`` by default) has its own worker, lock and crash count, so a
-caller can keep a second worker busy beside the first: ``planner.search.round_helper`` plans the
+caller can keep a second worker busy beside the first: ``planner.search.helpers`` plans the
 lever search's runner-up settings on channels of their own while this process plans its own setting.
 ``warm_up(channel, prepare=...)`` names a ``module:function`` the child runs before it says
 ready (the imports its calls need).

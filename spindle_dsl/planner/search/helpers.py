@@ -1,33 +1,29 @@
-"""Runner-up rounds planned in helper processes while this process plans its own setting.
+"""One pool of helper processes for planning work that can run beside this process.
 
-Where the lever search leaves runner-up settings (``search.make.RUNNER_UP_MARGIN``), ``make_plan``
-runs one MILP round per setting, the time limit shared between them: on qwen_val at 32 and 64
-devices, several rounds that take most of a plan's time after the search. The rounds are
-independent (each reads only its own context) and each keeps a core
-busy (Python placing candidates, and its solves), so a helper process plans the runner-ups
-while this one plans the search's best: a fresh interpreter started at the beginning of
-planning (``isolate.warm_up`` on a channel of its own: it imports the planner while the search
-runs) and kept for later plans. Its solves run in it (``rounds.remote_round``): it is already
-isolated from this process. A helper takes the next round waiting; this process, once its own
-round is done and the work that does not wait on the rounds (the baselines' own levers, the
-lower bound), takes what is left. Each round gets the same time limit as it would one after
-another, so the plans are those of rounds one after another (up to what time-limited solves
-vary from run to run); only the wall time changes.
+Two kinds of work go to it. Runner-up rounds: where the lever search leaves runner-up
+settings (``search.make.RUNNER_UP_MARGIN``), ``make_plan`` runs one round per setting, each
+independent of the others (it reads only its own context; ``rounds.remote_round``), while
+this process plans the search's best. Phases: ``plan_schedule`` plans each distinct graph of
+a schedule of mixes, the first here and the others in helpers (``phases.remote_plan``).
+
+A helper is a fresh interpreter (``isolate.warm_up`` on a channel of its own, for the reasons
+``planner.solver.isolate`` gives against ``fork`` and ``spawn``), started at the beginning of
+planning so that it imports the planner while the search runs, and kept for later plans. A
+helper takes the next piece of work waiting; this process, once its own work is done (and
+what does not wait on the helpers, ``meanwhile``), takes what is left. Each piece runs as it
+would here, so the results are those of running them one after another (up to what
+time-limited solves vary from run to run); only the wall time changes.
 
 A helper needs a core no one else uses: by default one is started for each core the others
-running leave idle beside this process (``spare_cores``), up to one per runner-up round;
-``jobs`` sets how many (0: none, as ``planner.search.phases`` asks of the plans its own workers
-make). Starting one costs the search beside it a little (its imports take a core for a
-moment), and planning the rounds side by side saves more where there are runner-ups (compare
-``spindle plan examples/qwen_val.spindle --mix audio_heavy --devices 64 --jobs 0`` against
-``--jobs 1``: the same plan, in less wall time). The CLI starts it first, while the spec
-compiles, and the solver process only once it is up (``isolate.warm_up``'s ``after``): the
-two importing at once beside the search slow it more than the two one after the other. A
-graph whose layer kinds are registered by a script (``__main__``) or by a module a fresh
-interpreter cannot import cannot be rebuilt in a helper, nor a cost model whose class it
-cannot import: their rounds run here.
-A helper that dies, hangs or fails a round costs only that: the round runs here, with a
-warning.
+running leave idle beside this process (``spare_cores``); ``jobs`` sets how many (0: none,
+as the plans that phases make in helpers ask). Compare ``spindle plan
+examples/qwen_val.spindle --mix audio_heavy --devices 64 --jobs 0`` against ``--jobs 1``: the
+same plan, in less wall time. The CLI starts the helpers first, while the spec compiles, and
+the solver process only once they are up (``isolate.warm_up``'s ``after``). A graph whose
+layer kinds are registered by a script (``__main__``) or by a module a fresh interpreter
+cannot import cannot be rebuilt in a helper, nor a cost model whose class it cannot import:
+that work runs here. A helper that dies, hangs or fails a piece costs only that: the piece
+runs here, with a warning.
 """
 
 from __future__ import annotations
@@ -43,15 +39,17 @@ from typing import TypeVar
 from spindle_dsl.cluster import usable_cores
 from spindle_dsl.kinds.base import get_kind
 from spindle_dsl.metagraph import MetaGraph
-from spindle_dsl.planner.search.rounds import Caught, Round, RoundRequest, remote_round
 from spindle_dsl.planner.solver import isolate
 
 T = TypeVar("T")
+R = TypeVar("R")  # a piece of work, as sent to a helper
+A = TypeVar("A")  # its answer
+Caught = tuple[tuple[type[Warning], str], ...]  # warnings raised in a helper, raised again here
 CHANNEL = "planning helper"  # ``isolate`` channel names: this, then " 2", " 3", ...
-PREPARE = "spindle_dsl.planner.search.round_helper:prepare"
+PREPARE = "spindle_dsl.planner.search.helpers:prepare"
 POLL_S = 0.02  # how often a helper's thread looks whether its process is ready
 # a round's placements and polish outlast its solver time by seconds at 1,024 devices
-ROUND_GRACE_S = 120.0
+GRACE_S = 120.0
 
 
 def prepare() -> None:
@@ -84,7 +82,7 @@ def spare_cores() -> int:
 
 def helper_count(jobs: int | None, most: int) -> int:
     """Helpers to plan with: ``jobs`` where given, else one per spare core, at most ``most``
-    (the runner-up rounds a plan can have)."""
+    (the pieces of work there can be)."""
     return max(0, jobs) if jobs is not None else min(most, spare_cores())
 
 
@@ -117,24 +115,27 @@ def start(count: int) -> tuple[str, ...]:
 
 def side_by_side(
     own: Callable[[], T],
-    requests: Sequence[RoundRequest],
-    here: Callable[[int], Round],
+    requests: Sequence[R],
+    here: Callable[[int], A],
     helpers: Sequence[str],
-    remote: Callable[[RoundRequest], tuple[Round, Caught] | None] = remote_round,
+    remote: Callable[[R], tuple[A, Caught] | None],
+    limit_s: float,
     meanwhile: Callable[[T], object] | None = None,
-) -> tuple[T, list[Round]]:
-    """``own()`` here, and the round of every request, by the helpers on ``helpers`` or here
-    (``here(i)`` runs request i in this process) once ``own`` is done; each round's result in
-    request order. ``meanwhile`` runs here on ``own``'s result right after it, while the
-    helpers take rounds (work the caller needs whatever the rounds find; this process then
-    takes the rounds still waiting). Warnings (a solver crash in a helper's round, a helper
-    lost) are raised here, after the rounds, in request order. ``remote`` is what a helper
-    runs (a module-level function: tests stand in for it)."""
+) -> tuple[T, list[A]]:
+    """``own()`` here, and every request's answer, by the helpers on ``helpers`` (each runs
+    ``remote(request)``, a module-level function, at most ``limit_s`` plus a grace) or here
+    (``here(i)`` answers request i in this process) once ``own`` is done; the answers in
+    request order. ``remote`` returns None to give a request back (it cannot be rebuilt
+    there). ``meanwhile`` runs here on ``own``'s result right after it, while the helpers
+    work (what the caller needs whatever they find; this process then takes the requests
+    still waiting). Warnings (a solver crash in a helper, a helper lost) are raised here,
+    after the work, in request order."""
     waiting = deque(range(len(requests)))
-    done: dict[int, Round] = {}
+    done: dict[int, A] = {}
     said: dict[int, Caught] = {}
     lost: list[str] = []
     stop = threading.Event()
+    timeout = GRACE_S + 2 * limit_s + isolate.GRACE_S
 
     def serve(channel: str) -> None:
         while not stop.is_set() and waiting and not isolate.ready(channel, POLL_S):
@@ -145,14 +146,12 @@ def side_by_side(
                 i = waiting.popleft()
             except IndexError:
                 return
-            r = requests[i]
-            timeout = ROUND_GRACE_S + 2 * r.time_limit_s + isolate.GRACE_S
             try:
-                got = isolate.call(remote, (r,), timeout, channel)
-            except isolate.CallNotLoaded:  # (a cost model a script defined): rounds run here
+                got = isolate.call(remote, (requests[i],), timeout, channel)
+            except isolate.CallNotLoaded:  # (a cost model a script defined): it runs here
                 got = None
             except isolate.SolverCrash as e:
-                lost.append(f"the {channel} process failed a round ({e.reason}); planned it here")
+                lost.append(f"the {channel} process failed its work ({e.reason}); did it here")
                 got = None
             if got is None:  # (or kinds a module registers that the helper cannot import)
                 waiting.appendleft(i)
@@ -164,7 +163,7 @@ def side_by_side(
         t.start()
     try:
         mine = own()
-        if meanwhile is not None:  # (first: the helpers take rounds meanwhile)
+        if meanwhile is not None:  # (first: the helpers work meanwhile)
             meanwhile(mine)
         while True:
             try:
@@ -176,7 +175,7 @@ def side_by_side(
         stop.set()
         for t in threads:
             t.join()
-    for i in range(len(requests)):  # a round a helper gave back after this process finished
+    for i in range(len(requests)):  # what a helper gave back after this process finished
         if i not in done:
             done[i] = here(i)
     for message in lost:

@@ -1,4 +1,4 @@
-"""Runner-up rounds in a helper process (``planner.search.round_helper``): the same round there as
+"""Runner-up rounds in a helper process (``planner.search.helpers``): the same round there as
 here, every round done once and in order, a helper that dies or cannot load a round costing
 only its own rounds, and ``make_plan`` using a helper only where asked or a core is spare."""
 
@@ -16,7 +16,7 @@ from spindle_dsl.language import compile_file
 from spindle_dsl.planner import make_plan
 from spindle_dsl.planner.evaluate.build import context
 from spindle_dsl.planner.model.levers import Levers
-from spindle_dsl.planner.search import round_helper
+from spindle_dsl.planner.search import helpers as pool
 from spindle_dsl.planner.search import rounds as rounds_module
 from spindle_dsl.planner.search.rounds import RoundRequest, plan_round, remote_round
 from spindle_dsl.planner.solver import isolate
@@ -41,7 +41,7 @@ def test_a_round_in_the_helper_is_the_round_here(graph) -> None:
     r = request(graph, 8)
     ctx = context(r.graph, r.cost, r.levers, enforce=True)
     evaluated, chosen = plan_round(ctx, r.scheduler, r.time_limit_s, r.check_memory, r.solver)
-    (channel,) = round_helper.start(1)
+    (channel,) = pool.start(1)
     (there, there_chosen), caught = isolate.call(remote_round, (r,), 120, channel)
     assert caught == ()
     assert set(there) == set(evaluated)
@@ -55,14 +55,14 @@ def test_a_round_in_the_helper_is_the_round_here(graph) -> None:
 def test_the_helper_solves_in_itself_and_says_so(graph) -> None:
     """Its MILPs run in the helper (already isolated from the caller), noted as such."""
     r = replace(request(graph, 8, scheduler="milp"), time_limit_s=0.2)
-    (channel,) = round_helper.start(1)
+    (channel,) = pool.start(1)
     (_, chosen), _ = isolate.call(remote_round, (r,), 120, channel)
     assert "solver: highs (in a planning helper)" in chosen.schedule.notes
 
 
 def test_every_round_is_done_once_in_order_here_or_by_the_helper(graph) -> None:
     requests = [request(graph, k) for k in (2, 4, 8, 16)]
-    helpers = round_helper.start(1)
+    helpers = pool.start(1)
     assert isolate.ready(helpers[0], 60)  # (ready before the rounds: it takes some)
     ran_here: list[int] = []
 
@@ -76,7 +76,7 @@ def test_every_round_is_done_once_in_order_here_or_by_the_helper(graph) -> None:
         time.sleep(1.0)  # the helper takes rounds meanwhile
         return "own"
 
-    mine, rounds = round_helper.side_by_side(own, requests, here, helpers, standins.tag_round)
+    mine, rounds = pool.side_by_side(own, requests, here, helpers, standins.tag_round, 0.3)
     assert mine == "own"
     assert [r[2] for r in rounds] == [2, 4, 8, 16]
     by_helper = [r for r in rounds if r[0] == "helper"]
@@ -86,7 +86,7 @@ def test_every_round_is_done_once_in_order_here_or_by_the_helper(graph) -> None:
 
 def test_a_helper_that_dies_costs_its_round_which_runs_here_with_a_warning(graph) -> None:
     requests = [request(graph, k) for k in (2, 4)]
-    helpers = round_helper.start(1)
+    helpers = pool.start(1)
     assert isolate.ready(helpers[0], 60)
 
     def own() -> str:
@@ -95,9 +95,9 @@ def test_a_helper_that_dies_costs_its_round_which_runs_here_with_a_warning(graph
         time.sleep(0.5)
         return "own"
 
-    with pytest.warns(isolate.SolverCrashWarning, match="SIGSEGV.*planned it here"):
-        _, rounds = round_helper.side_by_side(
-            own, requests, lambda i: ("here", i), helpers, standins.crash_round
+    with pytest.warns(isolate.SolverCrashWarning, match="SIGSEGV.*did it here"):
+        _, rounds = pool.side_by_side(
+            own, requests, lambda i: ("here", i), helpers, standins.crash_round, 0.3
         )
     assert rounds == [("here", 0), ("here", 1)]
 
@@ -109,37 +109,37 @@ def test_a_round_the_helper_cannot_load_runs_here_quietly(graph) -> None:
         pass
 
     r = replace(request(graph, 2), cost=ScriptCost())  # type: ignore[arg-type]
-    helpers = round_helper.start(1)
+    helpers = pool.start(1)
     assert isolate.ready(helpers[0], 60)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _, rounds = round_helper.side_by_side(
-            lambda: None, [r], lambda i: ("here", i), helpers, standins.tag_round
+        _, rounds = pool.side_by_side(
+            lambda: None, [r], lambda i: ("here", i), helpers, standins.tag_round, 0.3
         )
     assert rounds == [("here", 0)]
 
 
 def test_make_plan_hands_runner_ups_to_a_helper_only_where_asked(graph, monkeypatch) -> None:
     seen: list[tuple[str, ...]] = []
-    real = round_helper.side_by_side
+    real = pool.side_by_side
 
-    def spy(own, requests, here, helpers, **options):
+    def spy(own, requests, here, helpers, *rest, **options):
         seen.append(tuple(helpers))
-        return real(own, requests, here, helpers, **options)
+        return real(own, requests, here, helpers, *rest, **options)
 
     monkeypatch.setattr("spindle_dsl.planner.search.make.side_by_side", spy)
     cost = make_cost_model(graph.cluster)
     alone = make_plan(graph, cost, jobs=0)
     helped = make_plan(graph, cost, jobs=1)
-    assert seen == [(), (round_helper.CHANNEL,)]
+    assert seen == [(), (pool.CHANNEL,)]
     # qwen_val at 16 devices has a runner-up: both plans report planning it
     for plan in (alone, helped):
         assert any(n.startswith("runner-up levers") for n in plan.notes)
     # a spare core decides by default
-    monkeypatch.setattr(round_helper, "spare_cores", lambda: 0)
-    assert round_helper.helper_count(None, 3) == 0 and round_helper.helper_count(2, 3) == 2
-    monkeypatch.setattr(round_helper, "spare_cores", lambda: 5)
-    assert round_helper.helper_count(None, 3) == 3
+    monkeypatch.setattr(pool, "spare_cores", lambda: 0)
+    assert pool.helper_count(None, 3) == 0 and pool.helper_count(2, 3) == 2
+    monkeypatch.setattr(pool, "spare_cores", lambda: 5)
+    assert pool.helper_count(None, 3) == 3
 
 
 def test_kinds_a_script_registered_keep_the_rounds_here(graph, monkeypatch) -> None:
@@ -148,20 +148,22 @@ def test_kinds_a_script_registered_keep_the_rounds_here(graph, monkeypatch) -> N
     kind = base.get_kind(graph.modules[0].kind)
     script_kind = type("ScriptKind", (type(kind),), {"__module__": "__main__"})()
     monkeypatch.setitem(base._REGISTRY, kind.name, script_kind)
-    assert round_helper.kind_modules(graph) is None
+    assert pool.kind_modules(graph) is None
     monkeypatch.undo()
-    assert round_helper.kind_modules(graph) == ()
+    assert pool.kind_modules(graph) == ()
 
 
 def test_kinds_from_a_module_the_helper_cannot_import_keep_the_round_here(graph) -> None:
     """Pytest's importlib mode, say: the module registering a kind is no import path's."""
     r = replace(request(graph, 2), kind_modules=("no_such_module_registering_kinds",))
     assert remote_round(r) is None
-    helpers = round_helper.start(1)
+    helpers = pool.start(1)
     assert isolate.ready(helpers[0], 60)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _, rounds = round_helper.side_by_side(lambda: None, [r], lambda i: ("here", i), helpers)
+        _, rounds = pool.side_by_side(
+            lambda: None, [r], lambda i: ("here", i), helpers, remote_round, r.time_limit_s
+        )
     assert rounds == [("here", 0)]
 
 
