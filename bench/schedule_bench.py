@@ -66,8 +66,9 @@ def planning_table(repeat: int, limit: float | None) -> None:
     from spindle_dsl.planner.search.helpers import spare_cores
     from spindle_dsl.planner.search.phases import distinct_graphs
 
-    print(f"Table 1: planning every phase (median of {repeat} runs; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, {spare_cores()} spare)")  # fmt: skip
+    load = os.getloadavg()[0]
+    print(f"Table 1: planning every phase (median of {repeat} runs; load average {load:.1f} "
+          f"on {os.cpu_count()} cores, {spare_cores()} spare)")  # fmt: skip
     head = f"{'workload':<30} {'phases':>6} {'plans':>5} {'serial s':>9} {'side by side s':>14} "
     print(head + f"{'speed-up':>8} {'default s':>9} {'curves+context s':>16}")
     for name, schedule in workloads():

@@ -310,9 +310,9 @@ def _print_plan(args: argparse.Namespace, plan: Plan, calibration: Calibration) 
 
 def run(args: argparse.Namespace) -> int:
     from spindle_dsl.planner import make_plan
-    from spindle_dsl.planner.search.make import RUNNERS_UP
     from spindle_dsl.planner.search.helpers import has_rounds, helper_count
     from spindle_dsl.planner.search.helpers import start as start_helpers
+    from spindle_dsl.planner.search.make import RUNNERS_UP
     from spindle_dsl.planner.solver.choice import choose_solver
     from spindle_dsl.planner.solver.isolate import SolverCrashWarning, warm_up
 
