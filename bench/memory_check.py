@@ -23,20 +23,94 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+from spindle_dsl.cost.base import CostModel, SliceMemory
+from spindle_dsl.cost.step import spread_share
+from spindle_dsl.cost.step_parts import sink_losses
+from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.plan.model import Entry, Plan
+from spindle_dsl.planner.evaluate.build import slice_memory_of
+from spindle_dsl.planner.evaluate.ledger import DeviceBreakdown, PartLedger
+from spindle_dsl.planner.model.levers import Levers, micro_graph
+from spindle_dsl.planner.model.problem import Piece
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC = REPO.parent / "shared" / "spec" / "cpu_medium.spindle"
 MiB = 2**20
 
 
+# The planner's memory model applied to a plan it did not make: each entry's slice priced under
+# the plan's own levers on one pass's view of the graph, added up on a ``PartLedger`` the way
+# placement adds them while planning (a plan written or edited by hand has no trustworthy
+# ``memory_bytes``).
+
+
+def entry_slices(
+    graph: MetaGraph, plan: Plan, cost: CostModel
+) -> Iterator[tuple[Entry, SliceMemory]]:
+    """Per entry of ``plan``, in wave order, its slice memory as the planner prices it: one
+    pass's view of the graph under the plan's levers (``cost`` must price slice memory: the
+    analytic and profiled models do). Entries of the same shape are priced once."""
+    recompute = frozenset(m.id for m in plan.metaops if m.recompute)
+    levers = Levers(plan.micro_batches, plan.zero_stage, recompute)
+    view = micro_graph(graph, plan.micro_batches)
+    memo: dict[tuple[str, int, int, int], SliceMemory] = {}
+    for wave in plan.waves:
+        for e in wave.entries:
+            key = (e.metaop, len(e.devices), e.first, e.end)
+            if key not in memo:
+                op = view.op(e.metaop)
+                memo[key] = slice_memory_of(cost, view, op, len(e.devices), e.first, e.end, levers)
+            yield e, memo[key]
+
+
+def plan_ledger(graph: MetaGraph, plan: Plan, cost: CostModel) -> PartLedger:
+    """A ledger holding every entry of ``plan`` on its devices, and the loss tensors of the
+    lm sinks it spreads on their loss devices (``Plan.loss_devices``)."""
+    entries = list(entry_slices(graph, plan, cost))
+    memo = {(e.metaop, len(e.devices), e.first, e.end): sm for e, sm in entries}
+    recompute = frozenset(m.id for m in plan.metaops if m.recompute)
+    levers = Levers(plan.micro_batches, plan.zero_stage, recompute)
+    view = micro_graph(graph, plan.micro_batches)
+
+    def slice_of(op: str, n: int, first: int, end: int) -> SliceMemory:
+        key = (op, n, first, end)
+        if key not in memo:  # a spread sink's last layer on its loss devices' count
+            memo[key] = slice_memory_of(cost, view, view.op(op), n, first, end, levers)
+        return memo[key]
+
+    ledger = PartLedger(plan.cluster.devices, slice_of)
+    last: dict[str, Entry] = {}
+    for e, _ in entries:
+        piece = Piece(e.metaop, e.first, e.end, len(e.devices))
+        ledger.add(piece, list(e.devices), ledger.need(piece))
+        last[e.metaop] = e
+    sinks = {s.sink: s for s in sink_losses(graph)}
+    for sink, devices in plan.loss_devices:
+        share = spread_share(sinks[sink], graph.op(sink).batch, plan.micro_batches, len(devices))
+        ledger.spread_loss(sink, last[sink].end, last[sink].devices, devices, share)
+    return ledger
+
+
+def predicted_peaks(graph: MetaGraph, plan: Plan, cost: CostModel) -> tuple[int, ...]:
+    """Predicted peak bytes per device of ``plan`` (what the planner writes as
+    ``memory_bytes`` for plans it makes)."""
+    return plan_ledger(graph, plan, cost).memory()
+
+
+def predicted_breakdowns(graph: MetaGraph, plan: Plan, cost: CostModel) -> list[DeviceBreakdown]:
+    """Per device, the terms the peak adds up from (state, gradients, kept, loss, working)."""
+    ledger = plan_ledger(graph, plan, cost)
+    return [ledger.breakdown(d) for d in range(plan.cluster.devices)]
+
+
 def predicted_terms(graph, plan, cost) -> list[dict[str, float]]:
     """Per device, the planner memory model's terms for ``plan``
-    (``planner/evaluate/plan_memory.py``: weights and optimizer state of each held part, state
+    (``predicted_breakdowns``: weights and optimizer state of each held part, state
     shared by its holders; the gradients alive at the peak; kept activations summed; the loss
     phase's tensors; the largest working set)."""
-    from spindle_dsl.planner.evaluate.plan_memory import predicted_breakdowns
-
     return [
         {
             "state": b.state,
@@ -52,8 +126,6 @@ def predicted_terms(graph, plan, cost) -> list[dict[str, float]]:
 def _stage_table(graph, plan, cost, kept_by_stage) -> None:
     """Per plan entry: the activation bytes the model says one device keeps for the backward,
     beside what the entry's first device measured (its forward's saved tensors and output)."""
-    from spindle_dsl.planner.evaluate.plan_memory import entry_slices
-
     print(f"  {'entry':<34}{'devices':>9}{'kept pred MiB':>15}{'measured':>10}{'pred/meas':>11}")
     for e, sm in entry_slices(graph, plan, cost):
         key = f"{e.metaop} [{e.first},{e.end})"

@@ -74,7 +74,7 @@ the same workloads planned with all passes, with each switched off in turn, and 
 printing the ``milp`` candidate's iteration time (and its change against all passes on) and
 the planning time.
 
-Table 6 (``order``): what the shard order of placement (``planner.evaluate.shard_order``) buys:
+Table 6 (``order``): what the shard order of placement (``planner.evaluate.placement``) buys:
 Table 4's plans, their activation moves priced with each piece's devices in the order placement
 gave them (the order decides which shard of the batch each device holds, so which rows stay
 put) and with the same devices sorted (no shard order).

@@ -38,7 +38,7 @@ same sums. Each term is a field of the plan's ``breakdown`` and the breakdown ad
 - ``loss_s``: the loss phase after the last forward wave: each device computes the loss heads
   of the sinks whose last entry it runs (lm: vocab head and cross-entropy; mse; contrastive:
   pooled readouts, InfoNCE of the whole batch on one device), forward and backward; the
-  busiest device counts (``loss_load`` gives each device's, which ``planner.evaluate.lossbalance``
+  busiest device counts (``loss_load`` gives each device's, which ``planner.evaluate.relabel``
   evens out). An lm sink's loss may be spread over more devices than its last entry's
   (``loss_groups``, chosen by ``planner.evaluate.lossspread``, carried out by the runtime): the
   positions its head reads are re-split over the group, each device paying the loss on its
@@ -267,7 +267,7 @@ class StepModel:
         core of its own, else each node's cores (``shared_makespan`` runs a node's work at
         most ``cores`` at a time). Every makespan this model prices (a wave's phases, the loss
         phase, the optimizer) is at least the summed work over ``lanes``, which the lower
-        bounds use (``planner.bound.lp_bound``, ``planner.bound.step_floor``)."""
+        bounds use (``planner.bound.lp_bound``, ``planner.bound.floors``)."""
         if self.core_each:
             return self.devices
         assert self.cores is not None
@@ -386,7 +386,7 @@ class StepModel:
         devices of its last piece in ``waves`` (an lm sink in ``groups``: on its group's), as
         the runtime computes them after the last forward wave, plus ``moves`` (the spread
         sinks' rows moving to their groups and their gradients back). The planner reads it
-        to spread the phase (``planner.evaluate.lossbalance``, ``planner.evaluate.lossspread``)."""
+        to spread the phase (``planner.evaluate.relabel``, ``planner.evaluate.lossspread``)."""
         last: dict[str, PieceTime] = {}
         for wave in waves:
             for p in wave:

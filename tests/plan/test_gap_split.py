@@ -13,7 +13,7 @@ from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.model import GAP_TERMS, Plan
 from spindle_dsl.planner import make_plan
-from spindle_dsl.planner.bound.step_floor import step_floor
+from spindle_dsl.planner.bound.floors import step_floor
 from spindle_dsl.render.gap import gap_terms, gap_text
 from spindle_dsl.render.report import build_report
 from spindle_dsl.widgets.summary import summarize, summary_html

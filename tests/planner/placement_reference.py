@@ -1,15 +1,14 @@
 """The placement before it was vectorised (kept verbatim as a test oracle): per-device Python
 sets and loops. ``test_placement_equivalence`` checks that ``planner.evaluate.placement`` makes
 exactly the same choices, so plans stay what they were while large clusters place in milliseconds.
-The shard order of each group (``planner.evaluate.shard_order``), added since, is applied alike."""
+The shard order of each group (``planner.evaluate.placement``), added since, is applied alike."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from spindle_dsl.planner.evaluate.ledger import Ledger
-from spindle_dsl.planner.evaluate.placement import PlacedPiece, Placement, Topology
-from spindle_dsl.planner.evaluate.shard_order import order_like
+from spindle_dsl.planner.evaluate.placement import PlacedPiece, Placement, Topology, order_like
 from spindle_dsl.planner.model.problem import Piece, Problem, Schedule
 
 

@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synth import random_problem, synth_op
 
-from spindle_dsl.planner.model.allocator import bipoint, inverse_time, level_optimum
-from spindle_dsl.planner.model.problem import OpSpec
+from spindle_dsl.planner.model.problem import OpSpec, bipoint, inverse_time, level_optimum
 
 
 def linear_op(op_id: str, layers: int, work: float, N: int) -> OpSpec:

@@ -1,5 +1,5 @@
 """The start that runs the head of the critical chain alone first
-(``planner.starts.chainstart``)."""
+(``planner.starts.taskpar``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synth import random_problem
 
-from spindle_dsl.planner.bound.area import critical_chain, critical_path_s
+from spindle_dsl.planner.bound.floors import critical_chain, critical_path_s
 from spindle_dsl.planner.model.problem import OpSpec, Problem, schedule_errors
-from spindle_dsl.planner.starts.chainstart import chain_head, chain_head_schedule
-from spindle_dsl.planner.starts.taskpar import task_parallel_schedule
+from spindle_dsl.planner.starts.taskpar import (
+    chain_head,
+    chain_head_schedule,
+    task_parallel_schedule,
+)
 
 
 def _op(op_id: str, layers: int, seconds: float, deps: tuple[str, ...] = (), *, power: float = 1.0):

@@ -1,5 +1,5 @@
 """Renaming devices at wave boundaries so that pieces run where their inputs are
-(``planner.evaluate.cutmatch``), in the one search over renamings that weighs them against the loss
+(``planner.evaluate.relabel``), in the one search over renamings that weighs them against the loss
 phase's (``planner.evaluate.relabel``): the renaming is a permutation that lands each piece after
 the cut on its source's devices, a plan whose projections were placed across the towers' devices
 gets fewer moves and a quicker step and still fits and validates, a plan with nothing to gain
@@ -17,11 +17,14 @@ from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner.evaluate.build import context, to_plan
-from spindle_dsl.planner.evaluate.cutmatch import matching_label
 from spindle_dsl.planner.evaluate.ledger import PartLedger
-from spindle_dsl.planner.evaluate.lossbalance import relabeled
 from spindle_dsl.planner.evaluate.placement import Topology, place
-from spindle_dsl.planner.evaluate.relabel import RENAME_NOTE, rename_devices
+from spindle_dsl.planner.evaluate.relabel import (
+    RENAME_NOTE,
+    matching_label,
+    relabeled,
+    rename_devices,
+)
 from spindle_dsl.planner.starts.listsched import cpa_schedule
 
 from .synth import random_problem

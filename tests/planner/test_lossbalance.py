@@ -1,5 +1,5 @@
 """Spreading the loss phase by relabeling devices over a prefix or suffix of the waves
-(``planner.evaluate.lossbalance``): the relabeling keeps every wave valid, the greedy pairing lowers
+(``planner.evaluate.relabel``): the relabeling keeps every wave valid, the greedy pairing lowers
 the loss phase, and a plan whose LM sinks end on the same devices gets quicker and still
 fits and validates, while a plan with nothing to gain is returned as it is."""
 
@@ -12,17 +12,18 @@ from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner.evaluate.build import Evaluated, context, time_of, to_plan
-from spindle_dsl.planner.evaluate.lossbalance import (
+from spindle_dsl.planner.evaluate.lossspread import spread_round
+from spindle_dsl.planner.evaluate.placement import PlacedPiece
+from spindle_dsl.planner.evaluate.relabel import (
+    RENAME_NOTE,
     best_peak,
     candidates,
     loss_loads,
     placed,
     relabeled,
+    rename_devices,
     spread,
 )
-from spindle_dsl.planner.evaluate.lossspread import spread_round
-from spindle_dsl.planner.evaluate.placement import PlacedPiece
-from spindle_dsl.planner.evaluate.relabel import RENAME_NOTE, rename_devices
 from spindle_dsl.planner.model.problem import Piece, Schedule
 
 # tiny_mm's shape on GPUs of their own (no CPU cores shared between devices, which would

@@ -14,7 +14,7 @@ from synth import SynthCost, random_graph, random_problem
 from spindle_dsl.cli.cmd_plan import summary, summary_text
 from spindle_dsl.planner import make_plan
 from spindle_dsl.planner.bound import lp_bound as lp_module
-from spindle_dsl.planner.bound.area import lower_bound_s
+from spindle_dsl.planner.bound.floors import lower_bound_s
 from spindle_dsl.planner.bound.lp_bound import (
     LpSolution,
     MemoryRoom,
@@ -25,7 +25,7 @@ from spindle_dsl.planner.bound.lp_bound import (
     lp_bound,
     lp_input,
 )
-from spindle_dsl.planner.improve.crosslevel import improve
+from spindle_dsl.planner.improve.polish import improve
 from spindle_dsl.planner.model.problem import OpSpec, Problem
 from spindle_dsl.planner.search.milp_scheduler import milp_schedule
 from spindle_dsl.planner.solver.choice import SolverChoice

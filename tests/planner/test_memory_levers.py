@@ -20,8 +20,8 @@ from spindle_dsl.language import compile_file, compile_text
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner import make_plan
+from spindle_dsl.planner.bound.floors import step_floor
 from spindle_dsl.planner.bound.lp_bound import lp_bound
-from spindle_dsl.planner.bound.step_floor import step_floor
 from spindle_dsl.planner.evaluate.build import alone_bytes_of, context, evaluate
 from spindle_dsl.planner.model.levers import (
     Levers,
@@ -257,7 +257,7 @@ def test_the_memory_room_holds_every_fitting_plan(graph, mib) -> None:
 
 @pytest.mark.parametrize("mib", [300, 120, 60, 40])
 def test_every_entry_runs_on_an_allocation_offered_at_its_k(graph, mib) -> None:
-    """The premise of the LP's one-device rule (``planner.search.offered``): a plan runs each
+    """The premise of the LP's one-device rule (``planner.search.memfit``): a plan runs each
     MetaOp on an allocation its spec offers at the plan's k without recompute, or with it
     if the MetaOp recomputes (at some ZeRO stage), never on one that one device cannot hold
     where another can."""

@@ -1,9 +1,9 @@
-"""The free-device pool the renamings share (``planner.evaluate.nodepool``): a device of the node
+"""The free-device pool the renamings share (``planner.evaluate.placement``): a device of the node
 asked for first, in the order given, else the first free one, each id once."""
 
 from __future__ import annotations
 
-from spindle_dsl.planner.evaluate.nodepool import NodePool
+from spindle_dsl.planner.evaluate.placement import NodePool
 
 
 def test_the_pool_hands_out_a_device_of_the_node_else_the_first_free_one_once_each():

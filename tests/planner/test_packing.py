@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synth import random_problem
 
-from spindle_dsl.planner.bound.area import level_reference_s, lower_bound_s
+from spindle_dsl.planner.bound.floors import level_reference_s, lower_bound_s
 from spindle_dsl.planner.model.problem import OpSpec, Problem, schedule_errors
 from spindle_dsl.planner.starts.baselines import balanced
-from spindle_dsl.planner.starts.packing import pack_level, packed_schedule
+from spindle_dsl.planner.starts.wavefront import pack_level, packed_schedule
 
 
 def _op(op_id: str, layers: int, seconds: float, N: int) -> OpSpec:

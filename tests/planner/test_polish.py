@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from synth import random_problem
 
-from spindle_dsl.planner.bound.area import level_reference_s
+from spindle_dsl.planner.bound.floors import level_reference_s
 from spindle_dsl.planner.improve.polish import _dissolves, _wave_aligns, polish
 from spindle_dsl.planner.improve.resplit import resplit
 from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule, schedule_errors

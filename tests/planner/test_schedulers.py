@@ -9,9 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synth import random_problem, synth_op
 
-from spindle_dsl.planner.bound.area import level_reference_s, lower_bound_s
-from spindle_dsl.planner.improve.crosslevel import improve, rebalance
-from spindle_dsl.planner.improve.polish import polish
+from spindle_dsl.planner.bound.floors import level_reference_s, lower_bound_s
+from spindle_dsl.planner.improve.polish import improve, polish, rebalance
 from spindle_dsl.planner.improve.resplit import resplit
 from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
 from spindle_dsl.planner.search.milp_scheduler import milp_schedule

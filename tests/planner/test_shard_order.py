@@ -1,4 +1,4 @@
-"""A piece's device order keeps its input's rows where they are (``planner.evaluate.shard_order``),
+"""A piece's device order keeps its input's rows where they are (``planner.evaluate.placement``),
 and placement lists its groups so."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ import pytest
 
 from spindle_dsl.cost.base import GradientLife, SliceMemory
 from spindle_dsl.cost.comm import _shard_moves, busiest_bytes
-from spindle_dsl.planner.evaluate import shard_order
+from spindle_dsl.planner.evaluate import placement as placement_module
 from spindle_dsl.planner.evaluate.ledger import PartLedger
-from spindle_dsl.planner.evaluate.placement import Topology, place
-from spindle_dsl.planner.evaluate.shard_order import kept_share, order_like
+from spindle_dsl.planner.evaluate.placement import Topology, kept_share, order_like, place
 from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule
 
 
@@ -43,7 +42,7 @@ def test_a_group_with_nothing_shared_stays_sorted():
 @pytest.mark.parametrize("large", [False, True])
 def test_never_moves_more_than_sorted_order(large, monkeypatch):
     if large:  # the numpy path, on small groups
-        monkeypatch.setattr(shard_order, "SMALL_GROUPS", 0)
+        monkeypatch.setattr(placement_module, "SMALL_GROUPS", 0)
     rng = random.Random(7)
     gained = 0.0
     for _ in range(500):

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from synth import random_problem
 
 from spindle_dsl.errors import PlanError
-from spindle_dsl.planner.bound.area import area_bound_s
-from spindle_dsl.planner.improve.crosslevel import improve, rebalance
+from spindle_dsl.planner.bound.floors import area_bound_s
+from spindle_dsl.planner.improve.polish import improve, rebalance
 from spindle_dsl.planner.improve.resplit import resplit
 from spindle_dsl.planner.improve.wave_milp import WaveModelSpec, solve_local
 from spindle_dsl.planner.model.passes import ALL_PASSES

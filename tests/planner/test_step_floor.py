@@ -16,7 +16,7 @@ from spindle_dsl.cost.step import PieceTime, make_step_model
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner import make_plan
-from spindle_dsl.planner.bound.step_floor import NO_FLOOR, holder_groups, step_floor
+from spindle_dsl.planner.bound.floors import NO_FLOOR, holder_groups, step_floor
 
 SPEC = """
 cluster { devices = 8; device = "cpu" }

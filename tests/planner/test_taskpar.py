@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synth import random_problem
 
-from spindle_dsl.planner.bound.area import lower_bound_s
+from spindle_dsl.planner.bound.floors import lower_bound_s
 from spindle_dsl.planner.model.problem import OpSpec, Problem, schedule_errors
 from spindle_dsl.planner.starts.baselines import optimus_schedule
 from spindle_dsl.planner.starts.taskpar import (

@@ -62,8 +62,11 @@ def test_the_memory_model_counts_the_tied_embedding_on_the_head_ranks() -> None:
     """chat's head runs alone on rank 1, whose layers do not read text: the runtime holds the
     tied embedding there as well (and shares its optimizer state between ranks 0 and 1), and
     the planner's prediction for this very plan follows it on every rank."""
+    from benchload import load_bench
+
     from spindle_dsl.cost import make_cost_model
-    from spindle_dsl.planner.evaluate.plan_memory import predicted_peaks
+
+    predicted_peaks = load_bench("memory_check").predicted_peaks
 
     graph = compile_text(SPEC.replace("vocab = 64", "vocab = 2048")).graph  # embedding-heavy
     waves = [*WAVES[:2], [("hear/lm", 0, 2, (0,))]]
@@ -79,8 +82,11 @@ def test_a_tied_head_scores_a_spread_loss_and_the_memory_model_follows(tmp_path)
     """chat's loss spread from rank 1 over both ranks (``Plan.loss_devices``): rank 0 scores
     half of chat's positions with its copy of the tied head, the run still trains the oracle's
     model, and the predicted peak of this very plan follows what each rank measured."""
+    from benchload import load_bench
+
     from spindle_dsl.cost import make_cost_model
-    from spindle_dsl.planner.evaluate.plan_memory import predicted_peaks
+
+    predicted_peaks = load_bench("memory_check").predicted_peaks
 
     graph = compile_text(SPEC).graph
     plan = dataclasses.replace(h.make_plan(graph, WAVES), loss_devices=(("chat/lm", (0, 1)),))

@@ -1,2 +1,3 @@
-"""What no plan can beat: the area and critical-path bound (``area``), the LP relaxation
-(``lp_bound``) and the floors of the step terms it does not count (``step_floor``)."""
+"""What no plan can beat: the LP relaxation (``lp_bound``), and the bounds that need no solver
+(``floors``: the area and critical-path bound, and the floors of the step terms the LP does
+not count)."""

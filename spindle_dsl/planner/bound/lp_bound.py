@@ -125,7 +125,7 @@ its devices idle half the time, where they only share the cores.
 One device (``MemoryRoom.plain``). The planner offers a MetaOp only the allocations on which
 one device can hold it under the plan's levers (``build.offered_spec``), which depend on the
 levers only through k, the ZeRO stage and whether that MetaOp recomputes
-(``planner.search.offered``). So ``plain`` and ``recompute`` may list, per op, only the allocations
+(``planner.search.memfit``). So ``plain`` and ``recompute`` may list, per op, only the allocations
 some stage offers without and with recompute: a plan's entries run on those (by its own
 choice of the lever, x and y as above), so the LP, which lets each op combine points of its
 two curves, still has the plan's point. An op whose layers no device holds without
@@ -145,7 +145,7 @@ from dataclasses import dataclass, replace
 import mip
 import numpy as np
 
-from spindle_dsl.planner.bound.area import lower_bound_s as area_path_bound_s
+from spindle_dsl.planner.bound.floors import lower_bound_s as area_path_bound_s
 from spindle_dsl.planner.model.problem import OpSpec, Problem
 from spindle_dsl.planner.solver import isolate
 from spindle_dsl.planner.solver.choice import (

@@ -1,4 +1,4 @@
-"""What a schedule costs once placed: devices chosen (``placement``, ``nodepool``,
-``shard_order``), memory per device (``ledger``, ``plan_memory``), the priced step
-(``timing``), device renamings at wave boundaries and for loss phases (``relabel``,
-``cutmatch``, ``lossbalance``, ``lossspread``), and the plan built from it (``build``)."""
+"""What a schedule costs once placed: devices chosen and ordered (``placement``), memory per
+device (``ledger``), the priced step (``timing``), device renamings at wave boundaries
+(``relabel``) and spread loss phases (``lossspread``), and the plan built from it
+(``build``)."""

@@ -35,7 +35,6 @@ from spindle_dsl.plan.model import (
 from spindle_dsl.planner.evaluate.ledger import Ledger, PartLedger, PieceLedger
 from spindle_dsl.planner.evaluate.placement import Placement, Topology, place
 from spindle_dsl.planner.evaluate.timing import Flows, SharedModule, Timing, time_placement
-from spindle_dsl.planner.model.allocator import level_optimum
 from spindle_dsl.planner.model.levers import (
     NO_LEVERS,
     Levers,
@@ -43,7 +42,7 @@ from spindle_dsl.planner.model.levers import (
     pass_curves,
     spec_of,
 )
-from spindle_dsl.planner.model.problem import OpSpec, Problem, Schedule
+from spindle_dsl.planner.model.problem import OpSpec, Problem, Schedule, level_optimum
 
 GiB = 2**30
 # all-reduce groups up to this many devices are priced once per search (``allreduce_of``)

@@ -7,7 +7,7 @@ backward) after the last forward wave on the devices of the sink's last piece (`
 for its layers, not for its loss: a task with long text has few rows per layer-second but many
 tokens to score, so its devices score well above the mean while the other sinks' devices wait
 (qwen_val's text task at 128 devices is such a sink). Relabeling devices
-(``planner.evaluate.lossbalance``) cannot help when the sinks already end on disjoint groups that
+(``planner.evaluate.relabel``) cannot help when the sinks already end on disjoint groups that
 cover the cluster.
 
 What. The devices that end any sink of one LM head all hold that head (and a tied embedding
@@ -30,7 +30,7 @@ The runtime moves positions, not rows, so a long-text row may be scored on two d
 pass with fewer rows than devices still spreads over all of them. The candidates are judged
 by their loss phase alone (moves included), and the ``PRICED`` best whose phase is shorter
 are priced by the same step model as any plan (the moves with the cost model's transfers,
-the memory with the loss tensors moved, ``lossbalance.placed``) and kept only if the whole
+the memory with the loss tensors moved, ``relabel.placed``) and kept only if the whole
 step is quicker and fits no worse.
 """
 
@@ -48,16 +48,15 @@ from spindle_dsl.planner.evaluate.build import (
     time_of,
     transfer_of,
 )
-from spindle_dsl.planner.evaluate.lossbalance import (
+from spindle_dsl.planner.evaluate.placement import NodePool, PlacedPiece, Placement
+from spindle_dsl.planner.evaluate.relabel import (
     Waves,
     loss_loads,
     overflow_bytes,
     placed,
+    rename_devices,
     sink_loads,
 )
-from spindle_dsl.planner.evaluate.nodepool import NodePool
-from spindle_dsl.planner.evaluate.placement import PlacedPiece, Placement
-from spindle_dsl.planner.evaluate.relabel import rename_devices
 from spindle_dsl.planner.evaluate.timing import loss_moves
 
 SPREAD_LOSS_NOTE = "lm losses spread over their head's devices"  # how the plan's note begins

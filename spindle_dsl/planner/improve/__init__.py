@@ -1,3 +1,3 @@
-"""Making a schedule better: layers re-split between its pieces (``resplit``), each wave's
-allocations rebalanced (``crosslevel``), one MILP over all waves (``wave_milp``), and local
-search on the placed plan (``polish``)."""
+"""Making a schedule better: layers re-split between its pieces (``resplit``), one MILP over
+all waves (``wave_milp``), and local search on the placed plan with each wave's allocations
+rebalanced (``polish``)."""

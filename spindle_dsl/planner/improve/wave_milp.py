@@ -44,12 +44,12 @@ from typing import Any
 import mip
 
 from spindle_dsl.planner.improve.resplit import add_area
-from spindle_dsl.planner.model.allocator import level_optimum
 from spindle_dsl.planner.model.problem import (
     OpSpec,
     Piece,
     Problem,
     Schedule,
+    level_optimum,
     piece_wave_seconds,
     wave_phases,
     wave_seconds,

@@ -33,11 +33,10 @@ from spindle_dsl.cost.base import CostModel, has_slice_memory
 from spindle_dsl.errors import PlanError
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.plan.model import Plan
-from spindle_dsl.planner.bound.area import level_reference_s
-from spindle_dsl.planner.bound.area import lower_bound_s as area_path_bound_s
+from spindle_dsl.planner.bound.floors import level_reference_s, step_floor
+from spindle_dsl.planner.bound.floors import lower_bound_s as area_path_bound_s
 from spindle_dsl.planner.bound.lp_bound import LpBound, MemoryRoom
 from spindle_dsl.planner.bound.lp_bound import lp_bound as lp_relaxation_bound
-from spindle_dsl.planner.bound.step_floor import step_floor
 from spindle_dsl.planner.evaluate.build import (
     Evaluated,
     PlanContext,
@@ -560,7 +559,7 @@ def _tuned_baselines(
     dict[str, tuple[Evaluated, PlanContext]], dict[str, tuple[Evaluated, PlanContext] | None]
 ]:
     """Each baseline planned with its own best setting of the memory levers, its loss phase
-    spread as the planner's own plans are (``planner.evaluate.lossbalance``). Once
+    spread as the planner's own plans are (``planner.evaluate.relabel``). Once
     ``TUNE_SHARE`` of the time budget is spent, the rest get no search of their own: each
     is its quickest fitting plan among the settings the plan's search placed it at, as
     placed, in the second item (``_untuned_at_best``)."""
@@ -626,7 +625,7 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
     count at k (``step_floor``: the loss phase, the optimizer, the closing all-reduce). At each
     k the pass problem is the envelope of every setting at that k: per MetaOp, the allocations
     the search's contexts at k offer it without recompute and with it, under every ZeRO stage
-    tried (``memfit.memory_room``, ``planner.search.offered``: those on which one device holds it),
+    tried (``memfit.memory_room``, ``planner.search.memfit``: those on which one device holds it),
     at the least T(n) (``MemoryRoom.either``), so it holds whichever of them the plan pulled,
     and the memory room at k (``lp_bound`` module docstring, "Memory" and "One device") lets
     each MetaOp recompute where it frees bytes, on the allocations offered so, and asks that

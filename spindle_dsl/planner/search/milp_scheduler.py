@@ -6,8 +6,9 @@
    layouts that ignore the level boundaries: CPA list scheduling across levels
    (``listsched``), task-parallel chains (the ``optimus`` layout), tasks side by side on
    min-max groups with each task's branches side by side (``taskpar``), the levels with
-   their short MetaOps in turn on shared devices (``packing``), and the head of the critical
-   chain alone on its quickest allocations before the rest task-parallel (``chainstart``).
+   their short MetaOps in turn on shared devices (``wavefront.packed_schedule``), and the
+   head of the critical chain alone on its quickest allocations before the rest
+   task-parallel (``taskpar.chain_head_schedule``).
 2. ``improve`` each start: re-split layers between its pieces (an LP/MILP through
    ``solver``), ``rebalance`` each wave's allocations min-max, re-split again. The paper's
    own plan joins as it is, and so do the ``distmm`` and ``sequential`` layouts (the least
@@ -42,9 +43,8 @@ import warnings
 from collections.abc import Callable
 from dataclasses import replace
 
-from spindle_dsl.planner.bound.area import level_reference_s
-from spindle_dsl.planner.improve.crosslevel import improve, refill
-from spindle_dsl.planner.improve.polish import Objective, polish
+from spindle_dsl.planner.bound.floors import level_reference_s
+from spindle_dsl.planner.improve.polish import Objective, improve, polish, refill
 from spindle_dsl.planner.improve.resplit import resplit
 from spindle_dsl.planner.improve.wave_milp import (
     SolveStatus,
@@ -61,11 +61,9 @@ from spindle_dsl.planner.starts.baselines import (
     optimus_schedule,
     sequential_schedule,
 )
-from spindle_dsl.planner.starts.chainstart import chain_head_schedule
 from spindle_dsl.planner.starts.listsched import cpa_schedule
-from spindle_dsl.planner.starts.packing import packed_schedule
-from spindle_dsl.planner.starts.taskpar import task_parallel_schedule
-from spindle_dsl.planner.starts.wavefront import paper_schedule
+from spindle_dsl.planner.starts.taskpar import chain_head_schedule, task_parallel_schedule
+from spindle_dsl.planner.starts.wavefront import packed_schedule, paper_schedule
 
 COMPUTE_SLACK = 1.05  # compute may exceed the level reference by this much (see below)
 # Shares of the time limit: the layer re-splits of ``improve`` and the polishing of several

@@ -1,13 +1,13 @@
 """Min-max allocations of independent pieces side by side: the least time within which every
 piece, each on the least pareto allocation that ends it so, fits on the devices.
 
-Every layout that puts MetaOps side by side asks this (``baselines.balanced``, the wave
-``crosslevel.rebalance``, ``taskpar``, ``packing``). The greedy way, giving the slowest piece
-its next pareto allocation until it no longer fits, steps through pareto points one at a time:
-at 1,024 devices the rebalance of a 50-task plan takes millions of steps, a large share of a
-``milp`` schedule's time. Here the least time is found by bisection (each piece's least
-allocation within a time is itself a bisection over its pareto points), and the devices left
-over then go to the piece that ends last, as the greedy way would give them.
+Every layout that puts MetaOps side by side asks this (``baselines.balanced``,
+``polish.rebalance``, ``taskpar``, ``wavefront.packed_schedule``). The greedy way, giving the
+slowest piece its next pareto allocation until it no longer fits, steps through pareto points
+one at a time: at 1,024 devices the rebalance of a 50-task plan takes millions of steps, a
+large share of a ``milp`` schedule's time. Here the least time is found by bisection (each
+piece's least allocation within a time is itself a bisection over its pareto points), and the
+devices left over then go to the piece that ends last, as the greedy way would give them.
 """
 
 from __future__ import annotations
