@@ -109,7 +109,7 @@ from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S  # noqa: E402
 from spindle_dsl.planner.evaluate.build import flows_of  # noqa: E402
 from spindle_dsl.planner.evaluate.placement import PlacedPiece, Placement  # noqa: E402
 from spindle_dsl.planner.evaluate.timing import boundary_moves_s, grad_sync_seconds  # noqa: E402
-from spindle_dsl.planner.model.passes import ALL_PASSES, NO_PASSES, PassOptions  # noqa: E402
+from spindle_dsl.planner.model.levers import ALL_PASSES, NO_PASSES, PassOptions  # noqa: E402
 from spindle_dsl.planner.search.make import make_plan  # noqa: E402
 from spindle_dsl.render.memory import levers_text  # noqa: E402
 

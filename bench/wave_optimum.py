@@ -19,7 +19,7 @@ compare:
 - ``plan``/``start``/``MILP`` compute: one pass's waves, summed (what the MILP minimises);
 - ``plan``/``MILP`` iteration: the placed step (transfers, gradient sync, losses, optimizer)
   after the relabeling passes ``spindle plan`` runs on its pick
-  (``lossspread.relabel_and_spread``), which can land a little off the plan's reported
+  (``relabel.relabel_and_spread``), which can land a little off the plan's reported
   iteration, given beside it as ``reported`` (its relabelings are searched among a round's
   candidates);
 - ``plan/bnd``, ``MILP/bnd``: each iteration over the plan's reported lower bound.
@@ -51,14 +51,17 @@ from spindle_dsl.language import compile_file  # noqa: E402
 from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S  # noqa: E402
 from spindle_dsl.planner.bound.lp_bound import lp_bound  # noqa: E402
 from spindle_dsl.planner.evaluate.build import context, evaluate  # noqa: E402
-from spindle_dsl.planner.evaluate.lossspread import relabel_and_spread  # noqa: E402
+from spindle_dsl.planner.evaluate.relabel import relabel_and_spread  # noqa: E402
 from spindle_dsl.planner.improve.polish import polish  # noqa: E402
 from spindle_dsl.planner.improve.wave_milp import WaveModelSpec, solve_waves  # noqa: E402
 from spindle_dsl.planner.model.levers import Levers  # noqa: E402
 from spindle_dsl.planner.model.problem import Piece, Problem, Schedule  # noqa: E402
 from spindle_dsl.planner.search.make import make_plan  # noqa: E402
-from spindle_dsl.planner.search.milp_scheduler import _compute_cap, milp_schedule  # noqa: E402
-from spindle_dsl.planner.search.rounds import round_key  # noqa: E402
+from spindle_dsl.planner.search.rounds import (  # noqa: E402
+    _compute_cap,
+    milp_schedule,
+    round_key,
+)
 from spindle_dsl.planner.solver.choice import SolverChoice  # noqa: E402
 
 SPECS = (ROOT.parent / "shared" / "spec", ROOT / "bench" / "specs")

@@ -40,7 +40,7 @@ same sums. Each term is a field of the plan's ``breakdown`` and the breakdown ad
   pooled readouts, InfoNCE of the whole batch on one device), forward and backward; the
   busiest device counts (``loss_load`` gives each device's, which ``planner.evaluate.relabel``
   evens out). An lm sink's loss may be spread over more devices than its last entry's
-  (``loss_groups``, chosen by ``planner.evaluate.lossspread``, carried out by the runtime): the
+  (``loss_groups``, chosen by ``planner.evaluate.relabel``, carried out by the runtime): the
   positions its head reads are re-split over the group, each device paying the loss on its
   share (``spread_shares``), and those inputs move there and their gradients back
   (``loss_moves``: seconds per device, priced by the planner with the cost model's
@@ -386,7 +386,7 @@ class StepModel:
         devices of its last piece in ``waves`` (an lm sink in ``groups``: on its group's), as
         the runtime computes them after the last forward wave, plus ``moves`` (the spread
         sinks' rows moving to their groups and their gradients back). The planner reads it
-        to spread the phase (``planner.evaluate.relabel``, ``planner.evaluate.lossspread``)."""
+        to spread the phase (``planner.evaluate.relabel``, ``planner.evaluate.relabel``)."""
         last: dict[str, PieceTime] = {}
         for wave in waves:
             for p in wave:

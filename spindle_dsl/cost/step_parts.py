@@ -60,7 +60,7 @@ class SinkLoss:
     tied_part: str | None = None  # the embedding stage a tied head multiplies by
     tied_bytes: float = 0.0  # its gradient bytes
     # lm: the positions the head reads per sample (text tokens - 1) and their bytes, which
-    # move when the loss is spread over more devices (``planner.evaluate.lossspread``)
+    # move when the loss is spread over more devices (``planner.evaluate.relabel``)
     hidden_bytes: float = 0.0
     positions: int = 0
 

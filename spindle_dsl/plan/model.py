@@ -28,7 +28,7 @@ lm sinks whose loss the runtime computes on those devices instead of the sink's 
 The sink's output rows (the positions the head reads) are re-split over the listed devices in
 their order, as a flow between entries is, and their gradients come back; every listed device
 holds the LM head. The planner spreads a loss so when that makes the step quicker
-(``planner.evaluate.lossspread``).
+(``planner.evaluate.relabel``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner import make_plan
-from spindle_dsl.planner.model.passes import UNLIMITED, Budget
+from spindle_dsl.planner.model.levers import UNLIMITED, Budget
 from spindle_dsl.planner.search.leversearch import Judge, LeverSearch
 from spindle_dsl.planner.starts.wavefront import paper_schedule
 

@@ -1,5 +1,5 @@
 """The start that runs the head of the critical chain alone first
-(``planner.starts.taskpar``)."""
+(``planner.starts.crosslevel``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from synth import random_problem
 
 from spindle_dsl.planner.bound.floors import critical_chain, critical_path_s
 from spindle_dsl.planner.model.problem import OpSpec, Problem, schedule_errors
-from spindle_dsl.planner.starts.taskpar import (
+from spindle_dsl.planner.starts.crosslevel import (
     chain_head,
     chain_head_schedule,
     task_parallel_schedule,

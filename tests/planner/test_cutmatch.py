@@ -25,7 +25,7 @@ from spindle_dsl.planner.evaluate.relabel import (
     relabeled,
     rename_devices,
 )
-from spindle_dsl.planner.starts.listsched import cpa_schedule
+from spindle_dsl.planner.starts.crosslevel import cpa_schedule
 
 from .synth import random_problem
 from .test_lossbalance import _evaluated, _pp

@@ -12,7 +12,6 @@ from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner.evaluate.build import Evaluated, context, time_of, to_plan
-from spindle_dsl.planner.evaluate.lossspread import spread_round
 from spindle_dsl.planner.evaluate.placement import PlacedPiece
 from spindle_dsl.planner.evaluate.relabel import (
     RENAME_NOTE,
@@ -23,6 +22,7 @@ from spindle_dsl.planner.evaluate.relabel import (
     relabeled,
     rename_devices,
     spread,
+    spread_round,
 )
 from spindle_dsl.planner.model.problem import Piece, Schedule
 

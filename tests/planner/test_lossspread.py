@@ -1,4 +1,4 @@
-"""Spreading lm losses over the devices that hold their head (``planner.evaluate.lossspread``)."""
+"""Spreading lm losses over the devices that hold their head (``planner.evaluate.relabel``)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from spindle_dsl.language import compile_text
 from spindle_dsl.plan.model import Plan
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner.evaluate.build import context, to_plan
-from spindle_dsl.planner.evaluate.lossspread import (
+from spindle_dsl.planner.evaluate.relabel import (
     SPREAD_LOSS_NOTE,
     balanced_groups,
+    loss_loads,
     shard_order,
     spread_losses,
 )
-from spindle_dsl.planner.evaluate.relabel import loss_loads
 
 # the sinks end on disjoint groups covering the cluster (nothing to relabel), sized for their
 # layers: transcribe's 128 rows are scored on one device, caption's on three

@@ -27,10 +27,10 @@ from spindle_dsl.planner.bound.lp_bound import (
 )
 from spindle_dsl.planner.improve.polish import improve
 from spindle_dsl.planner.model.problem import OpSpec, Problem
-from spindle_dsl.planner.search.milp_scheduler import milp_schedule
+from spindle_dsl.planner.search.rounds import milp_schedule
 from spindle_dsl.planner.solver.choice import SolverChoice
 from spindle_dsl.planner.starts.baselines import BASELINES
-from spindle_dsl.planner.starts.listsched import cpa_schedule
+from spindle_dsl.planner.starts.crosslevel import cpa_schedule
 from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 IN_PROCESS = SolverChoice("highs", isolated=False)

@@ -1,4 +1,4 @@
-"""Min-max allocations by bisection (``planner.starts.minmax``) against the greedy way they
+"""Min-max allocations by bisection (``planner.starts.layout``) against the greedy way they
 replace."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from synth import random_problem
 
 from spindle_dsl.planner.model.problem import OpSpec
-from spindle_dsl.planner.starts.minmax import min_max
+from spindle_dsl.planner.starts.layout import min_max
 
 
 def _greedy(ops: list[OpSpec], devices: int, layers: dict[str, int]) -> dict[str, int] | None:

@@ -1,4 +1,5 @@
-"""The packed level-by-level start: short MetaOps in turn on shared devices (``packing``)."""
+"""The packed level-by-level start: short MetaOps in turn on shared devices
+(``wavefront.packed_schedule``)."""
 
 from __future__ import annotations
 

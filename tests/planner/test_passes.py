@@ -8,9 +8,9 @@ import pytest
 from synth import random_problem
 
 from spindle_dsl.planner.improve.polish import improve, refill
-from spindle_dsl.planner.model.passes import ALL_PASSES, NO_PASSES, PassOptions
+from spindle_dsl.planner.model.levers import ALL_PASSES, NO_PASSES, PassOptions
 from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
-from spindle_dsl.planner.search.milp_scheduler import milp_schedule
+from spindle_dsl.planner.search.rounds import milp_schedule
 from spindle_dsl.planner.solver.choice import SolverChoice
 from spindle_dsl.planner.starts.wavefront import paper_schedule
 

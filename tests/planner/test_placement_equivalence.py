@@ -11,7 +11,7 @@ from spindle_dsl.planner.evaluate import placement
 from spindle_dsl.planner.evaluate.ledger import PartLedger
 from spindle_dsl.planner.evaluate.placement import Topology, place
 from spindle_dsl.planner.starts.baselines import BASELINES
-from spindle_dsl.planner.starts.listsched import cpa_schedule
+from spindle_dsl.planner.starts.crosslevel import cpa_schedule
 from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 from .placement_reference import place as reference_place

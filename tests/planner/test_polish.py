@@ -12,7 +12,7 @@ from spindle_dsl.planner.bound.floors import level_reference_s
 from spindle_dsl.planner.improve.polish import _dissolves, _wave_aligns, polish
 from spindle_dsl.planner.improve.resplit import resplit
 from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
-from spindle_dsl.planner.search.milp_scheduler import COMPUTE_SLACK, milp_schedule
+from spindle_dsl.planner.search.rounds import COMPUTE_SLACK, milp_schedule
 from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 NS = tuple(range(1, 9))

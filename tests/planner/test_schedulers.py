@@ -13,10 +13,11 @@ from spindle_dsl.planner.bound.floors import level_reference_s, lower_bound_s
 from spindle_dsl.planner.improve.polish import improve, polish, rebalance
 from spindle_dsl.planner.improve.resplit import resplit
 from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
-from spindle_dsl.planner.search.milp_scheduler import milp_schedule
+from spindle_dsl.planner.search.rounds import milp_schedule
 from spindle_dsl.planner.solver.choice import SolverChoice
 from spindle_dsl.planner.starts.baselines import BASELINES, waveify
-from spindle_dsl.planner.starts.listsched import Span, cpa_schedule
+from spindle_dsl.planner.starts.crosslevel import cpa_schedule
+from spindle_dsl.planner.starts.layout import Span
 from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 IN_PROCESS = SolverChoice("highs", isolated=False)

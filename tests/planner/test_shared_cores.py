@@ -17,7 +17,7 @@ from spindle_dsl.planner.bound.floors import area_bound_s
 from spindle_dsl.planner.improve.polish import improve, rebalance
 from spindle_dsl.planner.improve.resplit import resplit
 from spindle_dsl.planner.improve.wave_milp import WaveModelSpec, solve_local
-from spindle_dsl.planner.model.passes import ALL_PASSES
+from spindle_dsl.planner.model.levers import ALL_PASSES
 from spindle_dsl.planner.model.problem import (
     OpSpec,
     Piece,
@@ -26,7 +26,7 @@ from spindle_dsl.planner.model.problem import (
     schedule_errors,
     wave_seconds,
 )
-from spindle_dsl.planner.search.milp_scheduler import milp_schedule, on_the_cores
+from spindle_dsl.planner.search.rounds import milp_schedule, on_the_cores
 from spindle_dsl.planner.solver.choice import SolverChoice
 from spindle_dsl.planner.starts.wavefront import paper_schedule
 

@@ -14,7 +14,7 @@ from synth import random_problem
 from spindle_dsl.errors import PlanError
 from spindle_dsl.planner.improve import resplit, wave_milp
 from spindle_dsl.planner.model.problem import Schedule, schedule_errors
-from spindle_dsl.planner.search.milp_scheduler import milp_schedule
+from spindle_dsl.planner.search.rounds import milp_schedule
 from spindle_dsl.planner.solver import isolate
 from spindle_dsl.planner.solver.choice import (
     ISOLATE_ENV,

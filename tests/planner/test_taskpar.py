@@ -1,4 +1,4 @@
-"""The task-parallel start with branches side by side (``planner.starts.taskpar``)."""
+"""The task-parallel start with branches side by side (``planner.starts.crosslevel``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from synth import random_problem
 from spindle_dsl.planner.bound.floors import lower_bound_s
 from spindle_dsl.planner.model.problem import OpSpec, Problem, schedule_errors
 from spindle_dsl.planner.starts.baselines import optimus_schedule
-from spindle_dsl.planner.starts.taskpar import (
+from spindle_dsl.planner.starts.crosslevel import (
     TaskLayout,
     group_sizes,
     task_levels,

@@ -1,4 +1,4 @@
 """What a schedule costs once placed: devices chosen and ordered (``placement``), memory per
 device (``ledger``), the priced step (``timing``), device renamings at wave boundaries
-(``relabel``) and spread loss phases (``lossspread``), and the plan built from it
+and spread loss phases (``relabel``), and the plan built from it
 (``build``)."""

@@ -361,7 +361,7 @@ class PartLedger:
         self, op: str, layers: int, last: Iterable[int], group: Iterable[int], share: float
     ) -> None:
         """Move lm sink ``op``'s loss tensors from the devices of its last piece (``last``,
-        added already) to its loss group (``planner.evaluate.lossspread``), each device of which
+        added already) to its loss group (``planner.evaluate.relabel``), each device of which
         holds them for at most ``share`` of the pass's batch (``cost.step.spread_share``):
         the runtime scores a spread loss data-parallel, so the whole batch's tensors (on one
         device) scale by the share. The last piece's working set (the logits, if they were

@@ -31,7 +31,7 @@ devices (39, 58) of a producer on (58, 59) moves both halves sorted, one as (58,
 The splits are taken as even (``i / n``), as ``cost.comm`` prices the moves.
 
 ``NodePool``: where a renaming (``planner.evaluate.relabel``) or a spread loss group's order
-(``planner.evaluate.lossspread.shard_order``) has no device that holds a piece's rows, the
+(``planner.evaluate.relabel.shard_order``) has no device that holds a piece's rows, the
 next best is a free device of the same node (a link inside a node is ~12x faster than
 across), else any: the first free one in the order given, so that the choice is
 deterministic, each answered in amortised constant time (a search of a list per request
@@ -80,7 +80,7 @@ class Placement:
     overflow: tuple[tuple[int, str, int], ...]  # (device, op that pushed it over, bytes) if any
     fullest: DeviceBreakdown | None = None  # what fills the device with the highest peak
     # lm sinks whose loss runs on these devices instead of their last piece's
-    # (``planner.evaluate.lossspread``; the plan's ``loss_devices``)
+    # (``planner.evaluate.relabel``; the plan's ``loss_devices``)
     loss_groups: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 

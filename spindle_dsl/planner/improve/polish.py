@@ -37,7 +37,7 @@ from dataclasses import replace
 from itertools import pairwise
 
 from spindle_dsl.planner.improve.resplit import resplit
-from spindle_dsl.planner.model.passes import ALL_PASSES, PassOptions
+from spindle_dsl.planner.model.levers import ALL_PASSES, PassOptions
 from spindle_dsl.planner.model.problem import (
     OpSpec,
     Piece,
@@ -49,7 +49,7 @@ from spindle_dsl.planner.model.problem import (
 )
 from spindle_dsl.planner.solver.choice import SolverChoice
 from spindle_dsl.planner.solver.isolate import crash_count
-from spindle_dsl.planner.starts.minmax import min_max
+from spindle_dsl.planner.starts.layout import min_max
 
 Objective = Callable[[Schedule], tuple[float, ...]]
 
@@ -399,7 +399,7 @@ def polish(
 def rebalance(problem: Problem, sched: Schedule) -> Schedule:
     """Re-pick each wave's allocations to shorten it, keeping its pieces' layers.
 
-    For fixed layer counts, each wave gets the min-max allocation of its pieces (``minmax``:
+    For fixed layer counts, each wave gets the min-max allocation of its pieces (``layout.min_max``:
     the least time within which every piece, on its least allocation ending it so, fits; the
     devices left over go to the piece that ends last, while it can speed up). A wave is
     changed only if the time it saves beats the allocation changes it adds (each one moves

@@ -58,13 +58,14 @@ from spindle_dsl.planner.evaluate.build import (
     slice_memory_of,
 )
 from spindle_dsl.planner.model.levers import (
+    UNLIMITED,
+    Budget,
     Levers,
     PricingCache,
     micro_batch,
     micro_batch_choices,
     pass_curves,
 )
-from spindle_dsl.planner.model.passes import UNLIMITED, Budget
 from spindle_dsl.planner.model.problem import Problem, Schedule
 from spindle_dsl.planner.search.memfit import MemoryFloor, gib, memory_floor
 
@@ -75,7 +76,7 @@ TRIM_TRIES = 8  # MetaOps the trim tries to stop recomputing, per fitted prefix
 TARGETED_ROUNDS = 4
 # bisection steps of the k bracket around the best power of two (``LeverSearch.between``)
 REFINE_ROUNDS = 3
-# Of the call's time budget (``passes.Budget``), what the search may have spent when a step
+# Of the call's time budget (``levers.Budget``), what the search may have spent when a step
 # past its first fitting setting starts: more k, recompute fitted at more k, the k between
 # the powers of two, ZeRO-0. The rest goes to the round at the best setting.
 SEARCH_SHARE = 0.4

@@ -6,7 +6,7 @@
   discretisation, greedy wavefront), see ``wavefront``;
 * ``milp``: the levels' waves and five other starts, each with its layers re-split between
   waves (python-mip) and its waves rebalanced, a MILP over all waves where it stays small,
-  then local search on the placed plan, see ``milp_scheduler``;
+  then local search on the placed plan, see ``rounds.milp_schedule``;
 * ``default``: ``milp``, ``paper`` and the baselines all placed and timed with transfers and
   gradient sync, keeping the fastest that fits in memory (the plan says which won);
 * ``sequential``, ``distmm``, ``optimus``: the baselines, as plans of their own.
@@ -44,10 +44,8 @@ from spindle_dsl.planner.evaluate.build import (
     evaluate_cached,
     to_plan,
 )
-from spindle_dsl.planner.evaluate.lossspread import SPREAD_LOSS_NOTE, relabel_and_spread
-from spindle_dsl.planner.evaluate.relabel import RENAME_NOTE
-from spindle_dsl.planner.model.levers import Levers, pass_problem
-from spindle_dsl.planner.model.passes import ALL_PASSES, Budget, PassOptions
+from spindle_dsl.planner.evaluate.relabel import RENAME_NOTE, SPREAD_LOSS_NOTE, relabel_and_spread
+from spindle_dsl.planner.model.levers import ALL_PASSES, Budget, Levers, PassOptions, pass_problem
 from spindle_dsl.planner.model.problem import Problem, Schedule
 from spindle_dsl.planner.search.helpers import (
     has_rounds,
@@ -65,7 +63,7 @@ from spindle_dsl.planner.starts.baselines import BASELINES
 from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 SCHEDULERS: tuple[str, ...] = ("default", "milp", "paper", *BASELINES)
-# The whole call's time (``passes.Budget``): what a plan needs runs whatever the clock says,
+# The whole call's time (``levers.Budget``): what a plan needs runs whatever the clock says,
 # and each step that may improve it starts only while its share of the budget is unspent.
 # The lever search may go on past its first fitting setting until ``SEARCH_SHARE`` of it
 # is spent (``leversearch``); the MILP's round solves within ``ROUND_SHARE`` of it, at most

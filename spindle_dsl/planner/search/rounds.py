@@ -1,5 +1,5 @@
 """One planning round: every candidate schedule of one lever setting, placed and timed, and
-the one the scheduler picks.
+the one the scheduler picks; and the ``milp`` scheduler's stages (``milp_schedule``).
 
 ``make_plan`` runs a round at the lever search's best setting and one at each runner-up
 setting (``search.make.RUNNER_UP_MARGIN``). A round reads only its context, so a round can also be
@@ -7,27 +7,83 @@ described by a picklable ``RoundRequest`` (the graph, the cost model, the levers
 options) and run in another process (``remote_round``, which ``planner.search.helpers`` sends
 to a helper process): the context it rebuilds there is the one the lever search built here, the
 search's caches being only memos.
+
+The `milp` scheduler: the paper's plan, improved by layer re-splits and local search.
+
+1. Starts: each MetaLevel's waves as the paper cuts them, or as a MILP over a few candidate
+   allocations around the level's continuous optimum finds shorter ones (``wave_milp``,
+   warm-started from the paper's, so never worse), one level after another, and five
+   layouts that ignore the level boundaries: CPA list scheduling across levels
+   (``crosslevel.cpa_schedule``), task-parallel chains (the ``optimus`` layout), tasks side
+   by side on min-max groups with each task's branches side by side (``crosslevel``), the levels with
+   their short MetaOps in turn on shared devices (``wavefront.packed_schedule``), and the
+   head of the critical chain alone on its quickest allocations before the rest
+   task-parallel (``crosslevel.chain_head_schedule``).
+2. ``improve`` each start: re-split layers between its pieces (an LP/MILP through
+   ``solver``), ``rebalance`` each wave's allocations min-max, re-split again. The paper's
+   own plan joins as it is, and so do the ``distmm`` and ``sequential`` layouts (the least
+   memory-hungry, which polish can make concurrent where memory allows).
+3. If the model stays small, one MILP over all waves with precedence (``wave_milp``),
+   warm-started from the best candidate (never worse than it), adds one more.
+4. ``polish``: local search on the placed plan's real iteration time (transfers and
+   gradient sync included), when the caller gives that objective, from each of the three
+   best distinct candidates (its local optimum depends on where it starts); then
+   ``refill``: each wave re-allocated min-max where that makes the placed plan quicker.
+
+Where CPU workers share fewer cores (``Problem.lanes``), the stages run twice, at half the
+time each: on every worker, and on as many workers as cores (``on_the_cores``), the others
+idle; the better placed plan is kept. The fewer workers take no turns on the cores and reduce
+gradients over smaller groups, which only the placed plan prices: over 2 cores, the plan on 2
+of tiny_mm's 4 workers is quicker than the plan on all 4 (with a profile of a 2-core machine
+and with the analytic model alike), and so is wide_adapters' on 2 of 8; where the plan on
+every worker wins (cpu_medium on 4), half the time costs it next to nothing.
+
+Candidates are ranked by memory overflow, then by whether their compute exceeds
+``COMPUTE_SLACK`` x the sum of MetaLevel continuous optima (the planner's quality bar: polish
+may trade compute for less communication, but not past that), then by iteration time.
+Solves run through ``solver`` (HiGHS or CBC, isolated in a worker process); a crash turns
+into a warning and the stages after it go on without a solver. The solver status and gap of
+the global MILP are reported.
 """
 
 from __future__ import annotations
 
 import importlib
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from spindle_dsl.cost.base import CostModel
 from spindle_dsl.metagraph import MetaGraph
+from spindle_dsl.planner.bound.floors import level_reference_s
 from spindle_dsl.planner.evaluate.build import Evaluated, PlanContext, context, evaluate_cached
-from spindle_dsl.planner.evaluate.lossspread import spread_round
-from spindle_dsl.planner.model.levers import Levers
-from spindle_dsl.planner.model.passes import ALL_PASSES, PassOptions
-from spindle_dsl.planner.model.problem import Schedule
+from spindle_dsl.planner.evaluate.relabel import spread_round
+from spindle_dsl.planner.improve.polish import Objective, improve, polish, refill
+from spindle_dsl.planner.improve.resplit import resplit
+from spindle_dsl.planner.improve.wave_milp import (
+    SolveStatus,
+    global_milp,
+    level_milp,
+    level_optima,
+)
+from spindle_dsl.planner.model.levers import ALL_PASSES, Levers, PassOptions
+from spindle_dsl.planner.model.problem import Piece, Problem, Schedule
 from spindle_dsl.planner.search.helpers import Caught
-from spindle_dsl.planner.search.milp_scheduler import milp_schedule
-from spindle_dsl.planner.solver.choice import SolverChoice
-from spindle_dsl.planner.starts.baselines import BASELINES
-from spindle_dsl.planner.starts.wavefront import paper_schedule
+from spindle_dsl.planner.solver.choice import SolverChoice, choose_solver
+from spindle_dsl.planner.solver.isolate import SolverCrashWarning, crash_count
+from spindle_dsl.planner.starts.baselines import (
+    BASELINES,
+    distmm_schedule,
+    optimus_schedule,
+    sequential_schedule,
+)
+from spindle_dsl.planner.starts.crosslevel import (
+    chain_head_schedule,
+    cpa_schedule,
+    task_parallel_schedule,
+)
+from spindle_dsl.planner.starts.wavefront import packed_schedule, paper_schedule
 
 
 def round_key(ev: Evaluated, ctx: PlanContext, check_memory: bool) -> tuple[float, float]:
@@ -133,3 +189,225 @@ def remote_round(request: RoundRequest) -> tuple[Round, Caught] | None:
         warnings.simplefilter("always")
         out = plan_round(ctx, r.scheduler, r.time_limit_s, r.check_memory, solver, r.passes)
     return out, tuple((w.category, str(w.message)) for w in caught)
+
+
+COMPUTE_SLACK = 1.05  # compute may exceed the level reference by this much (see below)
+# Shares of the time limit: the layer re-splits of ``improve`` and the polishing of several
+# starts decide the plan, so they get the time; what the starts' ``improve`` leaves goes to
+# polish.
+LEVEL_SHARE = 0.10  # all level MILPs together
+IMPROVE_SHARE = 0.13  # each of the six starts' ``improve``
+GLOBAL_SHARE = 0.80  # of the time limit, spent when the global MILP must stop
+POLISHED = 3  # distinct candidates polished (see ``_polish_best``)
+MIN_POLISH_S = 0.02  # a start always gets at least this much polishing
+REFINE_S = 0.05  # layer re-split after a polish edit that dissolves a wave
+
+
+def on_the_cores(problem: Problem) -> Problem | None:
+    """Where the devices share fewer cores, the same ops on as many devices as cores, each
+    with its allocations up to that: any schedule of it is one of ``problem`` that leaves the
+    other devices idle. None where every device has a core, or where an op needs more."""
+    lanes = problem.lanes
+    if lanes is None:
+        return None
+    ops = []
+    for o in problem.ops:
+        keep = [(n, t) for n, t in zip(o.ns, o.seconds, strict=True) if n <= lanes]
+        if not keep:
+            return None
+        ops.append(replace(o, ns=tuple(n for n, _ in keep), seconds=tuple(t for _, t in keep)))
+    return Problem(tuple(ops), lanes)
+
+
+def milp_schedule(
+    problem: Problem,
+    time_limit_s: float,
+    objective: Objective | None = None,
+    solver: SolverChoice | str | None = None,
+    passes: PassOptions = ALL_PASSES,
+) -> Schedule:
+    """Run the stages within about ``time_limit_s`` seconds.
+
+    ``objective`` (memory overflow, iteration time of the placed plan) picks between the
+    stages' results and drives ``polish``; without it, ``Schedule.score`` picks and there is
+    no polish (for callers that have no cost model). ``solver``: a ``SolverChoice``, a solver
+    name, or None for the default (``solver.choose_solver``). A solver process that dies
+    costs only its own solve: the plan notes it ("warning: solver failure ...") and the
+    ``SolverCrashWarning`` is passed on to the caller. ``passes`` switches stages off, to
+    measure what each buys (``levers.PassOptions``).
+    """
+    choice = solver if isinstance(solver, SolverChoice) else choose_solver(solver)
+    cores = on_the_cores(problem) if passes.on_cores else None
+    share = time_limit_s / 2 if cores is not None else time_limit_s
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SolverCrashWarning)
+        best = _stages(problem, share, objective, choice, passes)
+        if cores is not None:  # (module docstring)
+            fewer = _stages(cores, share, objective, choice, passes)
+            key = _ranking(problem, objective, _compute_cap(problem))
+            if key(fewer) < key(best):
+                said = f"planned on {cores.devices} of the {problem.devices} workers"
+                best = replace(fewer, notes=(*fewer.notes, f"{said}, as many as the cores"))
+    crashes = []
+    for w in caught:
+        if issubclass(w.category, SolverCrashWarning):
+            crashes.append(f"warning: {w.message}")
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    notes = (f"solver: {choice.label}", *choice.notes, *best.notes, *crashes)
+    return replace(best, notes=notes)
+
+
+def _compute_cap(problem: Problem) -> float:
+    """The most compute a candidate may have before it ranks below every one within it."""
+    return COMPUTE_SLACK * level_reference_s(problem)
+
+
+def _ranking(
+    problem: Problem, objective: Objective | None, cap: float
+) -> Callable[[Schedule], tuple[float, float, float]]:
+    """How candidates of ``problem`` rank: memory overflow, then whether compute exceeds
+    ``cap``, then time (module docstring)."""
+
+    def key(s: Schedule) -> tuple[float, float, float]:
+        over, secs = objective(s) if objective is not None else (0.0, s.score(problem))
+        return (over, float(s.compute_s(problem) > cap * (1 + 1e-9)), secs)
+
+    return key
+
+
+def _stages(
+    problem: Problem,
+    time_limit_s: float,
+    objective: Objective | None,
+    solver: SolverChoice,
+    passes: PassOptions = ALL_PASSES,
+) -> Schedule:
+    """The stages of the module docstring. Once a solve has crashed, the later re-splits get
+    no time: a solver that died once is likely to die again, and each restart costs its
+    start-up; the heuristics (rebalance, polish) go on."""
+    t0 = time.perf_counter()
+    crashes = crash_count()
+    cap = _compute_cap(problem)
+    key = _ranking(problem, objective, cap)
+
+    def budget(seconds: float) -> float:
+        return 0.0 if crash_count() > crashes else seconds
+
+    n_star = level_optima(problem)  # where the MILPs take their candidate allocations
+    level_s = LEVEL_SHARE * time_limit_s / max(len(problem.levels), 1)
+    starts, level_notes = _starts(problem, passes, n_star, lambda: budget(level_s), solver)
+    each = IMPROVE_SHARE * time_limit_s
+    improved = {
+        k: replace(improve(problem, s, budget(each), solver, passes), name="milp")
+        for k, s in starts.items()
+    }
+    improved["paper"] = replace(paper_schedule(problem), name="milp")  # never worse than it
+    improved["distmm"] = replace(distmm_schedule(problem), name="milp")
+    improved["sequential"] = replace(sequential_schedule(problem), name="milp")
+    keys = {k: key(s) for k, s in improved.items()}
+    via = min(keys, key=lambda k: keys[k])
+    best = improved[via]
+    notes = [*level_notes, f"best start: {via}"]
+    status, gap = "heuristic", None
+    if passes.global_milp:
+        share = GLOBAL_SHARE if objective is not None else 1.0
+        left = budget(share * time_limit_s - (time.perf_counter() - t0))
+        glob = global_milp(problem, best, n_star, left, solver)
+        if glob is None:
+            notes.append("global MILP skipped (model too large, or no time or solver left)")
+        else:
+            notes.append(
+                f"global MILP: {glob.status.value}, {glob.variables} variables, "
+                f"gap {glob.gap if glob.gap is not None else 'n/a'}"
+            )
+            if glob.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
+                status, gap = glob.status.value, glob.gap
+            if glob.waves:
+                improved["global"] = replace(best, waves=glob.waves)
+                keys["global"] = key(improved["global"])
+                if keys["global"] < keys[via]:
+                    via, best = "global", improved["global"]
+                    notes.append("global MILP improved the plan")
+    if objective is not None and passes.polish:
+
+        def refine(s: Schedule) -> Schedule:
+            return resplit(problem, s, budget(REFINE_S) if passes.resplit else 0.0, solver)
+
+        best, via = _polish_best(problem, improved, keys, key, t0 + time_limit_s, cap, refine)
+        notes.append(f"polished on placed iteration time; kept the start from {via}")
+        if passes.refill:
+            best, filled = refill(problem, best, key)
+            if filled:
+                notes.append(f"re-allocated {filled} wave(s) after polish to use idle devices")
+    return replace(best, status=status, gap=gap, notes=tuple(notes))
+
+
+def _starts(
+    problem: Problem,
+    passes: PassOptions,
+    n_star: dict[str, float],
+    level_s: Callable[[], float],
+    solver: SolverChoice,
+) -> tuple[dict[str, Schedule], list[str]]:
+    """The schedules ``improve`` starts from (module docstring, step 1), and a note on the
+    level MILPs: ``level_s()`` seconds for each, asked level by level (0: the paper's waves;
+    so after a solver crash)."""
+    waves: list[tuple[Piece, ...]] = []
+    solved = 0
+    for level in problem.levels:
+        each = level_s() if passes.level_milps else 0.0
+        level_waves, res = level_milp(problem, level, n_star, each, solver)
+        waves.extend(level_waves)
+        solved += res is not None
+    starts = {"levels": Schedule("milp", tuple(waves))}
+    notes = [f"level MILPs: {solved} solved"]
+    if not passes.cross_starts:
+        return starts, notes
+    starts.update(
+        cpa=cpa_schedule(problem),
+        tasks=optimus_schedule(problem),
+        split=task_parallel_schedule(problem),
+    )
+    packed = packed_schedule(problem)
+    if packed is not None:
+        starts["packed"] = packed
+    chain = chain_head_schedule(problem)
+    if chain is not None:
+        starts["chain"] = chain
+    return starts, notes
+
+
+def _polish_best(
+    problem: Problem,
+    cands: dict[str, Schedule],
+    keys: dict[str, tuple[float, ...]],
+    objective: Objective,
+    deadline: float,
+    compute_cap: float,
+    refine: Callable[[Schedule], Schedule],
+) -> tuple[Schedule, str]:
+    """Polish the ``POLISHED`` best distinct candidates and keep the best result.
+
+    Polish is a local search on the placed plan's real objective, and its local optimum
+    depends on where it starts: the best start on estimated compute is often not the one
+    that ends best once transfers and gradient sync are counted (a plan whose shared
+    layers sit in one node, say). Each start gets an equal share of the time left, what one
+    does not use passes to the next.
+    """
+    order: list[str] = []
+    seen: set[tuple] = set()
+    for k in sorted(keys, key=lambda k: keys[k]):
+        if cands[k].waves not in seen:
+            seen.add(cands[k].waves)
+            order.append(k)
+    order = order[:POLISHED]
+    best_k = order[0]
+    best, best_key = cands[best_k], keys[best_k]
+    for i, k in enumerate(order):
+        left = deadline - time.perf_counter()
+        share = max(left / (len(order) - i), MIN_POLISH_S)
+        polished = polish(problem, cands[k], objective, share, compute_cap, refine)
+        pk = objective(polished)
+        if pk < best_key:
+            best, best_key, best_k = polished, pk, k
+    return best, best_k

@@ -15,8 +15,7 @@ from bisect import bisect_right
 from fractions import Fraction
 
 from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule
-from spindle_dsl.planner.starts.listsched import Span, waveify
-from spindle_dsl.planner.starts.minmax import min_max
+from spindle_dsl.planner.starts.layout import Span, min_max, waveify
 
 
 def _largest(op: OpSpec, limit: int) -> int:
@@ -29,7 +28,7 @@ def sequential_schedule(problem: Problem) -> Schedule:
 
 
 def balanced(ops: list[OpSpec], devices: int) -> dict[str, int]:
-    """Integer allocations of independent ops minimising the longest (``minmax``); each op's
+    """Integer allocations of independent ops minimising the longest (``layout.min_max``); each op's
     least allocation where they do not fit side by side (callers split such ops into rounds
     first: ``_chunks``)."""
     return min_max(ops, devices) or {o.id: o.pareto[0] for o in ops}

@@ -39,8 +39,8 @@ The layout, per level: for a completion time C, every op that one device runs wi
 packed first-fit decreasing into *lanes*, one device each, holding ops in turn up to C; every
 other op gets the least valid allocation that ends within C. The least C whose lanes and
 allocations fit in the devices is found by bisection; devices left over go to the op that
-ends last, one faster allocation at a time (``minmax.give_to_slowest``). Levels run one after
-another; spans are cut into waves at every boundary (``listsched.waveify``): a large op
+ends last, one faster allocation at a time (``layout.give_to_slowest``). Levels run one after
+another; spans are cut into waves at every boundary (``layout.waveify``): a large op
 spans several waves at one allocation, its layers cut where the lanes' ops change, so it
 moves nothing. As every start, the scheduler then improves it (layer re-splits,
 rebalanced waves) and polishes it.
@@ -61,8 +61,7 @@ from spindle_dsl.planner.model.problem import (
     bipoint,
     level_optimum,
 )
-from spindle_dsl.planner.starts.listsched import Span, waveify
-from spindle_dsl.planner.starts.minmax import give_to_slowest, least_fitting
+from spindle_dsl.planner.starts.layout import Span, give_to_slowest, least_fitting, waveify
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""Task-parallel starts for the ``milp`` scheduler: tasks side by side with their branches side
-by side (``task_parallel_schedule``), and the critical chain's head first (``chain_head_schedule``).
+"""Starts for the ``milp`` scheduler that cross MetaLevel boundaries: tasks side by side with
+their branches side by side (``task_parallel_schedule``), the critical chain's head first
+(``chain_head_schedule``), and CPA list scheduling on a time axis (``cpa_schedule``).
 
 The ``optimus`` layout (``baselines.optimus_schedule``) gives every task a device group and
 runs the task's MetaOps one after another on it, and sizes the groups by greedy marginal
@@ -17,7 +18,7 @@ side by side on the task's group, split min-max; and the groups are sized min-ma
 least completion time C at which every task, on the least group that ends it within C, fits
 in the devices (a bisection on C, and on each task's group size), devices left over going to
 the task that ends last. The spans are cut into waves at every boundary
-(``listsched.waveify``) and, as every start, improved and polished by the scheduler.
+(``layout.waveify``) and, as every start, improved and polished by the scheduler.
 
 Cost: bisections over pareto allocations only, so 50 tasks on 65,536 devices take about as
 long as the ``optimus`` layout (handing out devices one at a time takes far longer there).
@@ -38,21 +39,37 @@ How. The critical chain is the longest path with every MetaOp at its quickest al
 (``bounds.critical_chain``, the path the critical-path bound measures). Each MetaOp of its
 head (all but the last, up to the first with an input from off the chain, which would have
 to run first) runs all its layers in a wave of its own on its quickest allocation; the rest,
-with those deps met, is laid out task-parallel (``taskpar``), which gives the chain's tail a
-group sized with the other tasks'. The scheduler improves and polishes it as every start;
+with those deps met, is laid out task-parallel (``task_parallel_schedule``), which gives the
+chain's tail a group sized with the other tasks'. The scheduler improves and polishes it as every start;
 where it is not the quickest it is simply not kept.
+
+Cross-level list scheduling of malleable MetaOps on a time axis, then cut into waves.
+
+A second route to a cross-level plan, independent of MetaLevels: the classic CPA approach
+to malleable tasks with precedences (Radulescu & van Gemund, "A low-cost approach towards
+mixed task and data parallel scheduling", ICPP 2001):
+
+1. allocation: start every MetaOp on its smallest allocation; while the critical path is
+   longer than the average area (device-seconds / N), give the critical-path MetaOp with the
+   best time saved per extra device-second its next faster allocation;
+2. list scheduling: at each event, start ready MetaOps (inputs done) by decreasing bottom
+   level (longest time to a sink) whenever their allocation fits the free devices.
+
+``waveify`` then cuts the time axis at every MetaOp end into waves, splitting each MetaOp's
+layers between waves by rounding its cumulative progress at the cuts, so the result obeys
+the wave format (disjoint devices per wave, deps in strictly earlier waves).
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import replace
 from fractions import Fraction
 
 from spindle_dsl.planner.bound.floors import critical_chain
 from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule
 from spindle_dsl.planner.starts.baselines import task_groups
-from spindle_dsl.planner.starts.listsched import Span, waveify
-from spindle_dsl.planner.starts.minmax import least_fitting, min_max
+from spindle_dsl.planner.starts.layout import Span, least_fitting, min_max, waveify
 
 _LEFTOVER_ROUNDS = 8  # per task: hand-outs of devices left over after the bisection
 
@@ -74,7 +91,7 @@ def _seconds(op: OpSpec, n: int) -> float:
 
 
 def split_level(ops: list[OpSpec], devices: int) -> dict[str, int] | None:
-    """Min-max allocations of independent ops side by side on ``devices`` (``minmax``); None
+    """Min-max allocations of independent ops side by side on ``devices`` (``layout.min_max``); None
     if they do not fit side by side at their least."""
     if len(ops) == 1:
         o = ops[0]
@@ -219,3 +236,86 @@ def chain_head_schedule(problem: Problem) -> Schedule | None:
     )
     tail = task_parallel_schedule(Problem(rest, problem.devices, problem.lanes))
     return Schedule("chain", waves + tail.waves)
+
+
+def cpa_allocation(problem: Problem) -> dict[str, int]:
+    """Phase 1 of CPA: grow allocations on the critical path until it meets the area."""
+    alloc = {o.id: o.pareto[0] for o in problem.ops}
+    N = problem.devices
+    for _ in range(sum(len(o.pareto) for o in problem.ops)):
+        time = {o.id: o.layers * o.t(alloc[o.id]) for o in problem.ops}
+        finish: dict[str, float] = {}
+        via: dict[str, str | None] = {}
+        for o in problem.ops:
+            dep = max(o.deps, key=lambda d: finish[d], default=None)
+            finish[o.id] = time[o.id] + (finish[dep] if dep else 0.0)
+            via[o.id] = dep
+        area = sum(time[i] * alloc[i] for i in time) / N
+        end = max(finish, key=lambda i: finish[i])
+        if finish[end] <= area:
+            break
+        path = []
+        node: str | None = end
+        while node is not None:
+            path.append(node)
+            node = via[node]
+        best, best_score = None, -1.0
+        for i in path:
+            op = problem.op(i)
+            nxt = op.next_faster(alloc[i], N)
+            if nxt is None:
+                continue
+            saved = time[i] - op.layers * op.t(nxt)
+            extra = op.layers * op.t(nxt) * nxt - time[i] * alloc[i]
+            score = float("inf") if extra <= 0 else saved / extra
+            if score > best_score:
+                best, best_score = (i, nxt), score
+        if best is None:
+            break
+        alloc[best[0]] = best[1]
+    return alloc
+
+
+def list_schedule(problem: Problem, alloc: dict[str, int]) -> list[Span]:
+    """Phase 2 of CPA: event-driven list scheduling by bottom level."""
+    time = {o.id: o.layers * o.t(alloc[o.id]) for o in problem.ops}
+    consumers: dict[str, list[str]] = {o.id: [] for o in problem.ops}
+    for o in problem.ops:
+        for d in o.deps:
+            consumers[d].append(o.id)
+    bottom: dict[str, float] = {}
+    for o in reversed(problem.ops):
+        bottom[o.id] = time[o.id] + max((bottom[c] for c in consumers[o.id]), default=0.0)
+    waiting = {o.id: len(o.deps) for o in problem.ops}
+    ready = [o.id for o in problem.ops if not o.deps]
+    running: list[tuple[Fraction, int, str]] = []  # (end, tiebreak, op)
+    spans: list[Span] = []
+    free, now, seq = problem.devices, Fraction(0), 0
+    while ready or running:
+        ready.sort(key=lambda i: -bottom[i])
+        for i in list(ready):
+            if alloc[i] <= free:
+                ready.remove(i)
+                free -= alloc[i]
+                spans.append(Span.after(problem.op(i), alloc[i], now))
+                heapq.heappush(running, (spans[-1].end, seq, i))
+                seq += 1
+        if not running:
+            raise AssertionError("list scheduling stalled: an allocation exceeds the devices")
+        now, _, i = heapq.heappop(running)
+        free += alloc[i]
+        done = [i]
+        while running and running[0][0] <= now:
+            done.append(heapq.heappop(running)[2])
+            free += alloc[done[-1]]
+        for j in done:
+            for c in consumers[j]:
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    ready.append(c)
+    return spans
+
+
+def cpa_schedule(problem: Problem) -> Schedule:
+    spans = list_schedule(problem, cpa_allocation(problem))
+    return Schedule("cpa", waveify(spans))
