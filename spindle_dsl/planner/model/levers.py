@@ -28,9 +28,9 @@ runtime's GradCache-style exact loss), priced as the forward's share of the laye
 
 What one planning call may run: the ``milp`` scheduler's passes, and its time.
 
-The ``milp`` scheduler (``search.rounds.milp_schedule``) chains several passes, each kept
-only where it improves the plan. ``bench/plan_quality.py --ablation`` plans with each switched off in turn
-and prints the iteration and planning time, so that a pass that does not pay can be seen
+The ``milp`` scheduler (``search.rounds.milp_schedule``) chains several passes, each kept only
+where it improves the plan. ``bench/plan_quality.py --ablation`` plans with each switched off in
+turn and prints the iteration and planning time, so that a pass that does not pay can be seen
 (and dropped). Planning uses ``ALL_PASSES`` unless a caller asks otherwise; the switches
 are for measurement, not a user-facing option.
 

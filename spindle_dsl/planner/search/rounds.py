@@ -12,13 +12,13 @@ The `milp` scheduler: the paper's plan, improved by layer re-splits and local se
 
 1. Starts: each MetaLevel's waves as the paper cuts them, or as a MILP over a few candidate
    allocations around the level's continuous optimum finds shorter ones (``wave_milp``,
-   warm-started from the paper's, so never worse), one level after another, and five
-   layouts that ignore the level boundaries: CPA list scheduling across levels
-   (``crosslevel.cpa_schedule``), task-parallel chains (the ``optimus`` layout), tasks side
-   by side on min-max groups with each task's branches side by side (``crosslevel``), the levels with
-   their short MetaOps in turn on shared devices (``wavefront.packed_schedule``), and the
-   head of the critical chain alone on its quickest allocations before the rest
-   task-parallel (``crosslevel.chain_head_schedule``).
+   warm-started from the paper's, so never worse), one level after another, and five layouts
+   that ignore the level boundaries: CPA list scheduling across levels
+   (``crosslevel.cpa_schedule``), task-parallel chains (the ``optimus`` layout), tasks side by
+   side on min-max groups with each task's branches side by side (``crosslevel``), the levels
+   with their short MetaOps in turn on shared devices (``wavefront.packed_schedule``), and the
+   head of the critical chain alone on its quickest allocations before the rest task-parallel
+   (``crosslevel.chain_head_schedule``).
 2. ``improve`` each start: re-split layers between its pieces (an LP/MILP through
    ``solver``), ``rebalance`` each wave's allocations min-max, re-split again. The paper's
    own plan joins as it is, and so do the ``distmm`` and ``sequential`` layouts (the least

@@ -36,12 +36,12 @@ that shape: the level starts share the first level's devices among every task's 
 and the task layouts give the chain one group from start to end.
 
 How. The critical chain is the longest path with every MetaOp at its quickest allocation
-(``bounds.critical_chain``, the path the critical-path bound measures). Each MetaOp of its
+(``floors.critical_chain``, the path the critical-path bound measures). Each MetaOp of its
 head (all but the last, up to the first with an input from off the chain, which would have
 to run first) runs all its layers in a wave of its own on its quickest allocation; the rest,
 with those deps met, is laid out task-parallel (``task_parallel_schedule``), which gives the
-chain's tail a group sized with the other tasks'. The scheduler improves and polishes it as every start;
-where it is not the quickest it is simply not kept.
+chain's tail a group sized with the other tasks'. The scheduler improves and polishes it as
+every start; where it is not the quickest it is simply not kept.
 
 Cross-level list scheduling of malleable MetaOps on a time axis, then cut into waves.
 
