@@ -304,56 +304,14 @@ class StepModel:
         durations, extras, entry_extra, exposed, backward = [], [], [], [], []
         for wi, wave in enumerate(waves):
             move = moves[wi] if wi < len(moves) else None
-            mine = []
-            for p in wave:
-                op = self.ops[p.op]
-                extra = self.overheads.wave_s
-                if p.first == 0 and op.inputs:
-                    extra += self.input_seconds(p.op, _shard(op.batch, k, len(p.devices)))
-                mine.append(extra)
-            # the wave's forward and its backward run apart (all forwards, the losses, then
-            # the backwards in reverse): each phase lasts as long as its own slowest stage
-            # (module docstring), a piece's layers and extras split by its op's backward share
-            phases = [self._phases(p, extra) for p, extra in zip(wave, mine, strict=True)]
-            if self.core_each and _disjoint(wave):  # a wave's groups are disjoint in a plan
-                busy = [(p, f) for p, f in zip(wave, phases, strict=True) if p.devices]
-                ranks = [len(p.devices) for p, _ in busy]
-                # (never below the slowest piece whole, which rounding could put it under)
-                base = max(
-                    sum(max((f[i] for _, f in busy), default=0.0) for i in (0, 1)),
-                    max((p.seconds for p, _ in busy), default=0.0),
-                )
-                longest = max(
-                    sum(max((f[i] + f[i + 2] for _, f in busy), default=0.0) for i in (0, 1)),
-                    max((sum(f) for _, f in busy), default=0.0),
-                )
-                # every rank's stage strays, and ranks meet at the next exchange or
-                # collective, in each phase: the latest of them (``cost.jitter``)
-                forward_s, backward_s = (
-                    expected_latest(
-                        [f[i] + f[i + 2] for _, f in busy], self.overheads.rank_jitter, ranks
-                    )
-                    for i in (0, 1)
-                )
-                whole = forward_s + backward_s
-                exposed.append(_moves_exposed(wave, mine, move, longest))
-            else:  # devices time-sliced over a node's cores, or a hand-made overlapping wave
-                layers: tuple[dict[int, float], ...] = ({}, {})
-                total: tuple[dict[int, float], ...] = ({}, {})
-                for p, f in zip(wave, phases, strict=True):
-                    for d in p.devices:
-                        for i in (0, 1):
-                            layers[i][d] = layers[i].get(d, 0.0) + f[i]
-                            total[i][d] = total[i].get(d, 0.0) + f[i] + f[i + 2]
-                base = self._share(layers[0]) + self._share(layers[1])
-                backward_s = self._share(total[1])
-                whole = self._share(total[0]) + backward_s
-                exposed.append(move.busiest_s if move is not None else 0.0)
+            mine = [self._entry_extra(p, k) for p in wave]
+            base, whole, backward_s, shown = self._wave(wave, mine, move)
             base = max(base, 0.0)
             durations.append(base)
             extras.append(max(whole - base, 0.0))
             entry_extra.append(tuple(mine))
             backward.append(max(backward_s, 0.0))
+            exposed.append(shown)
         holders = self._holders(waves, loss_groups)
         tasks = len({s.task for s in self.sinks})
         return StepPrice(
@@ -367,6 +325,56 @@ class StepModel:
             tuple(exposed),
             tuple(backward),
         )
+
+    def _entry_extra(self, p: PieceTime, k: int) -> float:
+        """A piece's time beyond its layers: the wave overhead, and its op's input stages
+        where the piece starts the op."""
+        op = self.ops[p.op]
+        extra = self.overheads.wave_s
+        if p.first == 0 and op.inputs:
+            extra += self.input_seconds(p.op, _shard(op.batch, k, len(p.devices)))
+        return extra
+
+    def _wave(
+        self, wave: Sequence[PieceTime], mine: list[float], move: WaveMoves | None
+    ) -> tuple[float, float, float, float]:
+        """One wave's (layers' duration, whole duration, backward phase, moves shown). Its
+        forward and its backward run apart (all forwards, the losses, then the backwards in
+        reverse): each phase lasts as long as its own slowest stage (module docstring), a
+        piece's layers and extras split by its op's backward share."""
+        phases = [self._phases(p, extra) for p, extra in zip(wave, mine, strict=True)]
+        if not (self.core_each and _disjoint(wave)):  # devices time-sliced over a node's
+            # cores, or a hand-made overlapping wave
+            layers: tuple[dict[int, float], ...] = ({}, {})
+            total: tuple[dict[int, float], ...] = ({}, {})
+            for p, f in zip(wave, phases, strict=True):
+                for d in p.devices:
+                    for i in (0, 1):
+                        layers[i][d] = layers[i].get(d, 0.0) + f[i]
+                        total[i][d] = total[i].get(d, 0.0) + f[i] + f[i + 2]
+            base = self._share(layers[0]) + self._share(layers[1])
+            backward_s = self._share(total[1])
+            shown = move.busiest_s if move is not None else 0.0
+            return base, self._share(total[0]) + backward_s, backward_s, shown
+        busy = [(p, f) for p, f in zip(wave, phases, strict=True) if p.devices]
+        ranks = [len(p.devices) for p, _ in busy]
+        # (never below the slowest piece whole, which rounding could put it under)
+        base = max(
+            sum(max((f[i] for _, f in busy), default=0.0) for i in (0, 1)),
+            max((p.seconds for p, _ in busy), default=0.0),
+        )
+        longest = max(
+            sum(max((f[i] + f[i + 2] for _, f in busy), default=0.0) for i in (0, 1)),
+            max((sum(f) for _, f in busy), default=0.0),
+        )
+        # every rank's stage strays, and ranks meet at the next exchange or collective, in
+        # each phase: the latest of them (``cost.jitter``)
+        forward_s, backward_s = (
+            expected_latest([f[i] + f[i + 2] for _, f in busy], self.overheads.rank_jitter, ranks)
+            for i in (0, 1)
+        )
+        shown = _moves_exposed(wave, mine, move, longest)
+        return base, forward_s + backward_s, backward_s, shown
 
     def _phases(self, p: PieceTime, extra: float) -> tuple[float, float, float, float]:
         """(forward layers, backward layers, forward extras, backward extras) of piece ``p``

@@ -56,6 +56,13 @@ def read_spec(path: str | os.PathLike[str]) -> str:
         raise SpecError(f"{path}: not a text file (expected a .spindle spec)") from None
 
 
+def _html(css_class: str) -> w.HTML:
+    """An empty HTML output the page's CSS and the browser tests find by ``css_class``."""
+    out = w.HTML()
+    out.add_class(css_class)
+    return out
+
+
 class PlannerWidget(w.VBox):
     """Controls on the left (cluster, mix weights, scheduler, spec text), outputs on the right
     (summary, waves, timeline, memory), and a one-click export underneath.
@@ -85,8 +92,20 @@ class PlannerWidget(w.VBox):
         self.session = PlanningSession(
             pipeline, Settings(text=text, path=path, scheduler=pipeline.schedulers[0])
         )
+        controls = self._controls(text, pipeline.schedulers, max_devices)
+        outputs = self._outputs()
+        export = self._export_row(export_dir)
+        self._debouncer = Debouncer(self._on_text, debounce_s, timer)
+        self._observe()
+        title = w.HTML(
+            f"<style>{CSS}</style><h3 style='margin:0'>Spindle planner: {escape(path)}</h3>"
+        )
+        super().__init__([title, w.HBox([controls, outputs]), self.status, export], **kwargs)
+        self._show(self.session.view)
 
-        # --- controls ---
+    # --- building the view -----------------------------------------------------------------
+    def _controls(self, text: str, schedulers: tuple[str, ...], max_devices: int) -> w.VBox:
+        """The left column: cluster, scheduler, time, memory check, mix weights, spec."""
         wide = w.Layout(width="100%")
         self.devices = w.IntSlider(
             value=1,
@@ -101,10 +120,7 @@ class PlannerWidget(w.VBox):
             options=[p.name for p in PRESETS.values()], description="device", layout=wide
         )
         self.scheduler = w.Dropdown(
-            options=list(pipeline.schedulers),
-            value=pipeline.schedulers[0],
-            description="scheduler",
-            layout=wide,
+            options=list(schedulers), value=schedulers[0], description="scheduler", layout=wide
         )
         self.time_limit = w.FloatLogSlider(
             value=INTERACTIVE_TIME_LIMIT_S,
@@ -127,50 +143,12 @@ class PlannerWidget(w.VBox):
         self.mix = w.Dropdown(options=[], description="mix", layout=wide)
         self.weights = w.VBox([])
         self.spec_text = w.Textarea(
-            value=text,
-            continuous_update=True,
-            layout=w.Layout(width="100%", height="320px"),
+            value=text, continuous_update=True, layout=w.Layout(width="100%", height="320px")
         )
         self.spec_text.add_class("spindle-spec")
-        self.errors = w.HTML()
-        self.errors.add_class("spindle-errors")
-        self.status = w.HTML()
-        self.status.add_class("spindle-status")
-
-        # --- outputs ---
-        self.summary = w.HTML()
-        self.summary.add_class("spindle-summary")
-        self.phases = w.HTML()
-        self.phases.add_class("spindle-phases")
-        self.waves = w.HTML()
-        self.waves.add_class("spindle-waves")
-        self.timeline = w.HTML()
-        self.timeline.add_class("spindle-timeline")
-        self.memory = w.HTML()
-        self.memory.add_class("spindle-memory")
-
-        # --- export ---
-        self.export_dir = w.Text(value=str(export_dir), description="folder")
-        self.export_button = w.Button(description="Export plan, trace, report", icon="download")
-        self.export_status = w.HTML()
-        self.export_dir.add_class("spindle-export-dir")
-        self.export_button.add_class("spindle-export-button")
-        self.export_status.add_class("spindle-export-status")
-        self.export_button.on_click(lambda _b: self.export())
-
-        self._debouncer = Debouncer(self._on_text, debounce_s, timer)
-        self.devices.observe(self._on_devices, "value")
-        self.device.observe(self._on_device, "value")
-        self.scheduler.observe(lambda ch: self._apply(scheduler=ch["new"]), "value")
-        self.mix.observe(self._on_mix, "value")
-        self.check_memory.observe(lambda ch: self._apply(check_memory=ch["new"]), "value")
-        self.time_limit.observe(lambda ch: self._apply(time_limit_s=ch["new"]), "value")
-        self.spec_text.observe(lambda _ch: self._debouncer.trigger(), "value")
-
-        title = w.HTML(
-            f"<style>{CSS}</style><h3 style='margin:0'>Spindle planner: {escape(path)}</h3>"
-        )
-        controls = w.VBox(
+        self.errors = _html("spindle-errors")
+        self.status = _html("spindle-status")
+        return w.VBox(
             [
                 self.devices,
                 self.device,
@@ -186,7 +164,15 @@ class PlannerWidget(w.VBox):
             ],
             layout=w.Layout(width="38%", min_width="320px"),
         )
-        outputs = w.VBox(
+
+    def _outputs(self) -> w.VBox:
+        """The right column: summary, phases, waves, timeline, memory per device."""
+        self.summary = _html("spindle-summary")
+        self.phases = _html("spindle-phases")
+        self.waves = _html("spindle-waves")
+        self.timeline = _html("spindle-timeline")
+        self.memory = _html("spindle-memory")
+        return w.VBox(
             [
                 self.summary,
                 self.phases,
@@ -199,9 +185,26 @@ class PlannerWidget(w.VBox):
             ],
             layout=w.Layout(width="62%", overflow="auto"),
         )
-        export = w.HBox([self.export_dir, self.export_button, self.export_status])
-        super().__init__([title, w.HBox([controls, outputs]), self.status, export], **kwargs)
-        self._show(self.session.view)
+
+    def _export_row(self, export_dir: str | os.PathLike[str]) -> w.HBox:
+        """The folder and the one-click export underneath."""
+        self.export_dir = w.Text(value=str(export_dir), description="folder")
+        self.export_dir.add_class("spindle-export-dir")
+        self.export_button = w.Button(description="Export plan, trace, report", icon="download")
+        self.export_button.add_class("spindle-export-button")
+        self.export_button.on_click(lambda _b: self.export())
+        self.export_status = _html("spindle-export-status")
+        return w.HBox([self.export_dir, self.export_button, self.export_status])
+
+    def _observe(self) -> None:
+        """Each control re-plans (the spec text after a pause, ``Debouncer``)."""
+        self.devices.observe(self._on_devices, "value")
+        self.device.observe(self._on_device, "value")
+        self.scheduler.observe(lambda ch: self._apply(scheduler=ch["new"]), "value")
+        self.mix.observe(self._on_mix, "value")
+        self.check_memory.observe(lambda ch: self._apply(check_memory=ch["new"]), "value")
+        self.time_limit.observe(lambda ch: self._apply(time_limit_s=ch["new"]), "value")
+        self.spec_text.observe(lambda _ch: self._debouncer.trigger(), "value")
 
     # --- constructors -----------------------------------------------------------------------
     @classmethod
