@@ -16,7 +16,9 @@ from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner import make_plan
 from spindle_dsl.planner.model.levers import UNLIMITED, Budget
+from spindle_dsl.planner.search import make as make_module
 from spindle_dsl.planner.search.leversearch import Judge, LeverSearch
+from spindle_dsl.planner.search.make import AS_PLACED_NOTE
 from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 from .test_memory_levers import with_memory
@@ -70,8 +72,27 @@ def test_a_plan_out_of_time_still_fits_and_says_which_baselines_went_untuned(tig
 def test_a_budget_that_does_not_run_out_tunes_every_baseline(tight) -> None:
     cost = make_cost_model(tight.cluster)
     plan = make_plan(tight, cost, jobs=0)
-    assert not [n for n in plan.notes if n.startswith("time limit reached")]
+    assert not [n for n in plan.notes if n.startswith(("time limit reached", AS_PLACED_NOTE))]
     assert set(plan.extra["baseline_levers"]) == {"sequential", "distmm", "optimus"}
+
+
+def test_out_of_time_the_untuned_baselines_are_reported_as_placed(tight, monkeypatch) -> None:
+    """Renaming an untuned baseline's devices only refines the report: past the budget it
+    is left out, and the plan names the baselines reported as placed."""
+    renamed: list[str] = []
+    real = make_module.relabel_and_spread
+
+    def spy(ctx, ev, *args, **kwargs):
+        renamed.append(ev.schedule.name)
+        return real(ctx, ev, *args, **kwargs)
+
+    monkeypatch.setattr(make_module, "relabel_and_spread", spy)
+    cost = make_cost_model(tight.cluster)
+    plan = make_plan(tight, cost, time_limit_s=1e-6, jobs=0)
+    (note,) = [n for n in plan.notes if n.startswith(AS_PLACED_NOTE)]
+    as_placed = set(note.split(": ", 1)[1].split(", "))
+    assert as_placed and not as_placed & set(renamed)
+    assert validate_plan(plan) == []
 
 
 def test_a_baseline_reported_at_a_plan_that_overflows_claims_no_speed_up(tight) -> None:

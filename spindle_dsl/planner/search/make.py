@@ -71,7 +71,8 @@ SCHEDULERS: tuple[str, ...] = ("default", "milp", "paper", *BASELINES)
 # ``SEARCH_SHARE``); each baseline is tuned with its own levers until ``TUNE_SHARE`` is spent
 # (after that it is reported at the best setting the plan's own search placed it at, or the
 # plan's levers, ``_untuned_at_best``), and the MILP plans again at the levers of a quicker
-# baseline until ``REPLAN_SHARE``. The lower bound is always taken.
+# baseline, and an untuned baseline's devices are renamed for the report, until
+# ``REPLAN_SHARE``. The lower bound is always taken.
 DEFAULT_TIME_LIMIT_S = 10.0
 ROUND_SHARE = 0.15
 ROUND_LIMIT_S = 1.5
@@ -90,6 +91,7 @@ RUNNER_UP_MARGIN = 0.05
 # with all of it). Where k = 1 fits, one: each round also polishes and places its candidates,
 # which takes seconds at 1,024 devices x 50 tasks, where more rounds gain nothing.
 RUNNERS_UP = 3
+AS_PLACED_NOTE = "baselines reported as placed, devices not renamed"
 
 
 def _make(name: str, problem: Problem) -> Schedule:
@@ -393,11 +395,15 @@ def _final_pick(call: _Call, found: _Rounds) -> _Pick:
                 if pick.fits and pick.iteration_s < chosen.iteration_s:
                     chosen = ranked[pick.schedule.name] = pick
     tuned = _at_plan_levers(ctx, found.tuned, found.evaluated if ctx is found.ctx else {})
-    tuned.update(_untuned_at_best(found))
+    untuned, as_placed = _untuned_at_best(found, call.budget)
+    tuned.update(untuned)
     notes: tuple[str, ...] = ()
     if found.untuned:
         names = ", ".join(found.untuned)
         notes += (f"time limit reached: {names} at the best levers the plan's search tried",)
+    if as_placed:
+        names = ", ".join(as_placed)
+        notes += (f"{AS_PLACED_NOTE} (time limit): {names}",)
     if call.scheduler == "default":
         quickest = min(tuned.values(), key=lambda t: t[0].iteration_s, default=None)
         if quickest is not None and quickest[0].iteration_s < chosen.iteration_s * (1 - 1e-9):
@@ -411,11 +417,15 @@ def _final_pick(call: _Call, found: _Rounds) -> _Pick:
     return _Pick(ctx, chosen, ranked, tuned, notes)
 
 
-def _untuned_at_best(found: _Rounds) -> dict[str, tuple[Evaluated, PlanContext]]:
+def _untuned_at_best(
+    found: _Rounds, budget: Budget
+) -> tuple[dict[str, tuple[Evaluated, PlanContext]], tuple[str, ...]]:
     """Each baseline the time budget left untuned at the quicker (as placed) of its best
-    setting the plan's search placed it at and the round's levers, then spread: one
-    spread each, the costly step at 1,024 devices."""
+    setting the plan's search placed it at and the round's levers, then spread while
+    ``REPLAN_SHARE`` of the budget is unspent (one renaming search each, the costly step at
+    1,024 devices; past it, as placed); and the names of those left as placed."""
     out = {}
+    as_placed = []
     for name, placed in found.untuned.items():
         here = found.evaluated.get(name)
         options = [placed] if placed is not None else []
@@ -423,8 +433,12 @@ def _untuned_at_best(found: _Rounds) -> dict[str, tuple[Evaluated, PlanContext]]
             options.append((here, found.ctx))
         if options:
             ev, ctx = min(options, key=lambda o: o[0].iteration_s)
-            out[name] = (relabel_and_spread(ctx, ev), ctx)
-    return out
+            if budget.within(REPLAN_SHARE):
+                ev = relabel_and_spread(ctx, ev)
+            else:
+                as_placed.append(name)
+            out[name] = (ev, ctx)
+    return out, tuple(as_placed)
 
 
 def _at_plan_levers(
