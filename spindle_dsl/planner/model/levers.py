@@ -144,6 +144,9 @@ class PricingCache:
         self.graph = graph
         self._views: dict[tuple[int, bool], MetaGraph] = {}
         self.curves: dict[tuple[str, int, int, bool], Curve] = {}
+        # every MetaOp's curves per (k, ZeRO stage, recompute set): asked once per MetaOp
+        # where a caller reads one MetaOp's curve at a time
+        self.settings: dict[tuple[int, int, frozenset[str]], Curves] = {}
         self.specs: dict[tuple, object] = {}  # ``build`` keeps its OpSpecs here
         self.source = "analytic"  # where the cost model's curves come from
         self.step: StepModel | None = None  # the step model of the graph (``build.step_of``)
@@ -171,12 +174,18 @@ def pass_curves(
     cache = cache if cache is not None and cache.graph is graph else PricingCache(graph)
     k, z = levers.micro_batches, levers.zero_stage
     rc = levers.recompute
+    whole = (k, z if k > 1 else 1, rc)
+    got = cache.settings.get(whole)
+    if got is not None:
+        return got
     key = {op.id: (op.id, k, z if k > 1 else 1, op.id in rc) for op in graph.metaops}
     missing = [op.id for op in graph.metaops if key[op.id] not in cache.curves]
     if missing:
         for op_id, c in _price(cache, cost, levers, frozenset(missing)).items():
             cache.curves[key[op_id]] = c
-    return Curves(tuple(cache.curves[key[op.id]] for op in graph.metaops), source=cache.source)
+    got = Curves(tuple(cache.curves[key[op.id]] for op in graph.metaops), source=cache.source)
+    cache.settings[whole] = got
+    return got
 
 
 def _price(
