@@ -256,7 +256,7 @@ def summary_text(s: dict[str, Any]) -> str:
     for name, secs in s["baselines"].items():
         short = name.removesuffix("_s")
         against = (
-            "does not fit in memory"
+            "no fitting plan found"
             if short in s.get("baselines_overflow", ())
             else f"speed-up {s['speedup'][short]:.2f}x"
         )
