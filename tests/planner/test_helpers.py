@@ -193,3 +193,30 @@ def test_a_round_reuses_the_plans_the_search_placed_and_finds_the_same(graph, mo
     assert {k: e.iteration_s for k, e in again.items()} == {
         k: e.iteration_s for k, e in alone.items()
     }
+
+
+def test_with_no_runner_up_a_helper_takes_the_lower_bound_beside_the_round(
+    spec_dir, monkeypatch
+) -> None:
+    """multitask_clip at 16 devices leaves no runner-up setting: the helper takes the lower
+    bound while this process plans the round, and the plan is bounded as one planned
+    alone."""
+    graph = compile_file(spec_dir / "multitask_clip.spindle", cluster_overrides={"devices": 16})
+    graph = graph.graph
+    seen: list[tuple[str, tuple[str, ...]]] = []
+    real = pool.side_by_side
+
+    def spy(own, requests, here, helpers, remote, *rest, **options):
+        seen.append((remote.__name__, tuple(helpers)))
+        return real(own, requests, here, helpers, remote, *rest, **options)
+
+    monkeypatch.setattr("spindle_dsl.planner.search.make.side_by_side", spy)
+    cost = make_cost_model(graph.cluster)
+    helped = make_plan(graph, cost, jobs=1)
+    alone = make_plan(graph, cost, jobs=0)
+    assert seen == [("remote_bound", (pool.CHANNEL,)), ("remote_round", ())]
+    assert helped.lower_bound_s == alone.lower_bound_s
+    timed = {"lp_wall_s"}  # (the LPs' solving time, which no two runs share)
+    assert {k: v for k, v in helped.extra["bounds"].items() if k not in timed} == {
+        k: v for k, v in alone.extra["bounds"].items() if k not in timed
+    }

@@ -1,10 +1,12 @@
 """One pool of helper processes for planning work that can run beside this process.
 
-Two kinds of work go to it. Runner-up rounds: where the lever search leaves runner-up
+Three kinds of work go to it. Runner-up rounds: where the lever search leaves runner-up
 settings (``search.make.RUNNER_UP_MARGIN``), ``make_plan`` runs one round per setting, each
 independent of the others (it reads only its own context; ``rounds.remote_round``), while
-this process plans the search's best. Phases: ``plan_schedule`` plans each distinct graph of
-a schedule of mixes, the first here and the others in helpers (``phases.remote_plan``).
+this process plans the search's best. The lower bound, where there is no runner-up
+(``make.remote_bound``, taken beside the round). Phases:
+``plan_schedule`` plans each distinct graph of a schedule of mixes, the first here and the
+others in helpers (``phases.remote_plan``).
 
 A helper is a fresh interpreter (``isolate.warm_up`` on a channel of its own, for the reasons
 ``planner.solver.isolate`` gives against ``fork`` and ``spawn``), started at the beginning of

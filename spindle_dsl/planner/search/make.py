@@ -27,7 +27,9 @@ plan may leave workers idle rather than have them take turns (its notes say so).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import importlib
+import warnings
+from dataclasses import dataclass, field, replace
 
 from spindle_dsl.cost.base import CostModel, has_slice_memory
 from spindle_dsl.errors import PlanError
@@ -48,6 +50,7 @@ from spindle_dsl.planner.evaluate.relabel import RENAME_NOTE, SPREAD_LOSS_NOTE, 
 from spindle_dsl.planner.model.levers import ALL_PASSES, Budget, Levers, PassOptions, pass_problem
 from spindle_dsl.planner.model.problem import Problem, Schedule
 from spindle_dsl.planner.search.helpers import (
+    Caught,
     has_rounds,
     helper_count,
     kind_modules,
@@ -56,7 +59,13 @@ from spindle_dsl.planner.search.helpers import (
 from spindle_dsl.planner.search.helpers import start as start_helpers
 from spindle_dsl.planner.search.leversearch import SEARCH_SHARE, Fit, Judge, LeverSearch, Trial
 from spindle_dsl.planner.search.memfit import memory_room, no_fit_message, overflow_message
-from spindle_dsl.planner.search.rounds import Round, RoundRequest, plan_round, remote_round
+from spindle_dsl.planner.search.rounds import (
+    HELPER,
+    Round,
+    RoundRequest,
+    plan_round,
+    remote_round,
+)
 from spindle_dsl.planner.solver.choice import SolverChoice, choose_solver
 from spindle_dsl.planner.solver.isolate import warm_up
 from spindle_dsl.planner.starts.baselines import BASELINES
@@ -305,7 +314,8 @@ def _plan_rounds(
 ) -> _Rounds:
     """The search's best setting planned here and the runner-up settings in the helpers,
     side by side, sharing the time limit (``RUNNER_UP_MARGIN``); the baselines are tuned and
-    a bound taken meanwhile. The quickest fitting pick wins."""
+    a bound taken meanwhile (by a helper, beside the round, where there is no runner-up).
+    The quickest fitting pick wins."""
     limit = call.round_limit_s / (1 + len(rivals))
 
     def rival_here(i: int) -> Round:
@@ -313,21 +323,6 @@ def _plan_rounds(
         assert rival_ctx is not None
         return call.round(rival_ctx, limit)
 
-    requests = [
-        RoundRequest(
-            call.graph,
-            call.cost,
-            r.levers,
-            call.scheduler,
-            limit,
-            call.check_memory,
-            call.choice,
-            call.passes,
-            kinds,
-            tuple(r.ctx.evaluated.values()) if r.ctx is not None else (),
-        )
-        for r in rivals
-    ]
     tuned: dict[str, tuple[Evaluated, PlanContext]] = {}
     untuned: dict[str, tuple[Evaluated, PlanContext] | None] = {}
     early: list[Bound] = []
@@ -339,15 +334,33 @@ def _plan_rounds(
         if helpers and rivals:
             early.append(_lower_bound(mine[0], search, call.choice))
 
-    (ctx, evaluated, chosen), rival_rounds = side_by_side(
-        lambda: _own_round(call, search, fit, ctx, limit),
-        requests,
-        rival_here,
-        helpers if rivals else (),
-        remote_round,
-        limit,
-        meanwhile=meanwhile,
-    )
+    def own() -> tuple[PlanContext, dict[str, Evaluated], Evaluated]:
+        return _own_round(call, search, fit, ctx, limit)
+
+    rival_rounds: list[Round] = []
+    if rivals or not helpers or search is None:
+        requests = _round_requests(call, rivals, limit, kinds)
+        busy = helpers if rivals else ()
+        mine, rival_rounds = side_by_side(
+            own, requests, rival_here, busy, remote_round, limit, meanwhile=meanwhile
+        )
+    else:  # no runner-up for the helpers: one takes the lower bound beside the round
+        start = ctx
+        explored = tuple(search.explored)
+        request = BoundRequest(
+            call.graph, call.cost, ctx.levers, search.stages, explored, call.choice, kinds
+        )
+        mine, got = side_by_side(
+            own,
+            [request],
+            lambda _i: _lower_bound(start, search, call.choice),
+            helpers,
+            remote_bound,
+            limit,
+            meanwhile=meanwhile,
+        )
+        early.extend(got)
+    ctx, evaluated, chosen = mine
     # (the overflow loop only adds recompute: the plan's k is still none of the rivals')
     own_ctx, own_pick = ctx, chosen
     best_s = fit.best.time_s if fit.best is not None else 0.0  # (rivals exist only with it)
@@ -363,6 +376,62 @@ def _plan_rounds(
     )
     bound = early[0] if early else None
     return _Rounds(ctx, evaluated, chosen, tuned, bound, notes, untuned)
+
+
+def _round_requests(
+    call: _Call, rivals: tuple[Trial, ...], limit: float, kinds: tuple[str, ...]
+) -> list[RoundRequest]:
+    """The runner-up settings' rounds as a helper runs them (``rounds.remote_round``)."""
+    return [
+        RoundRequest(
+            call.graph,
+            call.cost,
+            r.levers,
+            call.scheduler,
+            limit,
+            call.check_memory,
+            call.choice,
+            call.passes,
+            kinds,
+            tuple(r.ctx.evaluated.values()) if r.ctx is not None else (),
+        )
+        for r in rivals
+    ]
+
+
+@dataclass(frozen=True)
+class BoundRequest:
+    """The lower bound at the lever search's best setting as a helper takes it (picklable):
+    the search's ZeRO stages and the k it explored are all the bound reads of it."""
+
+    graph: MetaGraph
+    cost: CostModel
+    levers: Levers
+    stages: tuple[int, ...]
+    explored: tuple[int, ...]
+    solver: SolverChoice
+    kind_modules: tuple[str, ...] = ()
+
+
+def remote_bound(request: BoundRequest) -> tuple[Bound, Caught] | None:
+    """``_lower_bound`` of ``request`` in a helper process, with the warnings it raised: the
+    context and the search's pricing are rebuilt there (memos only), its LPs solved there
+    (the helper is the isolation); None where a module registering the graph's kinds does
+    not import there."""
+    r = request
+    try:
+        for module in r.kind_modules:
+            importlib.import_module(module)
+    except ImportError:
+        return None
+    ctx = context(r.graph, r.cost, r.levers, enforce=True)
+    search = LeverSearch(r.graph, r.cost)
+    search.stages, search.explored = r.stages, list(r.explored)
+    solver = replace(r.solver, isolated=False, host=HELPER) if r.solver.isolated else r.solver
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bound = _lower_bound(ctx, search, solver)
+    return bound, tuple((w.category, str(w.message)) for w in caught)
 
 
 @dataclass(frozen=True)
