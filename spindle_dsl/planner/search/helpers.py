@@ -30,11 +30,13 @@ runs here, with a warning.
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -42,11 +44,13 @@ from spindle_dsl.cluster import usable_cores
 from spindle_dsl.kinds.base import get_kind
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.planner.solver import isolate
+from spindle_dsl.planner.solver.choice import SolverChoice
 
 T = TypeVar("T")
 R = TypeVar("R")  # a piece of work, as sent to a helper
 A = TypeVar("A")  # its answer
 Caught = tuple[tuple[type[Warning], str], ...]  # warnings raised in a helper, raised again here
+HELPER = "a planning helper"  # where a helper's solves run (``SolverChoice.host``)
 CHANNEL = "planning helper"  # ``isolate`` channel names: this, then " 2", " 3", ...
 PREPARE = "spindle_dsl.planner.search.helpers:prepare"
 POLL_S = 0.02  # how often a helper's thread looks whether its process is ready
@@ -113,6 +117,28 @@ def start(count: int) -> tuple[str, ...]:
     for name in names:
         isolate.warm_up(name, prepare=PREPARE)
     return names
+
+
+def answer(kind_modules: Sequence[str], work: Callable[[], A]) -> tuple[A, Caught] | None:
+    """In a helper: ``work()`` with the warnings it raised, for the caller to raise again,
+    after importing the modules that register the graph's kinds; None where one of them does
+    not import here (registered by a module only the caller's import system finds: the caller
+    does the work itself)."""
+    try:
+        for module in kind_modules:
+            importlib.import_module(module)
+    except ImportError:
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = work()
+    return out, tuple((w.category, str(w.message)) for w in caught)
+
+
+def solving_here(choice: SolverChoice) -> SolverChoice:
+    """``choice`` for solves in a helper: the helper is the isolation (a solver crash ends it,
+    and the caller does its work again), so no solver process of its own is started."""
+    return replace(choice, isolated=False, host=HELPER) if choice.isolated else choice
 
 
 def side_by_side(

@@ -27,9 +27,7 @@ plan may leave workers idle rather than have them take turns (its notes say so).
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from spindle_dsl.cost.base import CostModel, has_slice_memory
 from spindle_dsl.errors import PlanError
@@ -51,16 +49,17 @@ from spindle_dsl.planner.model.levers import ALL_PASSES, Budget, Levers, PassOpt
 from spindle_dsl.planner.model.problem import Problem, Schedule
 from spindle_dsl.planner.search.helpers import (
     Caught,
+    answer,
     has_rounds,
     helper_count,
     kind_modules,
     side_by_side,
+    solving_here,
 )
 from spindle_dsl.planner.search.helpers import start as start_helpers
 from spindle_dsl.planner.search.leversearch import SEARCH_SHARE, Fit, Judge, LeverSearch, Trial
 from spindle_dsl.planner.search.memfit import memory_room, no_fit_message, overflow_message
 from spindle_dsl.planner.search.rounds import (
-    HELPER,
     Round,
     RoundRequest,
     plan_round,
@@ -414,24 +413,19 @@ class BoundRequest:
 
 
 def remote_bound(request: BoundRequest) -> tuple[Bound, Caught] | None:
-    """``_lower_bound`` of ``request`` in a helper process, with the warnings it raised: the
-    context and the search's pricing are rebuilt there (memos only), its LPs solved there
-    (the helper is the isolation); None where a module registering the graph's kinds does
-    not import there."""
+    """``_lower_bound`` of ``request`` in a helper process (``helpers.answer``): the search's
+    pricing and its context at the levers are rebuilt there (memos only), its LPs solved
+    there (``helpers.solving_here``)."""
     r = request
-    try:
-        for module in r.kind_modules:
-            importlib.import_module(module)
-    except ImportError:
-        return None
-    ctx = context(r.graph, r.cost, r.levers, enforce=True)
-    search = LeverSearch(r.graph, r.cost)
-    search.stages, search.explored = r.stages, list(r.explored)
-    solver = replace(r.solver, isolated=False, host=HELPER) if r.solver.isolated else r.solver
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        bound = _lower_bound(ctx, search, solver)
-    return bound, tuple((w.category, str(w.message)) for w in caught)
+
+    def work() -> Bound:  # (after the kinds' modules are imported)
+        search = LeverSearch(r.graph, r.cost)
+        search.stages, search.explored = r.stages, list(r.explored)
+        ctx = search.context(r.levers)  # (the caller's search placed plans there)
+        assert not isinstance(ctx, PlanError)
+        return _lower_bound(ctx, search, solving_here(r.solver))
+
+    return answer(r.kind_modules, work)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,7 @@ by side start no helpers of their own for their runner-up rounds: the phases fil
 
 from __future__ import annotations
 
-import importlib
 import time
-import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -32,6 +30,7 @@ from spindle_dsl.plan.bundle import BundlePhase, PlanBundle
 from spindle_dsl.plan.model import Plan, SpecRef
 from spindle_dsl.planner.search.helpers import (
     Caught,
+    answer,
     helper_count,
     kind_modules,
     side_by_side,
@@ -122,8 +121,7 @@ def plan_schedule(
     t0 = time.perf_counter()
     graphs, index = distinct_graphs(schedule)
     kinds = _kinds(graphs)
-    workers = helper_count(jobs, len(graphs) - 1) if kinds is not None else 0
-    workers = min(workers, len(graphs) - 1)
+    workers = min(helper_count(jobs, len(graphs) - 1), len(graphs) - 1) if kinds is not None else 0
     # phases side by side already fill the cores, and ``jobs=0`` asks for one process
     helpers = 0 if workers or jobs == 0 else None
     requests = [
@@ -189,15 +187,7 @@ def _here(request: PlanRequest) -> Plan | str:
 def remote_plan(request: PlanRequest) -> tuple[Plan | str, Caught] | None:
     """``_here`` in a helper process, with the warnings it raised, for the caller to raise;
     None where a module registering the graph's kinds does not import there."""
-    try:
-        for module in request.kind_modules:
-            importlib.import_module(module)
-    except ImportError:
-        return None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = _here(request)
-    return out, tuple((w.category, str(w.message)) for w in caught)
+    return answer(request.kind_modules, lambda: _here(request))
 
 
 def _side_by_side(requests: list[PlanRequest], workers: int) -> list[Plan | str]:

@@ -48,7 +48,6 @@ the global MILP are reported.
 
 from __future__ import annotations
 
-import importlib
 import time
 import warnings
 from collections.abc import Callable
@@ -69,7 +68,7 @@ from spindle_dsl.planner.improve.wave_milp import (
 )
 from spindle_dsl.planner.model.levers import ALL_PASSES, Levers, PassOptions
 from spindle_dsl.planner.model.problem import Piece, Problem, Schedule
-from spindle_dsl.planner.search.helpers import Caught
+from spindle_dsl.planner.search.helpers import Caught, answer, solving_here
 from spindle_dsl.planner.solver.choice import SolverChoice, choose_solver
 from spindle_dsl.planner.solver.isolate import SolverCrashWarning, crash_count
 from spindle_dsl.planner.starts.baselines import (
@@ -165,9 +164,6 @@ class RoundRequest:
     placed: tuple[Evaluated, ...] = ()
 
 
-HELPER = "a planning helper"  # where a remote round solves (``SolverChoice.host``)
-
-
 def remote_round(request: RoundRequest) -> tuple[Round, Caught] | None:
     """``plan_round`` of ``request`` in the context the lever search builds for its levers,
     with the warnings it raised, for the caller to raise; None where a module registering the
@@ -175,20 +171,15 @@ def remote_round(request: RoundRequest) -> tuple[Round, Caught] | None:
     process: its solves run in it, not in a solver process of its own (a crash ends the
     helper, and the caller plans the round itself), which saves starting one per helper."""
     r = request
-    try:
-        for module in r.kind_modules:
-            importlib.import_module(module)
-    except ImportError:  # (registered by a module only the caller's own import system finds)
-        return None
-    ctx = context(r.graph, r.cost, r.levers, enforce=True)
-    for ev in r.placed:
-        ctx.evaluated.setdefault(ev.schedule.waves, ev)
-    # this process is the isolation: a solver crash here ends it, and the caller re-plans
-    solver = replace(r.solver, isolated=False, host=HELPER) if r.solver.isolated else r.solver
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = plan_round(ctx, r.scheduler, r.time_limit_s, r.check_memory, solver, r.passes)
-    return out, tuple((w.category, str(w.message)) for w in caught)
+
+    def work() -> Round:
+        ctx = context(r.graph, r.cost, r.levers, enforce=True)
+        for ev in r.placed:
+            ctx.evaluated.setdefault(ev.schedule.waves, ev)
+        solver = solving_here(r.solver)
+        return plan_round(ctx, r.scheduler, r.time_limit_s, r.check_memory, solver, r.passes)
+
+    return answer(r.kind_modules, work)
 
 
 COMPUTE_SLACK = 1.05  # compute may exceed the level reference by this much (see below)
