@@ -7,6 +7,7 @@ lever search has recompute to fit and baselines to tune."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -54,6 +55,36 @@ def test_a_spent_budget_stops_the_lever_search_at_its_first_fit(tight) -> None:
     assert short_fit.best.fitting is not None  # a setting that fits, whatever the clock
     assert len(short._contexts) < len(full._contexts)
     assert short_fit.best.time_s >= full_fit.best.time_s * (1 - 1e-9)
+
+
+class _MemoryHeldJudge:
+    """Judges a setting by two stand-in plans: a quick one that overflows below k = 4 and a
+    slow one that always fits (the shape of 48 tasks on 1,024 devices, where only the tasks
+    side by side fit at k = 1 and 2)."""
+
+    names = ("quick", "slow")
+
+    def __init__(self, quick_s: float, slow_s: float):
+        self.quick_s, self.slow_s = quick_s, slow_s
+
+    def __call__(self, ctx, names=None):
+        k = ctx.levers.micro_batches
+        return [
+            SimpleNamespace(fits=k >= 4, iteration_s=self.quick_s * (1 + k / 100)),
+            SimpleNamespace(fits=True, iteration_s=self.slow_s),
+        ]
+
+
+def test_out_of_time_the_search_goes_on_while_memory_holds_the_plan_back(tight) -> None:
+    cost = make_cost_model(tight.cluster)
+    held = LeverSearch(tight, cost, budget=_spent())
+    fit = held.search(_MemoryHeldJudge(1.0, 3.0))  # the quick plan 3x quicker: more k
+    assert fit.best is not None and fit.best.levers.micro_batches == 4
+    assert fit.best.time_s == pytest.approx(1.04)
+    near = LeverSearch(tight, cost, budget=_spent())
+    fit = near.search(_MemoryHeldJudge(1.0, 1.1))  # within HELD_BACK: the first fit stands
+    assert fit.best is not None and fit.best.levers.micro_batches == 1
+    assert near.explored == [1]
 
 
 def test_a_plan_out_of_time_still_fits_and_says_which_baselines_went_untuned(tight) -> None:
