@@ -342,6 +342,11 @@ def solve_waves(
 
 SPREAD = 2  # pareto points kept on each side of the continuous optimum
 MAX_BINARIES = 2500  # above this the model is not built: it would not finish in the budget
+# A level MILP given less time than this is not built: building the model and starting the
+# solver alone take 25-80 ms per level on multitask_clip, and with 3 ms to solve (the
+# Jupyter widget's 0.4 s budget) its levels came out as the paper's waves on every slider
+# position of the bundled examples (python -m spindle_dsl.widgets.bench).
+MIN_LEVEL_S = 0.01
 
 
 def candidates(op: OpSpec, n_star: float, devices: int, extra: set[int]) -> tuple[int, ...]:
@@ -384,7 +389,7 @@ def level_milp(
     2 shared cores the start it gives polishes 0.6% quicker than the paper's waves)."""
     ops = [problem.op(i) for i in level]
     paper = schedule_level(ops, problem.devices)
-    if len(ops) == 1 or time_limit_s <= 0:
+    if len(ops) == 1 or time_limit_s < MIN_LEVEL_S:
         return paper, None
     used = _used(paper)
     cands = [candidates(o, n_star[o.id], problem.devices, used.get(o.id, set())) for o in ops]
