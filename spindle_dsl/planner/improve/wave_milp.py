@@ -342,10 +342,10 @@ def solve_waves(
 
 SPREAD = 2  # pareto points kept on each side of the continuous optimum
 MAX_BINARIES = 2500  # above this the model is not built: it would not finish in the budget
-# A level MILP given less time than this is not built: building the model and starting the
-# solver alone take 25-80 ms per level on multitask_clip, and with 3 ms to solve (the
-# Jupyter widget's 0.4 s budget) its levels came out as the paper's waves on every slider
-# position of the bundled examples (python -m spindle_dsl.widgets.bench).
+# A level MILP given less time than this is not built: with 3 ms to solve (the Jupyter
+# widget's 0.4 s budget) each took 55-80 ms on multitask_clip, building the model and
+# starting the solver, and every plan of the widget's bench (the bundled examples at 2 to 64
+# devices) came out the same without them (python -m spindle_dsl.widgets.bench).
 MIN_LEVEL_S = 0.01
 
 
