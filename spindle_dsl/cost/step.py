@@ -394,7 +394,7 @@ class StepModel:
         devices of its last piece in ``waves`` (an lm sink in ``groups``: on its group's), as
         the runtime computes them after the last forward wave, plus ``moves`` (the spread
         sinks' rows moving to their groups and their gradients back). The planner reads it
-        to spread the phase (``planner.evaluate.relabel``, ``planner.evaluate.relabel``)."""
+        to spread the phase (``planner.evaluate.relabel``)."""
         last: dict[str, PieceTime] = {}
         for wave in waves:
             for p in wave:

@@ -644,7 +644,7 @@ def lp_bound(
     note if the LP cannot be solved.
 
     ``holder_work`` (per op id: seconds per layer on every device that holds the layer, once
-    per step, e.g. the optimizer's per-part work, ``step_floor.holder_work``) adds that work
+    per step, e.g. the optimizer's per-part work, ``floors.StepFloor.holder_work``) adds that work
     averaged over the N devices to the objective: the bound is then on k x compute plus the
     busiest device's share of it, and the LP may trade wider allocations (more holders) for
     less of it. The certificate adds ``w_m n / N`` (over k) to op m's weight at n: every
@@ -660,7 +660,7 @@ def lp_bound(
     device, as on GPUs (default: ``problem.lanes``).
 
     ``holder_groups`` ((op ids, seconds per layer on each device holding it) per group,
-    ``step_floor.holder_groups``): ops that share all their layer parts and no other op runs,
+    ``floors.holder_groups``): ops that share all their layer parts and no other op runs,
     whose holder work is at least that of their widest member: a variable above each
     member's layer-devices carries it (``w / N`` each); the certificate adds the duals of
     those constraints, repaired to sum to at most ``w / N``, to the members' weights at n."""

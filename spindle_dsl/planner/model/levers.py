@@ -305,8 +305,8 @@ class PassOptions:
     worker only; GPU plans never run it).
     ``match_cuts``: after placement, on every candidate of a round: the renamings of devices
     at wave boundaries that put pieces where their inputs are, in the search over renamings
-    that weighs them against the loss phase's (``planner.evaluate.relabel``,
-    ``planner.evaluate.relabel``; off: the loss phase's renamings alone).
+    that weighs them against the loss phase's (``planner.evaluate.relabel``; off: the loss
+    phase's renamings alone).
     """
 
     level_milps: bool = True

@@ -700,7 +700,7 @@ def _lower_bound(ctx: PlanContext, search: LeverSearch | None, choice: SolverCho
     count at k (``step_floor``: the loss phase, the optimizer, the closing all-reduce). At each
     k the pass problem is the envelope of every setting at that k: per MetaOp, the allocations
     the search's contexts at k offer it without recompute and with it, under every ZeRO stage
-    tried (``memfit.memory_room``, ``planner.search.memfit``: those on which one device holds it),
+    tried (``memfit.memory_room``, ``memfit.offered_specs``: those on which one device holds it),
     at the least T(n) (``MemoryRoom.either``), so it holds whichever of them the plan pulled,
     and the memory room at k (``lp_bound`` module docstring, "Memory" and "One device") lets
     each MetaOp recompute where it frees bytes, on the allocations offered so, and asks that
