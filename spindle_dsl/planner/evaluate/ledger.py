@@ -174,6 +174,10 @@ class PartLedger:
         self.working = np.zeros(16)
         self.grads = np.zeros(16)  # whole gradient bytes held, per class
         self.shards = np.zeros(16)  # gradient shards, as charged over each piece's group
+        # per class, how many pieces have added to its parameter rows: what ``need`` priced
+        # for a class still holds at ``add`` while its count is the same (``_priced``)
+        self.version = np.zeros(16, dtype=np.int64)
+        self.priced: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.held = np.zeros((64, 16), dtype=bool)  # row x class
         self.rep = np.zeros((64, 16))  # replicated bytes per layer held, row x class
         self.grad = np.zeros((64, 16))  # whole gradient bytes per layer held, row x class
@@ -209,10 +213,11 @@ class PartLedger:
     def _new_class(self, like: int) -> int:
         c = self.classes
         if c == len(self.size):
-            self.size, self.kept, self.loss, self.working, self.grads, self.shards = (
-                _grown(a, 0)
-                for a in (self.size, self.kept, self.loss, self.working, self.grads, self.shards)
+            per_class = (self.kept, self.loss, self.working, self.grads, self.shards)
+            self.size, self.version, *grown = (
+                _grown(a, 0) for a in (self.size, self.version, *per_class)
             )
+            self.kept, self.loss, self.working, self.grads, self.shards = grown
             self.held, self.rep, self.grad = (
                 _grown(a, 1) for a in (self.held, self.rep, self.grad)
             )
@@ -284,28 +289,31 @@ class PartLedger:
         return got
 
     def _gains(
-        self, s: _Slice, n: int, classes: np.ndarray
+        self, s: _Slice, n: int, classes: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """What the slice on a group of ``n`` devices would add to each of ``classes``: state
-        (weights, optimizer share), whole gradients and gradient shards (shares over the
-        group: an upper bound, see the module docstring)."""
-        zero = np.zeros(len(classes))
+        """What the slice on a group of ``n`` devices would add to each of ``classes`` (None:
+        every class): state (weights, optimizer share), whole gradients and gradient shards
+        (shares over the group: an upper bound, see the module docstring). Each is a sum over
+        the slice's rows, weighted by their layer counts: matrix products over row x class."""
+        k = self.classes
         if not s.runs:
+            zero = np.zeros(k if classes is None else len(classes))
             return zero, zero, zero
         r = self._rows(s)
-        w = r.lengths[:, None]
-        grid = (r.idx[:, None], classes)  # rows x classes (np.ix_ without its checks)
-        held = self.held[grid]
-        rep = np.maximum(0.0, r.rep[:, None] - self.rep[grid])
-        state = (w * (rep + np.where(held, 0.0, (r.sharded / n)[:, None]))).sum(axis=0)
-        grads = (w * np.maximum(0.0, r.grads[:, None] - self.grad[grid])).sum(axis=0)
-        shards = (w * np.where(held, 0.0, (r.grads_sharded / n)[:, None])).sum(axis=0)
-        return state, grads, shards
+        cols = slice(0, k) if classes is None else classes
+        rows = r.idx if classes is None else r.idx[:, None]
+        free = ~self.held[rows, cols]
+        w = r.lengths
+        shares = np.stack((w * r.sharded, w * r.grads_sharded)) / n @ free
+        state = w @ np.maximum(0.0, r.rep[:, None] - self.rep[rows, cols]) + shares[0]
+        grads = w @ np.maximum(0.0, r.grads[:, None] - self.grad[rows, cols])
+        return state, grads, shares[1]
 
     def need(self, piece: Piece) -> np.ndarray:
         s = self._slice(piece)
         k = self.classes
-        state, grads, shards = self._gains(s, piece.n, np.arange(k))
+        state, grads, shards = self._gains(s, piece.n)
+        self.priced[(id(s), piece.n)] = (self.version[:k].copy(), grads, shards)
         forward = self.kept[:k] + self.loss[:k]
         before = self.life.peak(forward, self.grads[:k], self.shards[:k]) + self.working[:k]
         after = self.life.peak(
@@ -313,11 +321,12 @@ class PartLedger:
         ) + np.maximum(self.working[:k], s.working)
         return (state + after - before)[self.cls]
 
-    def _whole_classes(self, ds: np.ndarray) -> np.ndarray:
-        """Split classes so that ``ds`` is a union of whole classes; those classes."""
+    def _whole_classes(self, ds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Split classes so that ``ds`` is a union of whole classes: the classes ``ds`` was in
+        and, in the same order, the whole classes each part of it is now in."""
         of = self.cls[ds]
         if not len(of):
-            return of
+            return of, of
         order = np.argsort(of, kind="stable")
         ranked = of[order]  # sorted already: runs of equal classes (np.unique would sort again)
         edge = np.empty(len(ranked), dtype=bool)
@@ -335,20 +344,34 @@ class PartLedger:
             self.size[c] -= len(members)
             self.size[new] = len(members)
             out[i] = new
-        return out
+        return uniq, out
+
+    def _priced(
+        self, s: _Slice, n: int, was: np.ndarray, now: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The whole gradients and gradient shards the slice adds to classes ``now`` (split
+        from ``was``): as ``need`` priced them where no piece has added to those classes
+        since (a split class holds what its origin held), else priced again."""
+        got = self.priced.get((id(s), n))
+        if got is not None:
+            stamp, grads, shards = got
+            if was.max() < len(stamp) and np.array_equal(stamp[was], self.version[was]):
+                return grads[was], shards[was]
+        return self._gains(s, n, now)[1:]
 
     def add(self, piece: Piece, devices: Iterable[int], need: np.ndarray) -> None:
         s = self._slice(piece)
         ds = np.asarray(devices if isinstance(devices, np.ndarray) else list(devices), dtype=int)
         if not len(ds):
             return
-        cl = self._whole_classes(ds)
+        was, cl = self._whole_classes(ds)
         self.kept[cl] += s.kept
         self.loss[cl] += s.loss
         self.working[cl] = np.maximum(self.working[cl], s.working)
         self.kept_log.append((piece.op, ds, s.kept))
         if s.runs:
-            _, grads, shards = self._gains(s, len(ds), cl)
+            grads, shards = self._priced(s, len(ds), was, cl)
+            self.version[cl] += 1
             self.grads[cl] += grads
             self.shards[cl] += shards
             r = self._rows(s)
@@ -370,9 +393,9 @@ class PartLedger:
         new = np.asarray(list(group), dtype=int)
         before = self.fn(op, len(old), layers - 1, layers)
         whole = self.fn(op, 1, layers - 1, layers)
-        cl = self._whole_classes(old)
+        cl = self._whole_classes(old)[1]
         self.loss[cl] -= before.loss
-        cg = self._whole_classes(new)
+        cg = self._whole_classes(new)[1]
         self.loss[cg] += whole.loss * share
         self.working[cg] = np.maximum(self.working[cg], whole.working * share)
 
