@@ -13,6 +13,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from spindle_dsl import __version__
@@ -90,6 +91,7 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started = time.perf_counter()  # a command's time budget counts from here (``--time-limit``)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
         parser = build_parser()
@@ -109,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(rest)
     except SystemExit as exc:
         return int(exc.code or 0)
+    args.started = started
     try:
         return int(module.run(args) or 0)
     except SpindleError as exc:

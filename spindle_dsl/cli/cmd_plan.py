@@ -55,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_TIME_LIMIT_S,
         metavar="S",
-        help="planning time budget in seconds: the search returns the best plan found by "
-        "then (default: %(default)s)",
+        help="time budget in seconds, counted from the command's start: the search returns "
+        "the best plan found by then (default: %(default)s)",
     )
     parser.add_argument(
         "--solver",
@@ -348,6 +348,7 @@ def run(args: argparse.Namespace) -> int:
             micro_batches=args.micro_batches,
             zero_stage=args.zero_stage,
             jobs=args.jobs,
+            started_at=getattr(args, "started", None),
         )
     for w in caught:
         if issubclass(w.category, SolverCrashWarning):

@@ -138,3 +138,18 @@ def test_a_baseline_reported_at_a_plan_that_overflows_claims_no_speed_up(tight) 
         (line,) = [x for x in lines if x.strip().startswith(f"vs {name} ")]
         assert ("no fitting plan found" in line) == (name in over)
         assert ("speed-up" in line) == (name not in over)
+
+
+def test_the_budget_counts_from_the_callers_start(tight) -> None:
+    """A caller whose own work counts (the CLI's start-up) passes when it started: a budget
+    spent before planning began stops the search at its first fit, as a spent one does."""
+    cost = make_cost_model(tight.cluster)
+    seconds = 5.0
+    late = make_plan(
+        tight, cost, time_limit_s=seconds, jobs=0, started_at=time.perf_counter() - seconds
+    )
+    assert late.solver.wall_s >= seconds
+    assert [n for n in late.notes if n.startswith("time limit reached")]
+    fresh = make_plan(tight, cost, time_limit_s=seconds, jobs=0)
+    assert fresh.solver.wall_s < seconds
+    assert not [n for n in fresh.notes if n.startswith("time limit reached")]

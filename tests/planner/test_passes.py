@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from synth import random_problem
@@ -12,6 +13,7 @@ from spindle_dsl.planner.improve.polish import improve, refill
 from spindle_dsl.planner.improve.wave_milp import MIN_LEVEL_S, level_milp, level_optima
 from spindle_dsl.planner.model.levers import ALL_PASSES, NO_PASSES, PassOptions
 from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
+from spindle_dsl.planner.search import rounds as rounds_module
 from spindle_dsl.planner.search.rounds import milp_schedule
 from spindle_dsl.planner.solver.choice import SolverChoice
 from spindle_dsl.planner.starts.wavefront import paper_schedule, schedule_level
@@ -86,3 +88,32 @@ def test_a_level_milp_with_too_little_time_is_not_built(monkeypatch):
     assert waves == schedule_level([p.op(i) for i in level], p.devices)
     _, res = level_milp(p, level, n_star, MIN_LEVEL_S, IN_PROCESS)
     assert res is not None and solved == [MIN_LEVEL_S]
+
+
+def test_past_the_deadline_only_the_best_scored_start_is_improved(monkeypatch):
+    """The round improves its starts best compute first while the call's time allows: with
+    the deadline gone, one start is improved (a plan needs one), the note names the rest,
+    and the plan is still a valid schedule; with time, every start is improved."""
+    p = random_problem(random.Random(5), 10, 16)
+    improved: list[Schedule] = []
+    real = rounds_module.improve
+
+    def counting(problem, sched, *args, **kwargs):
+        improved.append(sched)
+        return real(problem, sched, *args, **kwargs)
+
+    monkeypatch.setattr(rounds_module, "improve", counting)
+
+    def objective(s: Schedule) -> tuple[float, float]:
+        return (0.0, s.compute_s(p))
+
+    late = milp_schedule(p, 0.2, objective, IN_PROCESS, deadline=time.perf_counter())
+    assert len(improved) == 1
+    (note,) = [n for n in late.notes if n.startswith("time budget:")]
+    assert note.endswith("not improved") and len(note.split(", ")) >= 2
+    assert schedule_errors(p, late) == []
+    starts = list(improved)
+    improved.clear()
+    milp_schedule(p, 0.2, objective, IN_PROCESS)
+    assert len(improved) > 1
+    assert min(s.score(p) for s in improved) == starts[0].score(p)

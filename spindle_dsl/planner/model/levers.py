@@ -272,6 +272,11 @@ class Budget:
     def spent(self) -> float:
         return time.perf_counter() - self.start
 
+    @property
+    def end(self) -> float:
+        """When the call's time is up (``time.perf_counter``)."""
+        return self.start + self.seconds
+
     def left(self) -> float:
         return max(0.0, self.seconds - self.spent())
 

@@ -27,6 +27,7 @@ plan may leave workers idle rather than have them take turns (its notes say so).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from spindle_dsl.cost.base import CostModel, has_slice_memory
@@ -145,8 +146,17 @@ class _Call:
         return min(ROUND_LIMIT_S, ROUND_SHARE * self.budget.seconds)
 
     def round(self, ctx: PlanContext, limit_s: float) -> Round:
-        """One round of ``scheduler`` under ``ctx``'s levers (``rounds.plan_round``)."""
-        return plan_round(ctx, self.scheduler, limit_s, self.check_memory, self.choice, self.passes)
+        """One round of ``scheduler`` under ``ctx``'s levers (``rounds.plan_round``), to end
+        with the call's budget."""
+        return plan_round(
+            ctx,
+            self.scheduler,
+            limit_s,
+            self.check_memory,
+            self.choice,
+            self.passes,
+            deadline=self.budget.end,
+        )
 
 
 @dataclass(frozen=True)
@@ -178,6 +188,7 @@ def make_plan(
     zero_stage: int | None = None,
     passes: PassOptions = ALL_PASSES,
     jobs: int | None = None,
+    started_at: float | None = None,
 ) -> Plan:
     """Plan one training iteration of ``graph`` (see the module docstring for schedulers).
 
@@ -196,13 +207,15 @@ def make_plan(
     see ``planner.solver.choice``). ``passes``: the ``milp`` scheduler's passes to run (all by
     default; ``bench/plan_quality.py --ablation`` switches each off in turn). ``jobs``: helper
     processes planning the runner-up settings' rounds beside this one (``helpers``;
-    default: one per spare core, up to ``RUNNERS_UP``; 0: none).
+    default: one per spare core, up to ``RUNNERS_UP``; 0: none). ``started_at``
+    (``time.perf_counter``, default now): when the budget started, for a caller whose own
+    work before planning counts (the CLI's start-up).
     The plan's ``lower_bound_s`` and ``extra["bounds"]``: see ``Bound``.
     """
     if scheduler not in SCHEDULERS:
         raise PlanError(f"unknown scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})")
     _check_levers(micro_batches, zero_stage)
-    budget = Budget.starting_now(time_limit_s)
+    budget = Budget(time.perf_counter() if started_at is None else started_at, time_limit_s)
     call = _Call(graph, cost, scheduler, budget, check_memory, choose_solver(solver), passes)
     helpers, kinds = _helpers(call, jobs)
     if call.choice.isolated:  # the solver process too, once the helpers are up (``warm_up``)

@@ -48,6 +48,7 @@ the global MILP are reported.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -98,6 +99,7 @@ def _schedules(
     evaluate: Callable[[Schedule], Evaluated],
     solver: SolverChoice | None = None,
     passes: PassOptions = ALL_PASSES,
+    deadline: float = math.inf,
 ) -> dict[str, Schedule]:
     out: dict[str, Schedule] = {}
     if scheduler in ("default", "milp"):
@@ -105,7 +107,9 @@ def _schedules(
         def objective(s: Schedule) -> tuple[float, float]:
             return round_key(evaluate(s), ctx, check_memory)
 
-        out["milp"] = milp_schedule(ctx.problem, time_limit_s, objective, solver, passes)
+        out["milp"] = milp_schedule(
+            ctx.problem, time_limit_s, objective, solver, passes, deadline=deadline
+        )
     if scheduler in ("default", "paper"):
         out["paper"] = paper_schedule(ctx.problem)
     for name, fn in BASELINES.items():
@@ -123,13 +127,17 @@ def plan_round(
     check_memory: bool,
     solver: SolverChoice | None = None,
     passes: PassOptions = ALL_PASSES,
+    deadline: float = math.inf,
 ) -> Round:
-    """Every candidate schedule evaluated, and the one ``scheduler`` picks."""
+    """Every candidate schedule evaluated, and the one ``scheduler`` picks. ``deadline``
+    (``time.perf_counter``): when the planning call's budget ends (``milp_schedule``)."""
 
     def cached(s: Schedule) -> Evaluated:
         return evaluate_cached(ctx, s)
 
-    schedules = _schedules(ctx, scheduler, time_limit_s, check_memory, cached, solver, passes)
+    schedules = _schedules(
+        ctx, scheduler, time_limit_s, check_memory, cached, solver, passes, deadline
+    )
     # the pick is spread whatever it could gain, and the baselines too where the plan reports
     # this round's (without the lever search; with it, their own tuned plans, spread there)
     reported = not (check_memory and ctx.per_part)
@@ -190,6 +198,9 @@ LEVEL_SHARE = 0.10  # all level MILPs together
 IMPROVE_SHARE = 0.13  # each of the six starts' ``improve``
 GLOBAL_SHARE = 0.80  # of the time limit, spent when the global MILP must stop
 POLISHED = 3  # distinct candidates polished (see ``_polish_best``)
+# placements the round makes after the starts' (the baselines, polish, the renamings), in
+# units of the slowest start's: what ``_improve_starts`` leaves time for before the deadline
+TAIL_STEPS = 8
 MIN_POLISH_S = 0.02  # a start always gets at least this much polishing
 REFINE_S = 0.05  # layer re-split after a polish edit that dissolves a wave
 
@@ -216,6 +227,7 @@ def milp_schedule(
     objective: Objective | None = None,
     solver: SolverChoice | str | None = None,
     passes: PassOptions = ALL_PASSES,
+    deadline: float = math.inf,
 ) -> Schedule:
     """Run the stages within about ``time_limit_s`` seconds.
 
@@ -225,16 +237,18 @@ def milp_schedule(
     name, or None for the default (``solver.choose_solver``). A solver process that dies
     costs only its own solve: the plan notes it ("warning: solver failure ...") and the
     ``SolverCrashWarning`` is passed on to the caller. ``passes`` switches stages off, to
-    measure what each buys (``levers.PassOptions``).
+    measure what each buys (``levers.PassOptions``). ``deadline`` (``time.perf_counter``):
+    when the whole planning call must be done; the starts are improved best first while the
+    time left allows (``_improve_starts``).
     """
     choice = solver if isinstance(solver, SolverChoice) else choose_solver(solver)
     cores = on_the_cores(problem) if passes.on_cores else None
     share = time_limit_s / 2 if cores is not None else time_limit_s
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SolverCrashWarning)
-        best = _stages(problem, share, objective, choice, passes)
+        best = _stages(problem, share, objective, choice, passes, deadline)
         if cores is not None:  # (module docstring)
-            fewer = _stages(cores, share, objective, choice, passes)
+            fewer = _stages(cores, share, objective, choice, passes, deadline)
             key = _ranking(problem, objective, _compute_cap(problem))
             if key(fewer) < key(best):
                 said = f"planned on {cores.devices} of the {problem.devices} workers"
@@ -272,6 +286,7 @@ def _stages(
     objective: Objective | None,
     solver: SolverChoice,
     passes: PassOptions = ALL_PASSES,
+    deadline: float = math.inf,
 ) -> Schedule:
     """The stages of the module docstring. Once a solve has crashed, the later re-splits get
     no time: a solver that died once is likely to die again, and each restart costs its
@@ -288,17 +303,20 @@ def _stages(
     level_s = LEVEL_SHARE * time_limit_s / max(len(problem.levels), 1)
     starts, level_notes = _starts(problem, passes, n_star, lambda: budget(level_s), solver)
     each = IMPROVE_SHARE * time_limit_s
-    improved = {
-        k: replace(improve(problem, s, budget(each), solver, passes), name="milp")
-        for k, s in starts.items()
-    }
+
+    def improve_one(s: Schedule) -> Schedule:
+        return replace(improve(problem, s, budget(each), solver, passes), name="milp")
+
+    improved, placed, skipped = _improve_starts(problem, starts, improve_one, key, deadline)
     improved["paper"] = replace(paper_schedule(problem), name="milp")  # never worse than it
     improved["distmm"] = replace(distmm_schedule(problem), name="milp")
     improved["sequential"] = replace(sequential_schedule(problem), name="milp")
-    keys = {k: key(s) for k, s in improved.items()}
+    keys = {k: placed[k] if k in placed else key(s) for k, s in improved.items()}
     via = min(keys, key=lambda k: keys[k])
     best = improved[via]
     notes = [*level_notes, f"best start: {via}"]
+    if skipped:
+        notes.append(f"time budget: {', '.join(skipped)} not improved")
     status, gap = "heuristic", None
     if passes.global_milp:
         share = GLOBAL_SHARE if objective is not None else 1.0
@@ -331,6 +349,34 @@ def _stages(
             if filled:
                 notes.append(f"re-allocated {filled} wave(s) after polish to use idle devices")
     return replace(best, status=status, gap=gap, notes=tuple(notes))
+
+
+def _improve_starts(
+    problem: Problem,
+    starts: dict[str, Schedule],
+    improve_one: Callable[[Schedule], Schedule],
+    key: Callable[[Schedule], tuple[float, ...]],
+    deadline: float,
+) -> tuple[dict[str, Schedule], dict[str, tuple[float, ...]], list[str]]:
+    """Each start improved and ranked (placed), the best by compute first, and the names of
+    those left out: one more starts only while the slowest so far would end, followed by
+    ``TAIL_STEPS`` of the slowest placement (what the round still places after the
+    starts: the baselines, polish, the renamings), before ``deadline``. At 1,024 devices a
+    start costs half a second; on the reference specs the deadline is never near."""
+    improved: dict[str, Schedule] = {}
+    keys: dict[str, tuple[float, ...]] = {}
+    slowest = placing = 0.0
+    for name in sorted(starts, key=lambda k: starts[k].score(problem)):
+        t = time.perf_counter()
+        if improved and t + slowest + TAIL_STEPS * placing > deadline:
+            break
+        improved[name] = improve_one(starts[name])
+        placed_at = time.perf_counter()
+        keys[name] = key(improved[name])
+        placing = max(placing, time.perf_counter() - placed_at)
+        slowest = max(slowest, time.perf_counter() - t)
+    left = [k for k in starts if k not in improved]
+    return {k: improved[k] for k in starts if k in improved}, keys, left
 
 
 def _starts(
