@@ -352,7 +352,9 @@ class PartLedger:
         """The whole gradients and gradient shards the slice adds to classes ``now`` (split
         from ``was``): as ``need`` priced them where no piece has added to those classes
         since (a split class holds what its origin held), else priced again."""
-        got = self.priced.get((id(s), n))
+        # (taken out, not kept: at 65,536 devices a placement prices thousands of slices,
+        # each over thousands of classes)
+        got = self.priced.pop((id(s), n), None)
         if got is not None:
             stamp, grads, shards = got
             if was.max() < len(stamp) and np.array_equal(stamp[was], self.version[was]):
