@@ -198,10 +198,12 @@ LEVEL_SHARE = 0.10  # all level MILPs together
 IMPROVE_SHARE = 0.13  # each of the six starts' ``improve``
 GLOBAL_SHARE = 0.80  # of the time limit, spent when the global MILP must stop
 POLISHED = 3  # distinct candidates polished (see ``_polish_best``)
-# placements the round makes after the starts' (the baselines, polish, the renamings), in
-# units of the slowest start's: what ``_improve_starts`` leaves time for before the deadline
+# Placements the round makes after its starts' (the baselines, polish, the renamings), and
+# after polish (the baselines, the renamings), in units of its slowest placement so far: what
+# the starts' improvement, and polish past its own time, leave time for before the deadline
 TAIL_STEPS = 8
-MIN_POLISH_S = 0.02  # a start always gets at least this much polishing
+AFTER_POLISH_STEPS = 4
+MIN_POLISH_S = 0.02  # a start gets at least this much polishing, while the deadline allows
 REFINE_S = 0.05  # layer re-split after a polish edit that dissolves a wave
 
 
@@ -307,7 +309,8 @@ def _stages(
     def improve_one(s: Schedule) -> Schedule:
         return replace(improve(problem, s, budget(each), solver, passes), name="milp")
 
-    improved, placed, skipped = _improve_starts(problem, starts, improve_one, key, deadline)
+    pace = _Pace(deadline)
+    improved, placed, skipped = _improve_starts(problem, starts, improve_one, key, pace)
     improved["paper"] = replace(paper_schedule(problem), name="milp")  # never worse than it
     improved["distmm"] = replace(distmm_schedule(problem), name="milp")
     improved["sequential"] = replace(sequential_schedule(problem), name="milp")
@@ -342,7 +345,8 @@ def _stages(
         def refine(s: Schedule) -> Schedule:
             return resplit(problem, s, budget(REFINE_S) if passes.resplit else 0.0, solver)
 
-        best, via = _polish_best(problem, improved, keys, key, t0 + time_limit_s, cap, refine)
+        ends = t0 + time_limit_s, deadline - AFTER_POLISH_STEPS * pace.placing
+        best, via = _polish_best(problem, improved, keys, key, ends, cap, refine)
         notes.append(f"polished on placed iteration time; kept the start from {via}")
         if passes.refill:
             best, filled = refill(problem, best, key)
@@ -351,29 +355,37 @@ def _stages(
     return replace(best, status=status, gap=gap, notes=tuple(notes))
 
 
+@dataclass
+class _Pace:
+    """When the planning call must be done, and the round's slowest placement so far: what
+    prices the placements still to come."""
+
+    deadline: float
+    placing: float = 0.0
+
+
 def _improve_starts(
     problem: Problem,
     starts: dict[str, Schedule],
     improve_one: Callable[[Schedule], Schedule],
     key: Callable[[Schedule], tuple[float, ...]],
-    deadline: float,
+    pace: _Pace,
 ) -> tuple[dict[str, Schedule], dict[str, tuple[float, ...]], list[str]]:
     """Each start improved and ranked (placed), the best by compute first, and the names of
     those left out: one more starts only while the slowest so far would end, followed by
-    ``TAIL_STEPS`` of the slowest placement (what the round still places after the
-    starts: the baselines, polish, the renamings), before ``deadline``. At 1,024 devices a
-    start costs half a second; on the reference specs the deadline is never near."""
+    ``TAIL_STEPS`` of the slowest placement, before the deadline. At 1,024 devices a start
+    costs half a second; on the reference specs the deadline is never near."""
     improved: dict[str, Schedule] = {}
     keys: dict[str, tuple[float, ...]] = {}
-    slowest = placing = 0.0
+    slowest = 0.0
     for name in sorted(starts, key=lambda k: starts[k].score(problem)):
         t = time.perf_counter()
-        if improved and t + slowest + TAIL_STEPS * placing > deadline:
+        if improved and t + slowest + TAIL_STEPS * pace.placing > pace.deadline:
             break
         improved[name] = improve_one(starts[name])
         placed_at = time.perf_counter()
         keys[name] = key(improved[name])
-        placing = max(placing, time.perf_counter() - placed_at)
+        pace.placing = max(pace.placing, time.perf_counter() - placed_at)
         slowest = max(slowest, time.perf_counter() - t)
     left = [k for k in starts if k not in improved]
     return {k: improved[k] for k in starts if k in improved}, keys, left
@@ -419,11 +431,13 @@ def _polish_best(
     cands: dict[str, Schedule],
     keys: dict[str, tuple[float, ...]],
     objective: Objective,
-    deadline: float,
+    ends: tuple[float, float],
     compute_cap: float,
     refine: Callable[[Schedule], Schedule],
 ) -> tuple[Schedule, str]:
-    """Polish the ``POLISHED`` best distinct candidates and keep the best result.
+    """Polish the ``POLISHED`` best distinct candidates and keep the best result, within the
+    first of ``ends`` (the round's time), each at least ``MIN_POLISH_S``, while the second
+    (the call's, less what follows polish) is ahead.
 
     Polish is a local search on the placed plan's real objective, and its local optimum
     depends on where it starts: the best start on estimated compute is often not the one
@@ -441,8 +455,8 @@ def _polish_best(
     best_k = order[0]
     best, best_key = cands[best_k], keys[best_k]
     for i, k in enumerate(order):
-        left = deadline - time.perf_counter()
-        share = max(left / (len(order) - i), MIN_POLISH_S)
+        now = time.perf_counter()
+        share = max((ends[0] - now) / (len(order) - i), MIN_POLISH_S) if now < ends[1] else 0.0
         polished = polish(problem, cands[k], objective, share, compute_cap, refine)
         pk = objective(polished)
         if pk < best_key:
