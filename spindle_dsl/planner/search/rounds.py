@@ -203,6 +203,10 @@ POLISHED = 3  # distinct candidates polished (see ``_polish_best``)
 # the starts' improvement, and polish past its own time, leave time for before the deadline
 TAIL_STEPS = 8
 AFTER_POLISH_STEPS = 4
+# ... once they are this slow: quicker steps run whatever the clock says (at 64 devices a start
+# costs 5-15 ms, and leaving some out to keep a 0.4 s budget gave the widget plans that
+# overflowed; at 1,024 devices x 48 tasks a start costs 0.3-0.5 s)
+SLOW_STEP_S = 0.05
 MIN_POLISH_S = 0.02  # a start gets at least this much polishing, while the deadline allows
 REFINE_S = 0.05  # layer re-split after a polish edit that dissolves a wave
 
@@ -345,8 +349,7 @@ def _stages(
         def refine(s: Schedule) -> Schedule:
             return resplit(problem, s, budget(REFINE_S) if passes.resplit else 0.0, solver)
 
-        ends = t0 + time_limit_s, deadline - AFTER_POLISH_STEPS * pace.placing
-        best, via = _polish_best(problem, improved, keys, key, ends, cap, refine)
+        best, via = _polish_best(problem, improved, keys, key, t0 + time_limit_s, pace, cap, refine)
         notes.append(f"polished on placed iteration time; kept the start from {via}")
         if passes.refill:
             best, filled = refill(problem, best, key)
@@ -362,6 +365,13 @@ class _Pace:
 
     deadline: float
     placing: float = 0.0
+
+    def allows(self, now: float, step_s: float, steps_after: int) -> bool:
+        """Whether a step of ``step_s`` seconds, then ``steps_after`` placements, would end
+        before the deadline, or the steps are too quick to matter (``SLOW_STEP_S``)."""
+        if max(step_s, self.placing) < SLOW_STEP_S:
+            return True
+        return now + step_s + steps_after * self.placing <= self.deadline
 
 
 def _improve_starts(
@@ -380,7 +390,7 @@ def _improve_starts(
     slowest = 0.0
     for name in sorted(starts, key=lambda k: starts[k].score(problem)):
         t = time.perf_counter()
-        if improved and t + slowest + TAIL_STEPS * pace.placing > pace.deadline:
+        if improved and not pace.allows(t, slowest, TAIL_STEPS):
             break
         improved[name] = improve_one(starts[name])
         placed_at = time.perf_counter()
@@ -431,13 +441,14 @@ def _polish_best(
     cands: dict[str, Schedule],
     keys: dict[str, tuple[float, ...]],
     objective: Objective,
-    ends: tuple[float, float],
+    end: float,
+    pace: _Pace,
     compute_cap: float,
     refine: Callable[[Schedule], Schedule],
 ) -> tuple[Schedule, str]:
-    """Polish the ``POLISHED`` best distinct candidates and keep the best result, within the
-    first of ``ends`` (the round's time), each at least ``MIN_POLISH_S``, while the second
-    (the call's, less what follows polish) is ahead.
+    """Polish the ``POLISHED`` best distinct candidates and keep the best result, within
+    ``end`` (the round's time), each at least ``MIN_POLISH_S`` while the call's deadline
+    allows it and what follows polish (``AFTER_POLISH_STEPS``).
 
     Polish is a local search on the placed plan's real objective, and its local optimum
     depends on where it starts: the best start on estimated compute is often not the one
@@ -456,7 +467,8 @@ def _polish_best(
     best, best_key = cands[best_k], keys[best_k]
     for i, k in enumerate(order):
         now = time.perf_counter()
-        share = max((ends[0] - now) / (len(order) - i), MIN_POLISH_S) if now < ends[1] else 0.0
+        least = MIN_POLISH_S if pace.allows(now, 0.0, AFTER_POLISH_STEPS) else 0.0
+        share = max((end - now) / (len(order) - i), least)
         polished = polish(problem, cands[k], objective, share, compute_cap, refine)
         pk = objective(polished)
         if pk < best_key:
