@@ -22,7 +22,9 @@ The `milp` scheduler: the paper's plan, improved by layer re-splits and local se
 2. ``improve`` each start: re-split layers between its pieces (an LP/MILP through
    ``solver``), ``rebalance`` each wave's allocations min-max, re-split again. The paper's
    own plan joins as it is, and so do the ``distmm`` and ``sequential`` layouts (the least
-   memory-hungry, which polish can make concurrent where memory allows).
+   memory-hungry, which polish can make concurrent where memory allows). The starts go best
+   compute first, each placed once improved; where steps are slow (1,024 devices and more)
+   those left when the call's budget would run out are not improved (``_improve_starts``).
 3. If the model stays small, one MILP over all waves with precedence (``wave_milp``),
    warm-started from the best candidate (never worse than it), adds one more.
 4. ``polish``: local search on the placed plan's real iteration time (transfers and
