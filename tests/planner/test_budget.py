@@ -17,6 +17,7 @@ from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner import make_plan
 from spindle_dsl.planner.model.levers import UNLIMITED, Budget
+from spindle_dsl.planner.search import leversearch
 from spindle_dsl.planner.search import make as make_module
 from spindle_dsl.planner.search.leversearch import Judge, LeverSearch
 from spindle_dsl.planner.search.make import AS_PLACED_NOTE
@@ -153,3 +154,19 @@ def test_the_budget_counts_from_the_callers_start(tight) -> None:
     fresh = make_plan(tight, cost, time_limit_s=seconds, jobs=0)
     assert fresh.solver.wall_s < seconds
     assert not [n for n in fresh.notes if n.startswith("time limit reached")]
+
+
+def test_the_search_stops_where_the_time_left_would_not_hold_the_round(tight, monkeypatch) -> None:
+    """Steps past the first fit start only while the budget has ``ROUND_TRIALS`` of the
+    slowest setting left: with a round as long as a billion settings, the search stops at
+    its first fit, however much of its share is unspent."""
+    judge = Judge(("paper",), lambda _name, problem: paper_schedule(problem))
+    cost = make_cost_model(tight.cluster)
+    roomy = LeverSearch(tight, cost, budget=Budget.starting_now(1000.0))
+    roomy.search(judge)
+    assert roomy.slowest > 0
+    monkeypatch.setattr(leversearch, "ROUND_TRIALS", 1e9)
+    cramped = LeverSearch(tight, cost, budget=Budget.starting_now(1000.0))
+    fit = cramped.search(judge)
+    assert fit.best is not None and fit.best.fitting is not None
+    assert len(cramped._contexts) < len(roomy._contexts)

@@ -5,6 +5,7 @@ only its own rounds, and ``make_plan`` using a helper only where asked or a core
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from dataclasses import replace
 
@@ -17,7 +18,10 @@ from spindle_dsl.planner import make_plan
 from spindle_dsl.planner.evaluate.build import context
 from spindle_dsl.planner.model.levers import Levers
 from spindle_dsl.planner.search import helpers as pool
+from spindle_dsl.planner.search import leversearch
+from spindle_dsl.planner.search import make as make_module
 from spindle_dsl.planner.search import rounds as rounds_module
+from spindle_dsl.planner.search.leversearch import Judge, LeverSearch, TrialRequest, remote_trial
 from spindle_dsl.planner.search.rounds import RoundRequest, plan_round, remote_round
 from spindle_dsl.planner.solver import isolate
 from spindle_dsl.planner.solver.choice import choose_solver
@@ -219,4 +223,81 @@ def test_with_no_runner_up_a_helper_takes_the_lower_bound_beside_the_round(
     timed = {"lp_wall_s"}  # (the LPs' solving time, which no two runs share)
     assert {k: v for k, v in helped.extra["bounds"].items() if k not in timed} == {
         k: v for k, v in alone.extra["bounds"].items() if k not in timed
+    }
+
+
+def test_a_setting_judged_in_the_helper_is_judged_the_same_here(graph) -> None:
+    """The lever search's second setting, judged in a helper (``remote_trial``): the same
+    plans placed there as here, the same memory and times, so the search seeded with them
+    decides as it would alone."""
+    cost = make_cost_model(graph.cluster)
+    judge = Judge(("paper", "optimus"), make_module._make)
+    levers = Levers(4, 1)
+    here = LeverSearch(graph, cost).trial(levers, judge).judged
+    (channel,) = pool.start(1)
+    request = TrialRequest(graph, cost, levers, judge)
+    there, caught = isolate.call(remote_trial, (request,), 120, channel)
+    assert caught == () and len(there) == len(here) > 0
+    for a, b in zip(here, there, strict=True):
+        assert a.schedule.waves == b.schedule.waves
+        assert a.iteration_s == b.iteration_s and a.placement.memory == b.placement.memory
+
+
+def test_work_sent_ahead_is_taken_from_the_helper_or_given_back(graph) -> None:
+    """A helper that is up does the work and ``take`` waits for it; where none is up,
+    ``take`` gives the work back (None) and the caller does it; a helper that dies costs
+    that piece, with a warning."""
+    helpers = pool.start(1)
+    assert isolate.ready(helpers[0], 60)
+    sent = pool.Ahead(helpers[0], standins.tag_round, request(graph, 8), 0.3)
+    _until_started(sent)
+    who, pid, k = sent.take()
+    assert who == "helper" and pid != os.getpid() and k == 8
+    nowhere = pool.Ahead("no such helper", standins.tag_round, request(graph, 8), 0.3)
+    assert nowhere.take() is None
+    crashing = pool.Ahead(helpers[0], standins.crash_round, request(graph, 2), 0.3)
+    _until_started(crashing)
+    with pytest.warns(isolate.SolverCrashWarning, match="did it here"):
+        assert crashing.take() is None
+
+
+def _until_started(sent: pool.Ahead) -> None:
+    """Wait for the helper to start the work (``take`` before then gives it back)."""
+    deadline = time.monotonic() + 60
+    while sent._state == "waiting" and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_the_lever_search_with_a_helper_finds_what_it_finds_alone(graph, monkeypatch) -> None:
+    """The first search sends its second k ahead to the helper, which judges it; its trials,
+    and so its choice, are those of the search without one."""
+    cost = make_cost_model(graph.cluster)
+    judge = make_module._quick("default")
+    alone = LeverSearch(graph, cost).search(judge)
+    (channel,) = pool.start(1)
+    assert isolate.ready(channel, 60)
+    taken: list = []
+    real_take = pool.Ahead.take
+
+    def take(self):
+        taken.append(real_take(self))
+        return taken[-1]
+
+    monkeypatch.setattr(pool.Ahead, "take", take)
+    monkeypatch.setattr(leversearch, "AHEAD_SIZE", 0)  # (a small job: here, none is sent)
+    real_context = LeverSearch.context
+
+    def slow_first(self, levers):  # this process busy with k = 1 while the helper starts
+        if not self._contexts:
+            time.sleep(0.3)
+        return real_context(self, levers)
+
+    monkeypatch.setattr(LeverSearch, "context", slow_first)
+    helped_search = LeverSearch(graph, cost, helper=channel)
+    helped = helped_search.search(judge)
+    assert not helped_search._ahead and len(taken) == 1 and taken[0]  # judged there
+    assert helped.best is not None and alone.best is not None
+    assert helped.best.levers == alone.best.levers
+    assert {k: t.time_s for k, t in helped.per_k.items()} == {
+        k: t.time_s for k, t in alone.per_k.items()
     }

@@ -1,10 +1,11 @@
 """One pool of helper processes for planning work that can run beside this process.
 
-Three kinds of work go to it. Runner-up rounds: where the lever search leaves runner-up
-settings (``search.make.RUNNER_UP_MARGIN``), ``make_plan`` runs one round per setting, each
-independent of the others (it reads only its own context; ``rounds.remote_round``), while
-this process plans the search's best. The lower bound, where there is no runner-up
-(``make.remote_bound``, taken beside the round). Phases:
+Four kinds of work go to it. The lever search's second setting, judged while this process
+judges its first (``Ahead``; ``leversearch.remote_trial``). Runner-up rounds: where the lever
+search leaves runner-up settings (``search.make.RUNNER_UP_MARGIN``), ``make_plan`` runs one
+round per setting, each independent of the others (it reads only its own context;
+``rounds.remote_round``), while this process plans the search's best. The lower bound, where
+there is no runner-up (``make.remote_bound``, taken beside the round). Phases:
 ``plan_schedule`` plans each distinct graph of a schedule of mixes, the first here and the
 others in helpers (``phases.remote_plan``).
 
@@ -139,6 +140,60 @@ def solving_here(choice: SolverChoice) -> SolverChoice:
     """``choice`` for solves in a helper: the helper is the isolation (a solver crash ends it,
     and the caller does its work again), so no solver process of its own is started."""
     return replace(choice, isolated=False, host=HELPER) if choice.isolated else choice
+
+
+class Ahead:
+    """One piece of work sent to a helper before this process needs it: the helper starts it
+    once it is up, unless this process has taken it back by then (``take`` then answers
+    None, and the caller does the work itself); once started, ``take`` waits for it. Work
+    this process never takes keeps the helper busy until done, so only what it will likely
+    need is sent."""
+
+    def __init__(
+        self,
+        channel: str,
+        remote: Callable[[R], tuple[A, Caught] | None],
+        request: R,
+        limit_s: float,
+    ):
+        self._lock = threading.Lock()
+        self._state = "waiting"  # then "started", or "withdrawn" by ``take``
+        self._got: tuple[A, Caught] | None = None
+        self._lost = ""
+        args = (channel, remote, request, GRACE_S + limit_s + isolate.GRACE_S)
+        self._thread = threading.Thread(target=self._run, args=args, daemon=True)
+        self._thread.start()
+
+    def _run(self, channel: str, remote: Callable, request: object, timeout: float) -> None:
+        while not isolate.ready(channel, POLL_S):
+            if self._state == "withdrawn" or not isolate.alive(channel):
+                return
+        with self._lock:
+            if self._state != "waiting":
+                return
+            self._state = "started"
+        try:
+            self._got = isolate.call(remote, (request,), timeout, channel)
+        except isolate.CallNotLoaded:
+            pass
+        except isolate.SolverCrash as e:
+            self._lost = f"the {channel} process failed its work ({e.reason}); did it here"
+
+    def take(self) -> A | None:
+        """The answer (its warnings raised here), or None: not started, or given back."""
+        with self._lock:
+            if self._state == "waiting":
+                self._state = "withdrawn"
+                return None
+        self._thread.join()
+        if self._lost:
+            warnings.warn(self._lost, isolate.SolverCrashWarning, stacklevel=2)
+        if self._got is None:
+            return None
+        answer, caught = self._got
+        for category, message in caught:
+            warnings.warn(message, category, stacklevel=2)
+        return answer
 
 
 def side_by_side(

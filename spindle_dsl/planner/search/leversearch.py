@@ -16,7 +16,10 @@ for the default scheduler). The search runs in three steps:
    memory holds the plan back (``held_back``: the quickest plan at this k overflows and is
    far quicker than the quickest that fits), since more passes are what lets it fit: at
    1,024 devices x 48 tasks only the tasks side by side fit at k = 1 and 2, 2.4x slower than
-   the paper's plan, which fits from k = 4;
+   the paper's plan, which fits from k = 4. The search's share ends early where the time
+   left would not hold ``ROUND_TRIALS`` of its slowest settings (the round that follows).
+   On large jobs (``AHEAD_SIZE``) a helper judges the second k while this process judges
+   the first (``send_ahead``);
 2. at every k tried whose fastest plan (fitting or not) is quicker than the best found, since
    recompute and ZeRO-2 only slow a pass down, for ZeRO-1 and ZeRO-2 (at k = 1 ZeRO-1 alone:
    one pass under ZeRO-2 prices the same, ``stages_at``), the recompute set R is fitted
@@ -47,6 +50,8 @@ mostly reuse them.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -71,6 +76,7 @@ from spindle_dsl.planner.model.levers import (
     pass_curves,
 )
 from spindle_dsl.planner.model.problem import Problem, Schedule
+from spindle_dsl.planner.search.helpers import Ahead, Caught, answer
 from spindle_dsl.planner.search.memfit import MemoryFloor, gib, memory_floor
 
 SLOWER = 1.0  # a k whose best is slower than the best so far ends the search
@@ -84,6 +90,14 @@ REFINE_ROUNDS = 3
 # past its first fitting setting starts: more k, recompute fitted at more k, the k between
 # the powers of two, ZeRO-0. The rest goes to the round at the best setting.
 SEARCH_SHARE = 0.4
+# ... and while the budget has this many of its slowest trials left, for the round: it places
+# and times about as many plans as that many settings' judges (at 1,024 H100s x 48 tasks a
+# setting takes 1.1-1.8 s and the round 4.5-6 s; at 64 devices 50 ms and 0.26 s)
+ROUND_TRIALS = 5
+# Devices x MetaOps from which the first search's second k is judged by a helper beside its
+# first (``send_ahead``): at 64 devices x 19 MetaOps a setting takes 50 ms, less than a helper
+# takes to rebuild its context and send the plans back; at 1,024 x 190, 1.2-1.8 s
+AHEAD_SIZE = 20_000
 # how much quicker than the quickest fitting plan an overflowing one must be for the next k
 # to be tried past ``SEARCH_SHARE`` (``held_back``)
 HELD_BACK = 1.25
@@ -262,8 +276,15 @@ class LeverSearch:
         micro_batches: int | None = None,
         zero_stage: int | None = None,
         budget: Budget = UNLIMITED,
+        helper: str | None = None,
+        kind_modules: tuple[str, ...] = (),
     ):
         self.graph, self.cost, self.budget = graph, cost, budget
+        # a helper's channel, for the second setting (``search``), and the modules that
+        # register the graph's kinds, for it to import
+        self.helper, self.kind_modules = helper, kind_modules
+        self._ahead: dict[Levers, Ahead] = {}
+        self.slowest = 0.0  # seconds of the slowest trial so far (``search``)
         self.ks = (micro_batches,) if micro_batches else micro_batch_choices(graph)
         self.stages = (zero_stage,) if zero_stage is not None else (1, 2)
         self.replicate = zero_stage is None  # try ZeRO-0 once the best setting is known
@@ -316,11 +337,32 @@ class LeverSearch:
 
     def trial(self, levers: Levers, judge: Judge, names: tuple[str, ...] | None = None) -> Trial:
         """``levers`` judged by ``names`` of the judge's schedules (all by default; the
-        contexts memoise placements, so judging again is cheap)."""
+        contexts memoise placements, so judging again is cheap; a setting sent ahead to a
+        helper is judged there, ``send_ahead``)."""
+        began = time.perf_counter()
+        sent = self._ahead.pop(levers, None)
+        judged = sent.take() if sent is not None else None
         ctx = self.context(levers)
+        if judged and not isinstance(ctx, PlanError):
+            for ev in judged:  # (the same plans this judge places: the context is the same)
+                ctx.evaluated.setdefault(ev.schedule.waves, ev)
         if isinstance(ctx, PlanError):
             return Trial(levers, None, error=ctx)
-        return Trial(levers, ctx, tuple(judge(ctx, names)))
+        trial = Trial(levers, ctx, tuple(judge(ctx, names)))
+        self.slowest = max(self.slowest, time.perf_counter() - began)
+        return trial
+
+    def send_ahead(self, levers: Levers, judge: Judge) -> None:
+        """Have the helper judge ``levers`` while this process judges another setting: the
+        first search's second k, which it tries past any k = 1 that fits (step 1). At 1,024
+        H100s x 48 tasks a setting takes 1.2-1.8 s, the helper's otherwise idle until the
+        round; where the helper is not up before this process reaches the setting, it
+        judges it itself."""
+        if self.helper is None or levers in self._ahead:
+            return
+        request = TrialRequest(self.graph, self.cost, levers, judge, self.kind_modules)
+        limit = self.budget.seconds if math.isfinite(self.budget.seconds) else 0.0
+        self._ahead[levers] = Ahead(self.helper, remote_trial, request, limit)
 
     # --- the search -----------------------------------------------------------------------------
     def start(self, k: int) -> tuple[int, str | None]:
@@ -491,9 +533,13 @@ class LeverSearch:
         ks = ks or self.ks
 
         def more() -> bool:  # may a step past the first fitting setting start?
-            return out.best is None or self.budget.within(share)
+            left = self.budget.left() >= ROUND_TRIALS * self.slowest
+            return out.best is None or (self.budget.within(share) and left)
 
         plain: dict[int, Trial] = {}
+        size = self.graph.cluster.devices * len(self.graph.metaops)
+        if refine and len(ks) > 1 and size >= AHEAD_SIZE:  # (the baselines' searches: none)
+            self.send_ahead(Levers(ks[1], self.stages[0]), judge)
         for k in ks:  # phase 1
             self._plain(judge, k, plain, out)
             if plain_floor(plain[k]) > _time(out) or not (more() or held_back(plain[k], out)):
@@ -534,6 +580,28 @@ class LeverSearch:
         if t.fitting is not None and t.time_s < _time(out):
             out.record(best.micro_batches, t)
             out.best = t
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """A setting of the levers as a helper judges it (picklable)."""
+
+    graph: MetaGraph
+    cost: CostModel
+    levers: Levers
+    judge: Judge
+    kind_modules: tuple[str, ...] = ()
+
+
+def remote_trial(request: TrialRequest) -> tuple[tuple[Evaluated, ...], Caught] | None:
+    """The plans ``request``'s judge places at its levers, in a helper (``helpers.answer``):
+    the search's pricing and context are rebuilt there (memos only)."""
+    r = request
+
+    def work() -> tuple[Evaluated, ...]:
+        return LeverSearch(r.graph, r.cost).trial(r.levers, r.judge).judged
+
+    return answer(r.kind_modules, work)
 
 
 def refine_ks(tried: tuple[int, ...], best: int) -> tuple[int, ...]:

@@ -220,7 +220,7 @@ def make_plan(
     helpers, kinds = _helpers(call, jobs)
     if call.choice.isolated:  # the solver process too, once the helpers are up (``warm_up``)
         warm_up(after=helpers)
-    search, fit, ctx = _search_levers(call, micro_batches, zero_stage)
+    search, fit, ctx = _search_levers(call, micro_batches, zero_stage, helpers[:1], kinds)
     planned_more = scheduler in ("default", "milp") and budget.within(SEARCH_SHARE)
     rivals = _runners_up(fit, ctx) if planned_more else ()
     found = _plan_rounds(call, search, fit, ctx, rivals, helpers, kinds)
@@ -272,10 +272,15 @@ def _helpers(call: _Call, jobs: int | None) -> tuple[tuple[str, ...], tuple[str,
 
 
 def _search_levers(
-    call: _Call, micro_batches: int | None, zero_stage: int | None
+    call: _Call,
+    micro_batches: int | None,
+    zero_stage: int | None,
+    helper: tuple[str, ...] = (),
+    kinds: tuple[str, ...] = (),
 ) -> tuple[LeverSearch | None, Fit, PlanContext]:
     """The memory levers' search judged by the quick plans (``leversearch``), and the
-    context of its best setting; without memory to check, k = 1 and ZeRO-1 unless forced."""
+    context of its best setting; without memory to check, k = 1 and ZeRO-1 unless forced.
+    ``helper``: the channel of a helper to judge its second setting, if any."""
     if not (call.check_memory and has_slice_memory(call.cost)):
         stage = 1 if zero_stage is None else zero_stage
         levers = Levers(micro_batches or 1, stage)
@@ -286,6 +291,8 @@ def _search_levers(
         micro_batches=micro_batches,
         zero_stage=zero_stage,
         budget=call.budget,
+        helper=helper[0] if helper else None,
+        kind_modules=kinds,
     )
     fit = search.search(_quick(call.scheduler))
     if fit.best is None or fit.best.ctx is None:
