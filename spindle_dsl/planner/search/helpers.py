@@ -142,6 +142,35 @@ def solving_here(choice: SolverChoice) -> SolverChoice:
     return replace(choice, isolated=False, host=HELPER) if choice.isolated else choice
 
 
+def up(channel: str, go_on: Callable[[], bool]) -> bool:
+    """Wait for the helper on ``channel`` to be ready, while ``go_on()``; False where it died
+    or the caller no longer needs it."""
+    while not isolate.ready(channel, POLL_S):
+        if not go_on() or not isolate.alive(channel):
+            return False
+    return go_on()
+
+
+def serve_one(
+    channel: str, remote: Callable[[R], tuple[A, Caught] | None], request: R, timeout: float
+) -> tuple[tuple[A, Caught] | None, str]:
+    """``remote(request)`` in the helper on ``channel``: its answer, or None to do the work
+    here (a cost model a script defined, kinds the helper cannot import, the helper lost),
+    and what to warn of a helper lost."""
+    try:
+        return isolate.call(remote, (request,), timeout, channel), ""
+    except isolate.CallNotLoaded:
+        return None, ""
+    except isolate.SolverCrash as e:
+        return None, f"the {channel} process failed its work ({e.reason}); did it here"
+
+
+def said_there(caught: Caught) -> None:
+    """Raise here the warnings a helper's work raised there."""
+    for category, message in caught:
+        warnings.warn(message, category, stacklevel=3)
+
+
 class Ahead:
     """One piece of work sent to a helper before this process needs it: the helper starts it
     once it is up, unless this process has taken it back by then (``take`` then answers
@@ -165,19 +194,13 @@ class Ahead:
         self._thread.start()
 
     def _run(self, channel: str, remote: Callable, request: object, timeout: float) -> None:
-        while not isolate.ready(channel, POLL_S):
-            if self._state == "withdrawn" or not isolate.alive(channel):
-                return
+        if not up(channel, lambda: self._state == "waiting"):
+            return
         with self._lock:
             if self._state != "waiting":
                 return
             self._state = "started"
-        try:
-            self._got = isolate.call(remote, (request,), timeout, channel)
-        except isolate.CallNotLoaded:
-            pass
-        except isolate.SolverCrash as e:
-            self._lost = f"the {channel} process failed its work ({e.reason}); did it here"
+        self._got, self._lost = serve_one(channel, remote, request, timeout)
 
     def take(self) -> A | None:
         """The answer (its warnings raised here), or None: not started, or given back."""
@@ -191,8 +214,7 @@ class Ahead:
         if self._got is None:
             return None
         answer, caught = self._got
-        for category, message in caught:
-            warnings.warn(message, category, stacklevel=2)
+        said_there(caught)
         return answer
 
 
@@ -221,22 +243,17 @@ def side_by_side(
     timeout = GRACE_S + 2 * limit_s + isolate.GRACE_S
 
     def serve(channel: str) -> None:
-        while not stop.is_set() and waiting and not isolate.ready(channel, POLL_S):
-            if not isolate.alive(channel):
-                return
+        if not up(channel, lambda: not stop.is_set() and bool(waiting)):
+            return
         while not stop.is_set():
             try:
                 i = waiting.popleft()
             except IndexError:
                 return
-            try:
-                got = isolate.call(remote, (requests[i],), timeout, channel)
-            except isolate.CallNotLoaded:  # (a cost model a script defined): it runs here
-                got = None
-            except isolate.SolverCrash as e:
-                lost.append(f"the {channel} process failed its work ({e.reason}); did it here")
-                got = None
-            if got is None:  # (or kinds a module registers that the helper cannot import)
+            got, why = serve_one(channel, remote, requests[i], timeout)
+            if why:
+                lost.append(why)
+            if got is None:  # (it runs here)
                 waiting.appendleft(i)
                 return
             done[i], said[i] = got
@@ -264,6 +281,5 @@ def side_by_side(
     for message in lost:
         warnings.warn(message, isolate.SolverCrashWarning, stacklevel=2)
     for i in sorted(said):
-        for category, message in said[i]:
-            warnings.warn(message, category, stacklevel=2)
+        said_there(said[i])
     return mine, [done[i] for i in range(len(requests))]

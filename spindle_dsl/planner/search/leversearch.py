@@ -343,11 +343,10 @@ class LeverSearch:
         sent = self._ahead.pop(levers, None)
         judged = sent.take() if sent is not None else None
         ctx = self.context(levers)
-        if judged and not isinstance(ctx, PlanError):
-            for ev in judged:  # (the same plans this judge places: the context is the same)
-                ctx.evaluated.setdefault(ev.schedule.waves, ev)
         if isinstance(ctx, PlanError):
             return Trial(levers, None, error=ctx)
+        for ev in judged or ():  # (the plans this judge places: the context is the same)
+            ctx.evaluated.setdefault(ev.schedule.waves, ev)
         trial = Trial(levers, ctx, tuple(judge(ctx, names)))
         self.slowest = max(self.slowest, time.perf_counter() - began)
         return trial
