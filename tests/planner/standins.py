@@ -40,3 +40,18 @@ def tag_round(request):
 def crash_round(request):
     """A helper dying in a round (a native crash in its solver)."""
     segfault()
+
+
+def hang_with_a_worker(pid_file: str) -> None:
+    """Keep a worker of this worker's own busy (as planning keeps helpers busy), write its
+    process id to ``pid_file`` and never answer."""
+    import threading
+
+    from spindle_dsl.planner.solver import isolate
+
+    inner = isolate.call(worker_pid, (), 60, "inner")
+    threading.Thread(target=isolate.call, args=(hang, (), 3600, "inner"), daemon=True).start()
+    time.sleep(0.3)  # (the inner call has been sent)
+    with open(pid_file, "w") as f:
+        f.write(str(inner))
+    hang()

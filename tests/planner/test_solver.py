@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 import warnings
 
 import pytest
@@ -63,6 +64,42 @@ def test_a_python_error_in_the_solve_is_reported_and_the_worker_survives():
     with pytest.raises(isolate.SolverCrash, match="ValueError"):
         isolate.call(standins.fail, (), 30)
     assert isolate.call(standins.worker_pid, (), 30) == pid
+
+
+def test_an_abandoned_call_ends_at_once_with_its_workers_own_workers(tmp_path):
+    channel = "abandon-test"
+    pid = isolate.call(standins.worker_pid, (), 30, channel)
+    pid_file = tmp_path / "inner.pid"
+    ended: list[BaseException] = []
+
+    def hang_there() -> None:
+        try:
+            isolate.call(standins.hang_with_a_worker, (str(pid_file),), 600, channel)
+        except isolate.SolverCrash as e:
+            ended.append(e)
+
+    caller = threading.Thread(target=hang_there)
+    caller.start()
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    inner = int(pid_file.read_text())
+    isolate.abandon(channel)
+    caller.join(10)
+    assert not caller.is_alive() and "killed by SIGTERM" in str(ended[0])
+    while _running(inner) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(inner), "the abandoned worker's own worker still runs"
+    assert isolate.call(standins.worker_pid, (), 30, channel) not in (pid, os.getpid())
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_milp_schedule_survives_a_dying_solver(problem, monkeypatch):

@@ -210,6 +210,8 @@ def _get(channel: str, prepare: str | None = None) -> _Worker:
     """``channel``'s worker, started if it has none or it died (under the channel's lock)."""
     worker = _workers.get(channel)
     if worker is None or not worker.alive():
+        if worker is not None:  # (ended from outside, ``abandon``: its pipes and file go too)
+            worker.close()
         try:
             worker = _workers[channel] = _Worker(channel, prepare)
         except OSError as e:  # no interpreter to run, no pipes or processes left
@@ -293,6 +295,24 @@ def call(fn: Callable[..., T], args: tuple, timeout_s: float, channel: str = SOL
         return _get(channel).call(fn, args, timeout_s)
 
 
+def abandon(channel: str) -> None:
+    """End ``channel``'s worker now, busy or not, for work nobody waits for any more: a call
+    in flight raises ``SolverCrash`` and the next call starts a fresh worker. The worker ends
+    its own workers first (``_end_on_sigterm``: work that plans starts helpers of its own)."""
+    worker = _workers.get(channel)
+    if worker is not None and worker.proc.poll() is None:
+        worker.proc.terminate()
+
+
+def _end_on_sigterm(signum: int, _frame: object) -> None:
+    """(in a worker) Kill this worker's own workers, then end as SIGTERM ends a process."""
+    for worker in list(_workers.values()):
+        if worker.proc.poll() is None:
+            worker.proc.kill()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
 class SolverCrashWarning(RuntimeWarning):
     """A solver process died or hung; planning went on with the best plan found before."""
 
@@ -327,6 +347,7 @@ def _serve(req_fd: int, res_fd: int, prepare: str | None = None) -> None:
     """The child's loop: answer ``(fn, args)`` requests until the parent closes the pipe."""
     requests = Connection(req_fd, writable=False)
     results = Connection(res_fd, readable=False)
+    signal.signal(signal.SIGTERM, _end_on_sigterm)
     # import the solver before saying ready, so that calls start at once: python-mip, and
     # HiGHS' module, which loads its library where python-mip would on a first model
     import mip
