@@ -11,6 +11,11 @@ Two rules shape it:
 - A broken spec (or a plan that does not fit) never blanks the outputs. The view keeps the last
   good result next to the error, marked stale, so the user sees what they are fixing.
 
+A slider move gets a quick plan (``INTERACTIVE_TIME_LIMIT_S``); the full search may follow:
+``refinement()`` says what to search further, the caller runs it where it likes (the widget:
+in a process of its own, ``follow.py``) and ``adopt()`` puts its plan in the cache, and in the
+view where it is quicker and its settings are still shown.
+
 The stages are injected as a ``Pipeline`` so the session can be driven by fakes in unit tests
 and by the real language/cost/planner/render stages everywhere else (``pipeline.py``).
 """
@@ -35,6 +40,10 @@ from spindle_dsl.widgets.mixes import MixInfo, custom_mix_text
 # under half a second, and the search returns its best plan so far when the time is spent
 # (measured: python -m spindle_dsl.widgets.bench).
 INTERACTIVE_TIME_LIMIT_S = 0.4
+# The full search's budget (the planner's default, ``DEFAULT_TIME_LIMIT_S``): once a slider
+# move's quick plan is shown, a search this long runs in the background and its plan replaces
+# the quick one where quicker (``PlanningSession.refinement``).
+FULL_TIME_LIMIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,10 @@ class Pipeline:
     draw: Callable[[Plan, MetaGraph], Pictures]
     schedulers: tuple[str, ...] = ("default",)
     draw_phases: Callable[[PlanBundle], str] | None = None  # the phases picture
+    # the full search's plan (blocking: the widget calls it from a background thread) and how
+    # to abandon one in flight, which then raises; None: only the quick plans are shown
+    refine: Callable[[MetaGraph, PlanOptions], Plan] | None = None
+    abandon_refine: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +146,16 @@ class Result:
 
 
 @dataclass(frozen=True)
+class Refinement:
+    """A plan shown that the full search may improve: its cache key, its graph and the full
+    search's options."""
+
+    key: tuple[Any, ...]
+    graph: MetaGraph
+    options: PlanOptions
+
+
+@dataclass(frozen=True)
 class View:
     """What the outputs show after an update.
 
@@ -146,6 +169,7 @@ class View:
     error_lines: tuple[int, ...] = ()  # 1-based spec lines the errors point at
     timings: Timings = field(default_factory=Timings)
     cached: bool = False  # True when nothing had to be recomputed
+    full_search: bool = False  # the plan shown is the full search's (or it found none quicker)
 
     @property
     def stale(self) -> bool:
@@ -179,6 +203,10 @@ class LRU(Generic[K, V]):
         self.misses += 1
         return None
 
+    def peek(self, key: K) -> V | None:
+        """The entry, without counting a hit or a miss or refreshing it."""
+        return self._data.get(key)
+
     def put(self, key: K, value: V) -> None:
         self._data[key] = value
         self._data.move_to_end(key)
@@ -200,6 +228,8 @@ class PlanningSession:
         self._compiled: LRU[tuple[Any, ...], Compiled | SpindleError] = LRU(cache_size)
         self._planned: LRU[tuple[Any, ...], tuple[Plan, Pictures] | SpindleError] = LRU(cache_size)
         self.last_good: Result | None = None
+        self._shown: tuple[tuple[Any, ...], MetaGraph] | None = None  # the plan shown's key
+        self._full: set[tuple[Any, ...]] = set()  # keys whose plan the full search has judged
         self.settings = settings
         self.view = self._evaluate(settings)
 
@@ -211,6 +241,33 @@ class PlanningSession:
         if "mix" in changes and changes["mix"] != self.settings.mix and "weights" not in changes:
             changes["weights"] = ()  # a different mix starts from its own weights
         self.settings = replace(self.settings, **changes)
+        self.view = self._evaluate(self.settings)
+        return self.view
+
+    def refinement(self) -> Refinement | None:
+        """What the full search may improve of the plan shown: None where there is nothing
+        to improve (no plan, a stale one, one the full search has judged, a planning time as
+        long as the full search's) or no stage to do it."""
+        if self.pipeline.refine is None or not self.view.ok or self._shown is None:
+            return None
+        key, graph = self._shown
+        options = self.settings.plan_options()
+        if key in self._full or options.time_limit_s >= FULL_TIME_LIMIT_S:
+            return None
+        return Refinement(key, graph, replace(options, time_limit_s=FULL_TIME_LIMIT_S))
+
+    def adopt(self, refinement: Refinement, plan: Plan) -> View | None:
+        """Take the full search's ``plan`` for ``refinement`` where it is quicker than the
+        quick plan (a move back to those settings then shows it from the cache). Returns the
+        new view where those settings are still shown, else None."""
+        self._full.add(refinement.key)
+        hit = self._planned.peek(refinement.key)
+        if not isinstance(hit, SpindleError) and (
+            hit is None or plan.iteration_s < hit[0].iteration_s
+        ):
+            self._planned.put(refinement.key, (plan, self.pipeline.draw(plan, refinement.graph)))
+        if self._shown is None or self._shown[0] != refinement.key:
+            return None
         self.view = self._evaluate(self.settings)
         return self.view
 
@@ -272,6 +329,7 @@ class PlanningSession:
     def _evaluate(self, s: Settings) -> View:
         t = [0.0, 0.0, 0.0]
         misses_before = self._compiled.misses + self._planned.misses
+        self._shown = None
         try:
             result = self._run(s, t)
         except SpindleError as exc:
@@ -286,7 +344,8 @@ class PlanningSession:
             self.last_good = result
             view = View(settings=s, result=result, timings=Timings(*t))
         cached = self._compiled.misses + self._planned.misses == misses_before
-        return replace(view, cached=cached)
+        full = self._shown is not None and self._shown[0] in self._full
+        return replace(view, cached=cached, full_search=full)
 
     def _run(self, s: Settings, t: list[float]) -> Result:
         overrides = s.cluster_overrides()
@@ -310,6 +369,7 @@ class PlanningSession:
         key = (text, s.path, mix, tuple(sorted(overrides.items())), s.plan_options())
         plan, pictures = self._plan(key, compiled.graph, s, t)
         assert pictures is not None, "a drawn plan has its pictures"
+        self._shown = (key, compiled.graph)
         bundle = None
         if compiled.phases and self.pipeline.draw_phases is not None:
             bundle = self._phases(compiled, plan, s, overrides, t)

@@ -7,7 +7,7 @@ The real stages are exercised by the widget tests; these fakes pin down the sess
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -32,6 +32,8 @@ class FakeStages:
     compiles: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)
     plans: list[tuple[int, str]] = field(default_factory=list)
     draws: int = 0
+    refines: list[tuple[int, float]] = field(default_factory=list)
+    full_factor: float = 0.8
 
     def compile(self, text: str, path: str, mix: str | None, overrides: dict[str, Any]):
         self.compiles.append((text, mix, dict(overrides)))
@@ -72,6 +74,13 @@ class FakeStages:
             solver=SolverInfo(scheduler, "heuristic", 0.001),
         )
 
+    def refine(self, graph: MetaGraph, options: PlanOptions) -> Plan:
+        """The full search: the quick plan times ``full_factor`` (below 1: quicker)."""
+        self.refines.append((graph.cluster.devices, options.time_limit_s))
+        plan = self.plan(graph, options)
+        self.plans.pop()
+        return replace(plan, iteration_s=plan.iteration_s * self.full_factor)
+
     def draw(self, plan: Plan, graph: MetaGraph) -> Pictures:
         self.draws += 1
         tag = f"{plan.cluster.devices}/{plan.iteration_s:.6f}"
@@ -86,3 +95,9 @@ def fake() -> FakeStages:
 @pytest.fixture
 def fake_pipeline(fake: FakeStages) -> Pipeline:
     return Pipeline(fake.compile, fake.plan, fake.draw, ("default", "other"))
+
+
+@pytest.fixture
+def refining_pipeline(fake: FakeStages) -> Pipeline:
+    """The fake stages with a full search that finds plans ``fake.full_factor`` as long."""
+    return Pipeline(fake.compile, fake.plan, fake.draw, ("default", "other"), refine=fake.refine)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from spindle_dsl.widgets.state import PlanningSession, Settings
+import pytest
+
+from spindle_dsl.widgets.state import FULL_TIME_LIMIT_S, PlanningSession, Settings
 
 TEXT = "spec line 1\nspec line 2\n"
 
@@ -123,3 +125,51 @@ def test_weights_of_tasks_the_spec_no_longer_has_are_dropped(fake, fake_pipeline
     v = s.update(weights={"a": 1.0, "gone": 5.0})
     text = fake.compiles[-1][0]
     assert v.ok and "gone" not in text and "  a = 1\n" in text
+
+
+def test_the_full_search_replaces_a_quick_plan_where_quicker(fake, refining_pipeline):
+    s = make(refining_pipeline)
+    quick = s.view.result.plan
+    wanted = s.refinement()
+    assert wanted.options.time_limit_s == FULL_TIME_LIMIT_S and not s.view.full_search
+    shown = s.adopt(wanted, refining_pipeline.refine(wanted.graph, wanted.options))
+    assert shown is s.view and shown.full_search and shown.ok
+    assert shown.result.plan.iteration_s == pytest.approx(0.8 * quick.iteration_s)
+    assert s.refinement() is None  # nothing left to search for these settings
+    s.update(devices=8)
+    assert s.refinement() is not None and not s.view.full_search
+    back = s.update(devices=None)  # the full search's plan, from the cache
+    assert back.cached and back.full_search and back.result.plan is shown.result.plan
+    assert fake.plans == [(4, "default"), (8, "default")] and fake.refines == [(4, 10.0)]
+
+
+def test_a_full_plan_for_settings_no_longer_shown_waits_in_the_cache(refining_pipeline):
+    s = make(refining_pipeline)
+    wanted = s.refinement()
+    moved = s.update(devices=8)
+    assert s.adopt(wanted, refining_pipeline.refine(wanted.graph, wanted.options)) is None
+    assert s.view is moved and not s.view.full_search
+    assert s.update(devices=None).full_search
+
+
+def test_a_full_search_no_quicker_leaves_the_quick_plan(fake, refining_pipeline):
+    fake.full_factor = 1.2
+    s = make(refining_pipeline)
+    quick = s.view.result.plan
+    wanted = s.refinement()
+    shown = s.adopt(wanted, refining_pipeline.refine(wanted.graph, wanted.options))
+    assert shown.full_search and shown.result.plan is quick and s.refinement() is None
+
+
+def test_nothing_to_search_further(fake_pipeline, refining_pipeline):
+    assert make(fake_pipeline).refinement() is None  # no full search stage
+    assert make(refining_pipeline, time_limit_s=FULL_TIME_LIMIT_S).refinement() is None
+    s = make(refining_pipeline)
+    s.update(text="ERROR\n")  # a stale plan is not searched further
+    assert s.view.stale and s.refinement() is None
+
+
+def test_the_full_search_budget_is_the_planners_default():
+    from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S
+
+    assert FULL_TIME_LIMIT_S == DEFAULT_TIME_LIMIT_S
