@@ -8,6 +8,14 @@ Graphviz and matplotlib write cannot collide when several pictures share one pag
 The timeline and the memory chart are hand-written SVG (``timeline_svg``, ``memory_svg``) rather
 than matplotlib figures: they are redrawn on every slider move, and matplotlib alone would take
 most of the half second a re-plan may cost. The wave picture is Graphviz's, as everywhere.
+
+The full search that follows a quick plan (``follow.py``) runs in a process of its own
+(``REFINE_CHANNEL``, one of the planner's worker processes): planning is pure Python, and in
+the kernel's process it would hold the interpreter lock the widgets' messages need. It is the
+planner's own full search, helper processes and all (the plan ``spindle plan`` prints), in a
+fresh process each time: the next slider move ends it and them (``isolate.abandon``) before
+planning, and so does its answer, as its helpers may still be on rounds the plan did not wait
+for, which would slow the next move's plan.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from spindle_dsl.widgets.memory_svg import memory_svg
 from spindle_dsl.widgets.mixes import MixInfo
 from spindle_dsl.widgets.state import Compiled, Pictures, Pipeline, PlanOptions
 from spindle_dsl.widgets.timeline_svg import timeline_svg
+
+REFINE_CHANNEL = "widget-refine"
 
 
 def mixes_of(spec: Any) -> tuple[MixInfo, ...]:
@@ -75,11 +85,26 @@ def draw_phases(bundle) -> str:  # PlanBundle -> markup
     return img(phases_svg(bundle), "phases")
 
 
+def full_plan(graph: MetaGraph, options: PlanOptions, profile: str | None) -> Plan:
+    """The planner's plan of ``graph`` under ``options`` (in the refine process)."""
+    from spindle_dsl.cost import make_cost_model
+    from spindle_dsl.planner import make_plan
+
+    return make_plan(
+        graph,
+        make_cost_model(graph.cluster, profile=profile),
+        scheduler=options.scheduler,
+        time_limit_s=options.time_limit_s,
+        check_memory=options.check_memory,
+    )
+
+
 def real_pipeline(*, profile: str | None = None) -> Pipeline:
     """The library's own stages; ``profile`` is a `spindle profile` file to fit curves from."""
     from spindle_dsl.cost import make_cost_model
     from spindle_dsl.language import compile_text
     from spindle_dsl.planner import SCHEDULERS, make_plan
+    from spindle_dsl.planner.solver import isolate
 
     def compile_(text: str, path: str, mix: str | None, overrides: dict[str, Any]) -> Compiled:
         c = compile_text(text, path, mix=mix, cluster_overrides=overrides)
@@ -97,6 +122,21 @@ def real_pipeline(*, profile: str | None = None) -> Pipeline:
             check_memory=options.check_memory,
         )
 
+    def refine(graph: MetaGraph, options: PlanOptions) -> Plan:
+        timeout = 2 * options.time_limit_s + isolate.START_TIMEOUT_S
+        try:
+            return isolate.call(full_plan, (graph, options, profile), timeout, REFINE_CHANNEL)
+        finally:  # (its helpers may still be on rounds the plan did not wait for)
+            isolate.abandon(REFINE_CHANNEL)
+
     names = tuple(SCHEDULERS)
     ordered = ("default", *(n for n in names if n != "default")) if "default" in names else names
-    return Pipeline(compile_, plan_, draw, ordered, draw_phases)
+    return Pipeline(
+        compile_,
+        plan_,
+        draw,
+        ordered,
+        draw_phases,
+        refine=refine,
+        abandon_refine=lambda: isolate.abandon(REFINE_CHANNEL),
+    )

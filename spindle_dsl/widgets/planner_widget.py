@@ -9,6 +9,10 @@ Controls that change in steps (sliders, dropdowns) re-plan at once: the session 
 stage, so this costs one plan. The spec text area re-plans only after the user pauses typing
 (``debounce_s``), and a broken spec shows its diagnostics while the outputs keep the last good
 plan, greyed, so the user never loses the picture they are fixing.
+
+Each re-plan is a short search (the time box, half a second by default); the planner's full
+search then runs in the background (``follow.Follower``) and its plan replaces the one shown
+where quicker, the status line saying which is shown. Touching a control abandons it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -24,12 +29,15 @@ import ipywidgets as w
 
 from spindle_dsl.cluster import PRESETS
 from spindle_dsl.errors import SpecError, SpindleError
+from spindle_dsl.plan.model import Plan
 from spindle_dsl.widgets.debounce import Debouncer, TimerFactory, default_timer
+from spindle_dsl.widgets.follow import Follower
 from spindle_dsl.widgets.mixes import MixInfo
 from spindle_dsl.widgets.state import (
     INTERACTIVE_TIME_LIMIT_S,
     Pipeline,
     PlanningSession,
+    Refinement,
     Result,
     Settings,
     View,
@@ -68,6 +76,7 @@ class PlannerWidget(w.VBox):
     (summary, waves, timeline, memory), and a one-click export underneath.
 
     Build it with ``PlannerWidget.from_file(path)`` or ``PlannerWidget.from_text(text)``.
+    ``follow=False`` shows the quick plans alone (no full search in the background).
     """
 
     def __init__(
@@ -80,6 +89,7 @@ class PlannerWidget(w.VBox):
         timer: TimerFactory = default_timer,
         export_dir: str | os.PathLike[str] = "spindle-export",
         max_devices: int = DEFAULT_MAX_DEVICES,
+        follow: bool = True,
         **kwargs: Any,
     ) -> None:
         if pipeline is None:
@@ -87,6 +97,12 @@ class PlannerWidget(w.VBox):
 
             pipeline = real_pipeline()
         self._syncing = False
+        self._lock = threading.RLock()  # the session, between a handler and a search's return
+        self._follower = (  # (``follow=False``: the quick plans alone, as on a busy machine)
+            Follower(pipeline.refine, pipeline.abandon_refine)
+            if follow and pipeline.refine
+            else None
+        )
         self._weights_for: tuple[str | None, tuple[str, ...]] | None = None
         self._weight_sliders: dict[str, w.FloatSlider] = {}
         self.session = PlanningSession(
@@ -102,6 +118,7 @@ class PlannerWidget(w.VBox):
         )
         super().__init__([title, w.HBox([controls, outputs]), self.status, export], **kwargs)
         self._show(self.session.view)
+        self._follow()
 
     # --- building the view -----------------------------------------------------------------
     def _controls(self, text: str, schedulers: tuple[str, ...], max_devices: int) -> w.VBox:
@@ -229,6 +246,16 @@ class PlannerWidget(w.VBox):
         """Re-plan now for text typed within the debounce window (tests, scripts)."""
         self._debouncer.flush()
 
+    def wait_full(self, timeout_s: float = 60.0) -> bool:
+        """Wait for the full search behind the plan shown (scripts, tests); False on
+        timeout. Within a kernel its plan arrives through the kernel's loop, after this."""
+        return self._follower is None or self._follower.wait(timeout_s)
+
+    def close(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+        super().close()
+
     def set_weights(self, **weights: float) -> None:
         """Set task weights as the sliders would (one re-plan for all of them)."""
         self._syncing = True
@@ -259,19 +286,38 @@ class PlannerWidget(w.VBox):
     def _apply(self, **changes: Any) -> None:
         if self._syncing:
             return
-        try:
-            view = self.session.update(**changes)
-        except SpindleError as exc:  # a setting the session rejected outright
-            self.errors.value = _error_html(exc.render())
+        with self._lock:
+            if self._follower is not None:
+                self._follower.cancel()  # (its plan is for settings no longer shown)
+            try:
+                view = self.session.update(**changes)
+            except SpindleError as exc:  # a setting the session rejected outright
+                self.errors.value = _error_html(exc.render())
+                return
+            except Exception as exc:  # a bug in a stage: keep the widget alive and say so
+                log.exception("planning failed")
+                self.errors.value = _error_html(
+                    f"internal error (please report it): {type(exc).__name__}: {exc}\n"
+                    "the outputs still show the last good plan"
+                )
+                return
+            self._show(view)
+            self._follow()
+
+    def _follow(self) -> None:
+        """Start the full search behind the plan shown, where it may improve it."""
+        refinement = self.session.refinement()
+        if refinement is None or self._follower is None:
             return
-        except Exception as exc:  # a bug in a stage: keep the widget alive and say so
-            log.exception("planning failed")
-            self.errors.value = _error_html(
-                f"internal error (please report it): {type(exc).__name__}: {exc}\n"
-                "the outputs still show the last good plan"
-            )
-            return
-        self._show(view)
+        self._follower.follow(refinement, self._adopt)
+        self.status.value = _status_html(self.view, searching=True)
+
+    def _adopt(self, refinement: Refinement, plan: Plan) -> None:
+        """Show the full search's plan where it is quicker and its settings still shown."""
+        with self._lock:
+            view = self.session.adopt(refinement, plan)
+            if view is not None:
+                self._show(view)
 
     # --- redraw -------------------------------------------------------------------------------
     def _show(self, view: View) -> None:
@@ -412,11 +458,15 @@ def _warnings_html(warnings: tuple[str, ...]) -> str:
     )
 
 
-def _status_html(view: View) -> str:
+def _status_html(view: View, *, searching: bool = False) -> str:
     t = view.timings
-    if view.cached:
-        return "<small>re-planned from cache</small>"
-    return (
-        f"<small>re-planned in {1e3 * t.total_s:.0f} ms (compile {1e3 * t.compile_s:.0f}, "
-        f"plan {1e3 * t.plan_s:.0f}, draw {1e3 * t.draw_s:.0f})</small>"
-    )
+    if view.full_search:
+        said = "the full search's plan" + (" (from cache)" if view.cached else "")
+    elif view.cached:
+        said = "re-planned from cache"
+    else:
+        said = (
+            f"re-planned in {1e3 * t.total_s:.0f} ms (compile {1e3 * t.compile_s:.0f}, "
+            f"plan {1e3 * t.plan_s:.0f}, draw {1e3 * t.draw_s:.0f})"
+        )
+    return f"<small>{said}{'; searching further in the background' if searching else ''}</small>"

@@ -17,7 +17,7 @@ def _svg(markup: str) -> str:
 
 
 def test_a_scheduled_spec_shows_its_phases_and_replans_each_once():
-    w = PlannerWidget.from_file(EXAMPLES / "tiny_schedule.spindle", debounce_s=0)
+    w = PlannerWidget.from_file(EXAMPLES / "tiny_schedule.spindle", debounce_s=0, follow=False)
     result = w.view.result
     assert [(p.first_step, p.mix) for p in result.bundle.phases] == [
         (0, "warmup"),
@@ -42,7 +42,7 @@ def test_a_scheduled_spec_shows_its_phases_and_replans_each_once():
 def test_export_of_a_schedule_writes_its_bundle(tmp_path):
     from spindle_dsl.plan.bundle import read_plan_file
 
-    w = PlannerWidget.from_file(EXAMPLES / "tiny_schedule.spindle", debounce_s=0)
+    w = PlannerWidget.from_file(EXAMPLES / "tiny_schedule.spindle", debounce_s=0, follow=False)
     w.export_dir.value = str(tmp_path)
     w.export()
     written = w.last_export

@@ -28,7 +28,7 @@ def tiny(spec_dir) -> Path:
 
 @pytest.fixture
 def widget(tiny) -> PlannerWidget:
-    return PlannerWidget.from_file(tiny, debounce_s=0)
+    return PlannerWidget.from_file(tiny, debounce_s=0, follow=False)
 
 
 def pictures(w: PlannerWidget) -> tuple[str, str, str]:
@@ -97,7 +97,7 @@ def test_broken_spec_shows_its_error_and_keeps_the_last_good_plan(widget, tiny):
 def test_every_broken_fixture_shows_its_first_error_line(spec_dir):
     for path in sorted((spec_dir / "broken").glob("*.spindle")):
         expect = re.match(r"# expect: (\d+)", path.read_text())
-        w = PlannerWidget.from_file(path, debounce_s=0)
+        w = PlannerWidget.from_file(path, debounce_s=0, follow=False)
         assert w.plan is None and "no plan yet" in w.summary.value, path.name
         lines = re.search(r"errors on line ([\d, ]+)", w.errors.value)
         assert lines, (path.name, w.errors.value)
@@ -138,3 +138,12 @@ def test_time_limit_and_memory_controls_reach_the_planner(widget):
 
     command = reproduce_command(widget.view.result, Path("s.spindle"), Path("p.json"))
     assert command.endswith("--time-limit 1 --no-memory-check --out p.json")
+
+
+def test_the_full_search_follows_in_a_process_of_its_own(tiny):
+    w = PlannerWidget.from_file(tiny, debounce_s=0)
+    quick = w.plan.iteration_s
+    assert "searching further in the background" in w.status.value
+    assert w.wait_full(120), "the full search did not end"
+    assert "the full search's plan" in w.status.value and w.plan.iteration_s <= quick
+    w.close()

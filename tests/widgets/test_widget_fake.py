@@ -148,3 +148,27 @@ def test_a_bug_in_a_stage_is_shown_not_raised(fake, fake_pipeline, caplog):
     w.devices.value = 8
     assert "internal error (please report it): ValueError" in w.errors.value
     assert outputs(w) == good and "planning failed" in caplog.text
+
+
+def test_the_full_search_follows_each_quick_plan(fake, refining_pipeline, clock):
+    w = PlannerWidget.from_text(TEXT, "x.spindle", pipeline=refining_pipeline, timer=clock)
+    assert w.wait_full(10) and fake.refines == [(4, 10.0)]
+    w.devices.value = 8
+    assert w.wait_full(10) and fake.refines[-1] == (8, 10.0)
+    assert "the full search's plan" in w.status.value
+    full = w.plan.iteration_s
+    assert f"waves 8/{full:.6f}" in w.waves.value  # its pictures drawn
+    w.devices.value = 16
+    assert w.wait_full(10)
+    w.devices.value = 8  # back: the full search's plan, from the cache, nothing searched
+    assert w.plan.iteration_s == full and len(fake.refines) == 3
+    assert "the full search's plan (from cache)" in w.status.value
+    w.close()
+
+
+def test_follow_off_shows_the_quick_plans_alone(fake, refining_pipeline, clock):
+    w = PlannerWidget.from_text(
+        TEXT, "x.spindle", pipeline=refining_pipeline, timer=clock, follow=False
+    )
+    w.devices.value = 8
+    assert w.wait_full(1) and fake.refines == [] and "re-planned in" in w.status.value
