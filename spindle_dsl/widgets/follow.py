@@ -28,7 +28,12 @@ Deliver = Callable[[Refinement, Plan], None]
 
 
 def _post_here(fn: Callable[[], None]) -> None:
-    fn()
+    """Deliver on the search's own thread (no loop to post to), which a failing delivery must
+    not end: the next search still needs it."""
+    try:
+        fn()
+    except Exception:
+        log.exception("showing the full search's plan failed")
 
 
 class Follower:
@@ -101,8 +106,10 @@ class Follower:
             plan = self._search(refinement)
             with self._changed:
                 current = ticket == self._ticket
-            if plan is not None and current:  # (a plan outdated meanwhile is still right for
-                post(lambda d=deliver, r=refinement, p=plan: d(r, p))  # its own settings)
+            # (a request that a newer one outdates between here and the delivery still gets
+            # a plan right for its own settings: the session caches it under them)
+            if plan is not None and current:
+                post(lambda d=deliver, r=refinement, p=plan: d(r, p))
             with self._changed:
                 self._running = None
                 self._changed.notify_all()

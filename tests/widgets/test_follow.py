@@ -74,3 +74,16 @@ def test_a_failed_search_leaves_the_quick_plan():
     assert follower.wait(WAIT_S) and got == []
     follower.follow(wanted("eight"), lambda r, p: got.append(p))  # the thread lives on
     assert follower.wait(WAIT_S) and got == []
+
+
+def test_a_failing_delivery_leaves_the_follower_working():
+    follower = Follower(lambda graph, options: f"plan of {graph}")
+    got: list[str] = []
+
+    def breaks(r, p):
+        raise RuntimeError("a drawing failed")
+
+    follower.follow(wanted("four"), breaks)
+    assert follower.wait(WAIT_S)
+    follower.follow(wanted("eight"), lambda r, p: got.append(p))
+    assert follower.wait(WAIT_S) and got == ["plan of eight"]
