@@ -314,6 +314,8 @@ class PlanningSession:
             try:
                 start = time.perf_counter()
                 plan = hit[0] if hit is not None else self.pipeline.plan(graph, s.plan_options())
+                if hit is None:  # (a quick plan again, where the cache had let the full go)
+                    self._full.discard(key)
                 mid = time.perf_counter()
                 t[1] += mid - start
                 pictures = self.pipeline.draw(plan, graph) if draw else None

@@ -173,3 +173,12 @@ def test_the_full_search_budget_is_the_planners_default():
     from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S
 
     assert FULL_TIME_LIMIT_S == DEFAULT_TIME_LIMIT_S
+
+
+def test_settings_the_cache_forgot_are_searched_again(refining_pipeline):
+    s = PlanningSession(refining_pipeline, Settings(text=TEXT, path="x.spindle"), cache_size=1)
+    wanted = s.refinement()
+    assert s.adopt(wanted, refining_pipeline.refine(wanted.graph, wanted.options)).full_search
+    s.update(devices=8)  # (the one-entry cache forgets the full plan)
+    again = s.update(devices=None)
+    assert not again.full_search and s.refinement() is not None
