@@ -145,9 +145,10 @@ def interactive_planning():
 
 Move the sliders and the plan redraws: devices, device type, scheduler, the data mix and each
 task's weight. Each move shows a quick plan at once; the planner's full search follows in the
-background and replaces it where quicker (the status line under the outputs says which). Edit the spec below the controls; errors show as you type, and the last good
-plan stays on screen until the spec is fixed. **Export** writes the plan JSON, a Chrome trace
-and an HTML report.
+background and replaces it where quicker (the status line under the outputs says which).
+Edit the spec below the controls; errors show as you type, and the last good plan stays on
+screen until the spec is fixed. **Export** writes the plan JSON, a Chrome trace and an HTML
+report.
 """),
         code(FIND_ROOT),
         code("""
