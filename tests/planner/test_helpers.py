@@ -133,8 +133,10 @@ def test_make_plan_hands_runner_ups_to_a_helper_only_where_asked(graph, monkeypa
 
     monkeypatch.setattr("spindle_dsl.planner.search.make.side_by_side", spy)
     cost = make_cost_model(graph.cluster)
-    alone = make_plan(graph, cost, jobs=0)
-    helped = make_plan(graph, cost, jobs=1)
+    # a budget the lever search cannot outrun on a slow machine: runner-ups are planned only
+    # while the search has spent under its share of it
+    alone = make_plan(graph, cost, jobs=0, time_limit_s=40)
+    helped = make_plan(graph, cost, jobs=1, time_limit_s=40)
     assert seen == [(), (pool.CHANNEL,)]
     # qwen_val at 16 devices has a runner-up: both plans report planning it
     for plan in (alone, helped):
