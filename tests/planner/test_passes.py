@@ -8,15 +8,13 @@ import time
 import pytest
 from synth import random_problem
 
-from spindle_dsl.planner.improve import wave_milp
 from spindle_dsl.planner.improve.polish import improve, refill
-from spindle_dsl.planner.improve.wave_milp import MIN_LEVEL_S, level_milp, level_optima
 from spindle_dsl.planner.model.levers import ALL_PASSES, NO_PASSES, PassOptions
 from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
 from spindle_dsl.planner.search import rounds as rounds_module
 from spindle_dsl.planner.search.rounds import milp_schedule
 from spindle_dsl.planner.solver.choice import SolverChoice
-from spindle_dsl.planner.starts.wavefront import paper_schedule, schedule_level
+from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 IN_PROCESS = SolverChoice("highs", isolated=False)
 
@@ -66,28 +64,6 @@ def test_refill_gives_idle_devices_to_the_slowest_piece_only_where_the_objective
     assert schedule_errors(p, filled) == []
     kept, changed = refill(p, start, lambda s: (0.0, -s.compute_s(p)))
     assert changed == 0 and kept == start
-
-
-def test_a_level_milp_with_too_little_time_is_not_built(monkeypatch):
-    """Below ``MIN_LEVEL_S`` building the model costs more than the solve could give: the
-    level keeps the paper's waves and no solver is called."""
-    p = random_problem(random.Random(3), 8, 6)
-    level = max(p.levels, key=len)
-    assert len(level) > 1
-    n_star = level_optima(p)
-    solved: list[float] = []
-    real = wave_milp.solve_waves
-
-    def counting(spec, seconds, solver):
-        solved.append(seconds)
-        return real(spec, seconds, solver)
-
-    monkeypatch.setattr(wave_milp, "solve_waves", counting)
-    waves, res = level_milp(p, level, n_star, MIN_LEVEL_S / 2, IN_PROCESS)
-    assert res is None and not solved
-    assert waves == schedule_level([p.op(i) for i in level], p.devices)
-    _, res = level_milp(p, level, n_star, MIN_LEVEL_S, IN_PROCESS)
-    assert res is not None and solved == [MIN_LEVEL_S]
 
 
 def test_past_the_deadline_only_the_best_scored_start_is_improved(monkeypatch):

@@ -20,8 +20,7 @@ Model (``W`` waves, candidate allocations ``n in C_m`` per MetaOp):
 * objective: sum d[w] plus a price per entry: the op's estimated cost of moving its
   activations to other devices (``OpSpec.switch_s``), since every extra entry may do so.
 
-The ``milp`` scheduler solves it per MetaLevel without precedence for its first start
-(``level_milp``), and once per round as ``global_milp``, over a few allocations
+The ``milp`` scheduler solves it once per round as ``global_milp``, over a few allocations
 per MetaOp and warm-started from the best improved start, so it can only match or beat it
 (the one pass that finds plans the starts' heuristics miss on qwen_val audio_heavy at 32 and
 64 devices); ``bench/wave_optimum.py`` solves it over every allocation for a minute, to see
@@ -50,13 +49,11 @@ from spindle_dsl.planner.model.problem import (
     Problem,
     Schedule,
     level_optimum,
-    piece_wave_seconds,
     wave_phases,
     wave_seconds,
 )
 from spindle_dsl.planner.solver import isolate
 from spindle_dsl.planner.solver.choice import SolverChoice, collector_paused, new_model
-from spindle_dsl.planner.starts.wavefront import schedule_level
 
 ENTRY_PRICE = 1e-5  # objective units (fractions of the scale) charged per entry
 
@@ -90,7 +87,6 @@ class WaveModelSpec:
     candidates: tuple[tuple[int, ...], ...]  # allocations per op, same order as ops
     precedence: bool  # enforce deps among ``ops`` (False for one MetaLevel)
     start: tuple[tuple[Piece, ...], ...] | None = None
-    descending: bool = False  # order waves by duration (symmetry breaking without deps)
     lanes: int | None = None  # the cores the devices share, where fewer (``Problem.lanes``)
 
 
@@ -192,9 +188,6 @@ def build(spec: WaveModelSpec, solver: str = "highs") -> _Built:
             add_area(model, work[w], d[w], wave_phases_at, f"area_{w}")
     if spec.precedence:
         _add_precedence(model, spec, wins, x, y)
-    if spec.descending:
-        for w in range(W - 1):
-            model.add_constr(d[w] >= d[w + 1], f"order_{w}")
     model.objective = mip.xsum(d) + mip.xsum(
         (ENTRY_PRICE + spec.ops[i].switch_s / scale) * v for (i, _, _), v in x.items()
     )
@@ -342,11 +335,6 @@ def solve_waves(
 
 SPREAD = 2  # pareto points kept on each side of the continuous optimum
 MAX_BINARIES = 2500  # above this the model is not built: it would not finish in the budget
-# A level MILP given less time than this is not built: with 3 ms to solve (the Jupyter
-# widget's 0.4 s budget) each took 55-80 ms on multitask_clip, building the model and
-# starting the solver, and every plan of the widget's bench (the bundled examples at 2 to 64
-# devices) came out the same without them (python -m spindle_dsl.widgets.bench).
-MIN_LEVEL_S = 0.01
 
 
 def candidates(op: OpSpec, n_star: float, devices: int, extra: set[int]) -> tuple[int, ...]:
@@ -375,56 +363,6 @@ def _used(waves: Sequence[tuple[Piece, ...]]) -> dict[str, set[int]]:
         for p in wave:
             out.setdefault(p.op, set()).add(p.n)
     return out
-
-
-def level_milp(
-    problem: Problem,
-    level: tuple[str, ...],
-    n_star: dict[str, float],
-    time_limit_s: float,
-    solver: SolverChoice | None = None,
-) -> tuple[list[tuple[Piece, ...]], MilpResult | None]:
-    """One MetaLevel's waves: the paper's (``schedule_level``), or the MILP's without
-    precedence, warm-started from them, where it found shorter ones (on frozen_towers over
-    2 shared cores the start it gives polishes 0.6% quicker than the paper's waves)."""
-    ops = [problem.op(i) for i in level]
-    paper = schedule_level(ops, problem.devices)
-    if len(ops) == 1 or time_limit_s < MIN_LEVEL_S:
-        return paper, None
-    used = _used(paper)
-    cands = [candidates(o, n_star[o.id], problem.devices, used.get(o.id, set())) for o in ops]
-    waves = max(len(paper), 1)
-    if sum(map(len, cands)) * waves > MAX_BINARIES:
-        return paper, None
-    paper_s = Schedule("paper", tuple(paper)).score(problem)
-    ordered = sorted(paper, key=lambda w: -piece_wave_seconds(problem, w))
-    spec = WaveModelSpec(
-        tuple(ops),
-        problem.devices,
-        waves,
-        tuple(cands),
-        precedence=False,
-        start=_renumber(ordered),  # the reordered start still covers each op in order
-        descending=True,
-        lanes=problem.lanes,
-    )
-    res = solve_waves(spec, time_limit_s, solver)
-    if res.waves and Schedule("x", res.waves).score(problem) < paper_s * (1 - 1e-9):
-        return list(res.waves), res
-    return paper, res
-
-
-def _renumber(waves: list[tuple[Piece, ...]]) -> tuple[tuple[Piece, ...], ...]:
-    nxt: dict[str, int] = {}
-    out = []
-    for wave in waves:
-        row = []
-        for p in wave:
-            first = nxt.get(p.op, 0)
-            row.append(Piece(p.op, first, first + p.layers, p.n))
-            nxt[p.op] = first + p.layers
-        out.append(tuple(row))
-    return tuple(out)
 
 
 def global_milp(

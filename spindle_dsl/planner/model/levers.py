@@ -292,8 +292,6 @@ UNLIMITED = Budget(0.0, math.inf)
 class PassOptions:
     """Which passes run (all by default).
 
-    ``level_milps``: per-MetaLevel MILPs for the first start (off: the paper's waves for
-    each level).
     ``cross_starts``: the starts besides the waves level by level: three that ignore
     MetaLevels (CPA list scheduling, the task-parallel chains, the tasks side by side with
     their branches side by side) and the levels packed with short MetaOps in turn on shared
@@ -314,7 +312,6 @@ class PassOptions:
     phase's renamings alone).
     """
 
-    level_milps: bool = True
     cross_starts: bool = True
     global_milp: bool = True
     resplit: bool = True

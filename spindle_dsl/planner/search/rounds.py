@@ -10,10 +10,8 @@ search's caches being only memos.
 
 The `milp` scheduler: the paper's plan, improved by layer re-splits and local search.
 
-1. Starts: each MetaLevel's waves as the paper cuts them, or as a MILP over a few candidate
-   allocations around the level's continuous optimum finds shorter ones (``wave_milp``,
-   warm-started from the paper's, so never worse), one level after another, and five layouts
-   that ignore the level boundaries: CPA list scheduling across levels
+1. Starts: the MetaLevels' waves as the paper cuts them, one level after another, and five
+   layouts that ignore the level boundaries: CPA list scheduling across levels
    (``crosslevel.cpa_schedule``), task-parallel chains (the ``optimus`` layout), tasks side by
    side on min-max groups with each task's branches side by side (``crosslevel``), the levels
    with their short MetaOps in turn on shared devices (``wavefront.packed_schedule``), and the
@@ -63,14 +61,9 @@ from spindle_dsl.planner.evaluate.build import Evaluated, PlanContext, context, 
 from spindle_dsl.planner.evaluate.relabel import spread_round
 from spindle_dsl.planner.improve.polish import Objective, improve, polish, refill
 from spindle_dsl.planner.improve.resplit import resplit
-from spindle_dsl.planner.improve.wave_milp import (
-    SolveStatus,
-    global_milp,
-    level_milp,
-    level_optima,
-)
+from spindle_dsl.planner.improve.wave_milp import SolveStatus, global_milp, level_optima
 from spindle_dsl.planner.model.levers import ALL_PASSES, Levers, PassOptions
-from spindle_dsl.planner.model.problem import Piece, Problem, Schedule
+from spindle_dsl.planner.model.problem import Problem, Schedule
 from spindle_dsl.planner.search.helpers import Caught, answer, solving_here
 from spindle_dsl.planner.solver.choice import SolverChoice, choose_solver
 from spindle_dsl.planner.solver.isolate import SolverCrashWarning, crash_count
@@ -196,7 +189,6 @@ COMPUTE_SLACK = 1.05  # compute may exceed the level reference by this much (see
 # Shares of the time limit: the layer re-splits of ``improve`` and the polishing of several
 # starts decide the plan, so they get the time; what the starts' ``improve`` leaves goes to
 # polish.
-LEVEL_SHARE = 0.10  # all level MILPs together
 IMPROVE_SHARE = 0.13  # each of the six starts' ``improve``
 GLOBAL_SHARE = 0.80  # of the time limit, spent when the global MILP must stop
 POLISHED = 3  # distinct candidates polished (see ``_polish_best``)
@@ -307,9 +299,8 @@ def _stages(
     def budget(seconds: float) -> float:
         return 0.0 if crash_count() > crashes else seconds
 
-    n_star = level_optima(problem)  # where the MILPs take their candidate allocations
-    level_s = LEVEL_SHARE * time_limit_s / max(len(problem.levels), 1)
-    starts, level_notes = _starts(problem, passes, n_star, lambda: budget(level_s), solver)
+    n_star = level_optima(problem)  # where the global MILP takes its candidate allocations
+    starts = _starts(problem, passes)
     each = IMPROVE_SHARE * time_limit_s
 
     def improve_one(s: Schedule) -> Schedule:
@@ -323,7 +314,7 @@ def _stages(
     keys = {k: placed[k] if k in placed else key(s) for k, s in improved.items()}
     via = min(keys, key=lambda k: keys[k])
     best = improved[via]
-    notes = [*level_notes, f"best start: {via}"]
+    notes = [f"best start: {via}"]
     if skipped:
         notes.append(f"time budget: {', '.join(skipped)} not improved")
     status, gap = "heuristic", None
@@ -403,27 +394,11 @@ def _improve_starts(
     return {k: improved[k] for k in starts if k in improved}, keys, left
 
 
-def _starts(
-    problem: Problem,
-    passes: PassOptions,
-    n_star: dict[str, float],
-    level_s: Callable[[], float],
-    solver: SolverChoice,
-) -> tuple[dict[str, Schedule], list[str]]:
-    """The schedules ``improve`` starts from (module docstring, step 1), and a note on the
-    level MILPs: ``level_s()`` seconds for each, asked level by level (0: the paper's waves;
-    so after a solver crash)."""
-    waves: list[tuple[Piece, ...]] = []
-    solved = 0
-    for level in problem.levels:
-        each = level_s() if passes.level_milps else 0.0
-        level_waves, res = level_milp(problem, level, n_star, each, solver)
-        waves.extend(level_waves)
-        solved += res is not None
-    starts = {"levels": Schedule("milp", tuple(waves))}
-    notes = [f"level MILPs: {solved} solved"]
+def _starts(problem: Problem, passes: PassOptions) -> dict[str, Schedule]:
+    """The schedules ``improve`` starts from (module docstring, step 1)."""
+    starts = {"levels": replace(paper_schedule(problem), name="milp")}
     if not passes.cross_starts:
-        return starts, notes
+        return starts
     starts.update(
         cpa=cpa_schedule(problem),
         tasks=optimus_schedule(problem),
@@ -435,7 +410,7 @@ def _starts(
     chain = chain_head_schedule(problem)
     if chain is not None:
         starts["chain"] = chain
-    return starts, notes
+    return starts
 
 
 def _polish_best(

@@ -1,0 +1,86 @@
+"""What one planner pass buys on every plan-quality row: the default plan with all passes
+against the same plan with that pass off, interleaved (on, off, then off, on, ...).
+
+    .venv/bin/python bench/pass_ab.py refill [--repeat 2] [--time-limit S]
+
+Rows: Table 1 (memory-blind), Table 4 (memory enforced) and Table 7 (CPU workers over 2 shared
+cores) of ``bench/plan_quality.py``, planned as there. Each row prints every run's iteration
+time, the change of the medians (positive: the plan is slower without the pass) and the
+mean planning time of each side. ``--tables ablation`` there switches passes off on fewer
+rows; this is the check a pass must pass before it is removed (under 1% on every row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from plan_quality import CONFIGS, CORES_ROWS, GAP_ROWS, SHARED_CORES, _graph
+
+from spindle_dsl.cost import make_cost_model
+from spindle_dsl.errors import PlanError
+from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S
+from spindle_dsl.planner.model.levers import ALL_PASSES, PassOptions
+from spindle_dsl.planner.search.make import make_plan
+
+Row = tuple[
+    str, str, str | None, int, int | None, bool
+]  # table, spec, mix, devices, cores, enforced
+
+
+def rows() -> list[Row]:
+    """Every row of Tables 1, 4 and 7, with how that table plans it."""
+    return [
+        *(("1", name, mix, n, None, False) for name, mix, n in CONFIGS),
+        *(("4", name, mix, n, None, True) for name, mix, n in GAP_ROWS),
+        *(("7", name, None, n, SHARED_CORES, True) for name, n in CORES_ROWS),
+    ]
+
+
+def plan_once(row: Row, passes: PassOptions, time_limit: float) -> tuple[float, float]:
+    """The default plan's iteration time (nan: none fits) and the planning time."""
+    _, name, mix, n, cores, enforced = row
+    graph = _graph(name, mix, n, cores=cores)
+    t0 = time.perf_counter()
+    try:
+        plan = make_plan(
+            graph,
+            make_cost_model(graph.cluster),
+            time_limit_s=time_limit,
+            check_memory=enforced,
+            passes=passes,
+        )
+    except PlanError:
+        return float("nan"), time.perf_counter() - t0
+    return plan.iteration_s, time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("name", choices=PassOptions.names(), help="the pass to switch off")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S)
+    args = parser.parse_args()
+    sides = {"on": ALL_PASSES, "off": ALL_PASSES.without(args.name)}
+    print(f"without {args.name}: iteration ms per run, change of the medians, planning s")
+    for row in rows():
+        runs: dict[str, list[tuple[float, float]]] = {"on": [], "off": []}
+        for r in range(args.repeat):
+            for side in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                runs[side].append(plan_once(row, sides[side], args.time_limit))
+        its = {s: [it * 1e3 for it, _ in runs[s]] for s in runs}
+        change = statistics.median(its["off"]) / statistics.median(its["on"]) - 1
+        wall = {s: statistics.mean(w for _, w in runs[s]) for s in runs}
+        table, name, mix, n, _, _ = row
+        label = f"T{table} {name}{'/' + mix if mix else ''} {n}"
+        print(
+            f"{label:<32} on {' '.join(f'{x:.1f}' for x in its['on'])}"
+            f"  off {' '.join(f'{x:.1f}' for x in its['off'])}  {change:+.2%}"
+            f"  planning {wall['on']:.2f} / {wall['off']:.2f} s",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
