@@ -8,9 +8,9 @@ import time
 import pytest
 from synth import random_problem
 
-from spindle_dsl.planner.improve.polish import improve, refill
+from spindle_dsl.planner.improve.polish import improve
 from spindle_dsl.planner.model.levers import ALL_PASSES, NO_PASSES, PassOptions
-from spindle_dsl.planner.model.problem import OpSpec, Piece, Problem, Schedule, schedule_errors
+from spindle_dsl.planner.model.problem import Schedule, schedule_errors
 from spindle_dsl.planner.search import rounds as rounds_module
 from spindle_dsl.planner.search.rounds import milp_schedule
 from spindle_dsl.planner.solver.choice import SolverChoice
@@ -50,20 +50,6 @@ def test_improve_without_resplit_keeps_each_op_in_its_waves():
     on = improve(p, start, 0.2, IN_PROCESS)
     assert layers_per_wave(on) != layers_per_wave(start)
     assert schedule_errors(p, on) == [] and on.compute_s(p) < start.compute_s(p)
-
-
-def test_refill_gives_idle_devices_to_the_slowest_piece_only_where_the_objective_gains():
-    """A wave on 4 of 8 devices whose pieces could run twice as fast on 4 each: refill
-    re-allocates it when the objective is compute, and leaves it when the objective says
-    the change costs more (as transfers can)."""
-    curve = ((2, 4), (1.0, 0.5))
-    p = Problem(tuple(OpSpec(i, 4, (), *curve) for i in ("a", "b")), 8)
-    start = Schedule("x", ((Piece("a", 0, 4, 2), Piece("b", 0, 4, 2)),))
-    filled, changed = refill(p, start, lambda s: (0.0, s.compute_s(p)))
-    assert changed == 1 and filled.compute_s(p) == pytest.approx(2.0)
-    assert schedule_errors(p, filled) == []
-    kept, changed = refill(p, start, lambda s: (0.0, -s.compute_s(p)))
-    assert changed == 0 and kept == start
 
 
 def test_past_the_deadline_only_the_best_scored_start_is_improved(monkeypatch):

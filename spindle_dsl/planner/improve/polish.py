@@ -1,5 +1,5 @@
 """Local search on the real objective (placement, transfers and gradient sync included), and
-each wave's allocations re-picked min-max (``rebalance``, ``refill``).
+each wave's allocations re-picked min-max (``rebalance``).
 
 The schedulers optimise compute time with only an estimate of what moving activations
 costs, and a tail of short waves can cost more in transfers at their boundaries than it
@@ -25,15 +25,13 @@ if the placed, timed plan gets better (first memory overflow, then iteration tim
 Edits are tried shortest waves and smallest pieces first, until none helps or time is up.
 
 Improving a schedule's waves: each wave's allocations re-picked min-max (``rebalance``),
-between two re-splits of layers across the waves (``resplit``), in ``improve``; after polish,
-each wave re-picked so only where the placed plan gets quicker (``refill``).
+between two re-splits of layers across the waves (``resplit``), in ``improve``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from itertools import pairwise
 
 from spindle_dsl.planner.improve.resplit import resplit
@@ -455,24 +453,6 @@ def rebalance(problem: Problem, sched: Schedule) -> Schedule:
         else:
             out.append(wave)
     return Schedule(sched.name, tuple(out), sched.status, sched.gap, sched.notes)
-
-
-def refill(problem: Problem, sched: Schedule, objective: Objective) -> tuple[Schedule, int]:
-    """Polish's edits (merges, absorbed pieces, copied allocations) can end on waves whose
-    pieces leave devices idle while the wave's slowest piece could have run faster on them.
-    ``rebalance`` re-picks each wave's allocations min-max; each wave's new allocation is
-    kept only if the placed plan gets better by ``objective`` (its transfers may not allow
-    it). Returns the schedule and how many waves changed."""
-    full = rebalance(problem, sched)
-    best, best_key, changed = sched, objective(sched), 0
-    for wi, wave in enumerate(full.waves):
-        if wave == best.waves[wi]:
-            continue
-        trial = replace(best, waves=(*best.waves[:wi], wave, *best.waves[wi + 1 :]))
-        trial_key = objective(trial)
-        if trial_key < best_key:
-            best, best_key, changed = trial, trial_key, changed + 1
-    return best, changed
 
 
 def improve(

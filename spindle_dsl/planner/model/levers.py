@@ -301,8 +301,6 @@ class PassOptions:
     ``resplit``: the LP/MILP re-split of layers between a schedule's pieces (in ``improve``
     and after a polish edit that dissolves a wave).
     ``polish``: local search on the placed plan's iteration time.
-    ``refill``: after polish, each wave's allocations re-picked min-max (``rebalance``), a
-    wave's change kept where the placed plan gets quicker.
     ``on_cores``: where CPU workers share fewer cores, the stages run on as many workers as
     cores too, each run at half the time, and the better placed plan is kept (off: every
     worker only; GPU plans never run it).
@@ -316,7 +314,6 @@ class PassOptions:
     global_milp: bool = True
     resplit: bool = True
     polish: bool = True
-    refill: bool = True
     on_cores: bool = True
     match_cuts: bool = True
 

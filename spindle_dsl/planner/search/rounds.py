@@ -27,8 +27,7 @@ The `milp` scheduler: the paper's plan, improved by layer re-splits and local se
    warm-started from the best candidate (never worse than it), adds one more.
 4. ``polish``: local search on the placed plan's real iteration time (transfers and
    gradient sync included), when the caller gives that objective, from each of the three
-   best distinct candidates (its local optimum depends on where it starts); then
-   ``refill``: each wave re-allocated min-max where that makes the placed plan quicker.
+   best distinct candidates (its local optimum depends on where it starts).
 
 Where CPU workers share fewer cores (``Problem.lanes``), the stages run twice, at half the
 time each: on every worker, and on as many workers as cores (``on_the_cores``), the others
@@ -59,7 +58,7 @@ from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.planner.bound.floors import level_reference_s
 from spindle_dsl.planner.evaluate.build import Evaluated, PlanContext, context, evaluate_cached
 from spindle_dsl.planner.evaluate.relabel import spread_round
-from spindle_dsl.planner.improve.polish import Objective, improve, polish, refill
+from spindle_dsl.planner.improve.polish import Objective, improve, polish
 from spindle_dsl.planner.improve.resplit import resplit
 from spindle_dsl.planner.improve.wave_milp import SolveStatus, global_milp, level_optima
 from spindle_dsl.planner.model.levers import ALL_PASSES, Levers, PassOptions
@@ -344,10 +343,6 @@ def _stages(
 
         best, via = _polish_best(problem, improved, keys, key, t0 + time_limit_s, pace, cap, refine)
         notes.append(f"polished on placed iteration time; kept the start from {via}")
-        if passes.refill:
-            best, filled = refill(problem, best, key)
-            if filled:
-                notes.append(f"re-allocated {filled} wave(s) after polish to use idle devices")
     return replace(best, status=status, gap=gap, notes=tuple(notes))
 
 
