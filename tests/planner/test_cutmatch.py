@@ -155,3 +155,33 @@ def test_one_search_weighs_the_moves_and_the_losses_together(ctx):
     assert both.iteration_s < losses.iteration_s
     (note,) = both.schedule.notes
     assert note.startswith(RENAME_NOTE) and "transfers" in note and "losses" in note
+
+
+def test_past_the_deadline_slow_pricings_end_the_renaming_search(ctx, monkeypatch):
+    """Once the planning call's deadline has passed, a search whose pricings count as slow
+    prices at most ``LATE_TRIALS`` proposals; quick pricings run whatever the clock says."""
+    from spindle_dsl.planner.evaluate import relabel
+
+    priced: list[int] = []
+    real = relabel.time_of
+
+    def counting(*args):
+        priced.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(relabel, "time_of", counting)
+    before = _evaluated(ctx, CROSSED)
+    unhurried = rename_devices(ctx, before, losses=False)
+    assert len(priced) > 1 and unhurried.iteration_s < before.iteration_s
+    priced.clear()
+    late = rename_devices(ctx, before, losses=False, deadline=0.0)  # quick pricings
+    assert late.iteration_s == unhurried.iteration_s and len(priced) > 1
+    monkeypatch.setattr(relabel, "SLOW_PRICING_S", 0.0)  # every pricing counts as slow
+    monkeypatch.setattr(relabel, "LATE_TRIALS", 1)
+    priced.clear()
+    one = rename_devices(ctx, before, losses=False, deadline=0.0)
+    assert len(priced) == 1 and one.iteration_s < before.iteration_s  # the first proposal
+    monkeypatch.setattr(relabel, "LATE_TRIALS", 0)
+    priced.clear()
+    assert rename_devices(ctx, before, losses=False, deadline=0.0) is before and not priced
+    assert rename_devices(ctx, before, losses=False).iteration_s == unhurried.iteration_s

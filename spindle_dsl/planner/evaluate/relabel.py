@@ -31,11 +31,12 @@ groups across nodes and puts pieces off their inputs; matching the inputs can pi
 back. So the search descends through them in turn (a variable-neighbourhood descent): the
 inputs' renamings round after round, each round keeping its quickest proposal, until none
 gains; then one round of the losses' pairings; after any gain the inputs' again; it ends when
-neither gains, or after ``MAX_TRIALS`` pricings. Every proposal is priced with the same step
-model as any plan (timed first, its memory ledgered only when quicker) and kept only where it
-fits no worse. On ``bench/specs/ofasys_7task`` at 16 devices this descent ends on a quicker
-step than the pairings alone, the matchings run to the end before them, or each round's
-quickest of both kinds.
+neither gains, or after ``MAX_TRIALS`` pricings (once the planning call's deadline has passed,
+``LATE_TRIALS`` more where a pricing is slow: ``_Trials``). Every proposal is priced with the
+same step model as any plan (timed first, its memory ledgered only when quicker) and kept
+only where it fits no worse. On ``bench/specs/ofasys_7task`` at 16 devices this descent ends
+on a quicker step than the pairings alone, the matchings run to the end before them, or each
+round's quickest of both kinds.
 
 Spread LM losses over every device that holds their head, so that no device's loss phase
 waits for a heavy sink's rows.
@@ -76,7 +77,10 @@ step is quicker and fits no worse.
 from __future__ import annotations
 
 import itertools
+import math
+import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -92,10 +96,15 @@ from spindle_dsl.planner.evaluate.build import (
     transfer_of,
 )
 from spindle_dsl.planner.evaluate.placement import NodePool, PlacedPiece, Placement
-from spindle_dsl.planner.evaluate.timing import loss_moves
+from spindle_dsl.planner.evaluate.timing import Timing, loss_moves
 from spindle_dsl.planner.model.problem import Piece
 
 MAX_TRIALS = 48  # step pricings per plan, at most
+# ... and past the planning call's deadline, where a pricing takes ``SLOW_PRICING_S`` or more:
+# at 1,024 devices x 48 tasks a pricing costs 50-90 ms, and a 14-wave plan's 48 took 4.5 s
+# (the first 8 gave 1380.5 -> 1368.6 ms, all 48 1360.3 ms); at 64 devices one costs 5-10 ms
+LATE_TRIALS = 8
+SLOW_PRICING_S = 0.05
 RENAME_NOTE = "devices renamed at wave boundaries"  # how a renamed plan's note begins
 
 Kind = Literal["inputs", "losses"]  # the two kinds of renaming (module docstring)
@@ -128,43 +137,75 @@ def proposals(ctx: PlanContext, ev: Evaluated, kind: Kind) -> Iterator[tuple[int
                     yield cut, prefix, label
 
 
-def _best_of(ctx: PlanContext, start: Evaluated, kind: Kind, budget: int) -> tuple[Evaluated, int]:
+@dataclass
+class _Trials:
+    """The pricings one renaming search may still make: ``MAX_TRIALS`` in all, and
+    ``LATE_TRIALS`` once ``deadline`` (``time.perf_counter``) has passed while its slowest
+    pricing took ``SLOW_PRICING_S`` or more; quicker pricings run whatever the clock says."""
+
+    deadline: float
+    used: int = 0
+    late: int = 0
+    slowest: float = 0.0
+
+    def take(self) -> bool:
+        """Whether one more proposal may be priced (and count it)."""
+        late = self.slowest >= SLOW_PRICING_S and time.perf_counter() >= self.deadline
+        if self.used >= MAX_TRIALS or (late and self.late >= LATE_TRIALS):
+            return False
+        self.used += 1
+        self.late += late
+        return True
+
+    def priced(self, ctx: PlanContext, placement: Placement) -> Timing:
+        """``time_of``, its time recorded."""
+        t0 = time.perf_counter()
+        timing = time_of(ctx, placement)
+        self.slowest = max(self.slowest, time.perf_counter() - t0)
+        return timing
+
+
+def _best_of(ctx: PlanContext, start: Evaluated, kind: Kind, trials: _Trials) -> Evaluated:
     """The quickest renaming of ``kind`` of ``start`` that fits no worse (``start`` itself if
-    none is quicker), pricing at most ``budget`` proposals; and how many it priced."""
+    none is quicker), pricing proposals while ``trials`` allows."""
     cap = ctx.topology.capacity
-    best, used = start, 0
+    best = start
     for cut, prefix, label in proposals(ctx, start, kind):
-        if used >= budget:
+        if not trials.take():
             break
-        used += 1
         renamed = relabeled(start.placement.waves, label, cut, prefix)
         # timed first (the step model reads the waves alone), the memory ledger only for a
         # renaming that is quicker: at 256 devices the ledger costs more than the timing
-        timing = time_of(ctx, Placement(renamed, (), ()))
+        timing = trials.priced(ctx, Placement(renamed, (), ()))
         if timing.iteration_s >= best.iteration_s * (1 - 1e-9):
             continue
         pl = placed(ctx, renamed)
         if overflow_bytes(pl.memory, cap) > overflow_bytes(start.placement.memory, cap):
             continue  # a plan that fits keeps fitting
         best = Evaluated(start.schedule, pl, timing)
-    return best, used
+    return best
 
 
 def rename_devices(
-    ctx: PlanContext, ev: Evaluated, *, losses: bool = True, inputs: bool = True
+    ctx: PlanContext,
+    ev: Evaluated,
+    *,
+    losses: bool = True,
+    inputs: bool = True,
+    deadline: float = math.inf,
 ) -> Evaluated:
     """``ev`` with devices renamed at wave boundaries where the whole step gets quicker and
     fits no worse (module docstring), or ``ev`` itself; ``losses`` / ``inputs`` False leave
-    that kind of renaming out (to measure what each buys). A plan whose losses are already
-    spread over groups (``Placement.loss_groups``) is left as it is: a renaming would have to
-    carry its groups along."""
+    that kind of renaming out (to measure what each buys); ``deadline``: when the planning
+    call's budget ends (``_Trials``). A plan whose losses are already spread over groups
+    (``Placement.loss_groups``) is left as it is: a renaming would have to carry its groups
+    along."""
     if len(ev.placement.waves) < 2 or ev.placement.loss_groups:
         return ev
     kinds: list[Kind] = [kind for kind, on in (("inputs", inputs), ("losses", losses)) if on]
-    best, trials, i = ev, 0, 0
-    while i < len(kinds) and trials < MAX_TRIALS:
-        got, used = _best_of(ctx, best, kinds[i], MAX_TRIALS - trials)
-        trials += used
+    best, trials, i = ev, _Trials(deadline), 0
+    while i < len(kinds) and trials.used < MAX_TRIALS:
+        got = _best_of(ctx, best, kinds[i], trials)
         if got is best:
             i += 1  # nothing of this kind gains: the next kind
         else:
@@ -587,12 +628,15 @@ def _loss_phase(ctx: PlanContext, waves: Waves, groups: Groups) -> float:
     return max(step.loss_load(pieces, k, groups, moves).values(), default=0.0)
 
 
-def relabel_and_spread(ctx: PlanContext, ev: Evaluated, inputs: bool = True) -> Evaluated:
+def relabel_and_spread(
+    ctx: PlanContext, ev: Evaluated, inputs: bool = True, deadline: float = math.inf
+) -> Evaluated:
     """A placed plan's devices renamed where that pays, pieces onto their inputs and large
-    losses beside small ones (``planner.evaluate.relabel``; ``inputs`` False leaves the inputs'
-    renamings out, to measure what they buy), then lm losses spread over their heads' devices
-    (``planner.evaluate.relabel``), each kept where the whole step gets quicker."""
-    return spread_losses(ctx, rename_devices(ctx, ev, inputs=inputs))
+    losses beside small ones (``rename_devices``; ``inputs`` False leaves the inputs'
+    renamings out, to measure what they buy; ``deadline``: when the planning call's budget
+    ends), then lm losses spread over their heads' devices (``spread_losses``), each kept
+    where the whole step gets quicker."""
+    return spread_losses(ctx, rename_devices(ctx, ev, inputs=inputs, deadline=deadline))
 
 
 def spread_round(
@@ -600,19 +644,20 @@ def spread_round(
     evaluated: Mapping[str, Evaluated],
     always: Collection[str],
     inputs: bool = True,
+    deadline: float = math.inf,
 ) -> dict[str, Evaluated]:
     """``relabel_and_spread`` over one round's candidates, quickest first, skipping those that
     could not become the quickest fitting plan even with their loss spread evenly and no
     moves left (``_floor``: relabeling moves the same loss work between devices, so the
     busiest carries at least the mean), except the names in ``always`` (the requested
     scheduler and the baselines, whose reported times must be priced the same way as the
-    plan's)."""
+    plan's); ``deadline``: when the planning call's budget ends (``rename_devices``)."""
     out = dict(evaluated)
     best = float("inf")
     for name in sorted(evaluated, key=lambda n: evaluated[n].iteration_s):
         ev = evaluated[name]
         if name in always or _floor(ctx, ev, inputs) < best:
-            out[name] = ev = relabel_and_spread(ctx, ev, inputs)
+            out[name] = ev = relabel_and_spread(ctx, ev, inputs, deadline)
         if ev.fits:
             best = min(best, ev.iteration_s)
     return out

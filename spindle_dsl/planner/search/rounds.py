@@ -137,7 +137,7 @@ def plan_round(
     reported = not (check_memory and ctx.per_part)
     always = {scheduler, *(BASELINES if reported else ())}
     evaluated = spread_round(
-        ctx, {k: cached(s) for k, s in schedules.items()}, always, passes.match_cuts
+        ctx, {k: cached(s) for k, s in schedules.items()}, always, passes.match_cuts, deadline
     )
     if scheduler == "default":
         chosen = min(evaluated.values(), key=lambda e: round_key(e, ctx, check_memory))
