@@ -303,3 +303,35 @@ def test_the_lever_search_with_a_helper_finds_what_it_finds_alone(graph, monkeyp
     assert {k: t.time_s for k, t in helped.per_k.items()} == {
         k: t.time_s for k, t in alone.per_k.items()
     }
+
+
+def test_while_the_helper_judges_the_second_k_the_search_judges_the_third(graph, monkeypatch):
+    """Where the helper is still busy with the second k when this process gets there, this
+    process judges the third k's setting first, rather than wait; the trials, and so the
+    choice, are those of the search alone."""
+    cost = make_cost_model(graph.cluster)
+    judge = make_module._quick("default")
+    alone = LeverSearch(graph, cost).search(judge)
+
+    class Busy:  # a helper that has started the work; it gives it back when asked
+        def busy(self) -> bool:
+            return True
+
+        def take(self) -> None:
+            return None
+
+    def send_ahead(self, levers, judge):
+        self._ahead[levers] = Busy()
+
+    monkeypatch.setattr(LeverSearch, "send_ahead", send_ahead)
+    monkeypatch.setattr(leversearch, "AHEAD_SIZE", 0)
+    search = LeverSearch(graph, cost, helper="busy")
+    helped = search.search(judge)
+    first, second, third = search.ks[:3]
+    order = [levers.micro_batches for levers in search._contexts]
+    assert order[:3] == [first, third, second]
+    assert helped.best is not None and alone.best is not None
+    assert helped.best.levers == alone.best.levers
+    assert {k: t.time_s for k, t in helped.per_k.items()} == {
+        k: t.time_s for k, t in alone.per_k.items()
+    }

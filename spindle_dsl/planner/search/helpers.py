@@ -202,6 +202,10 @@ class Ahead:
             self._state = "started"
         self._got, self._lost = serve_one(channel, remote, request, timeout)
 
+    def busy(self) -> bool:
+        """Whether the helper has started the work and not yet answered."""
+        return self._state == "started" and self._thread.is_alive()
+
     def take(self) -> A | None:
         """The answer (its warnings raised here), or None: not started, or given back."""
         with self._lock:
