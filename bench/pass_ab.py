@@ -1,7 +1,7 @@
 """What one planner pass buys on every plan-quality row: the default plan with all passes
 against the same plan with that pass off, interleaved (on, off, then off, on, ...).
 
-    .venv/bin/python bench/pass_ab.py refill [--repeat 2] [--time-limit S] [--tables 1,3,4,7]
+    .venv/bin/python bench/pass_ab.py global_milp [--repeat 2] [--time-limit S] [--tables 1,3,4,7]
 
 Rows: Table 1 (memory-blind), Table 3's paper workloads and Table 4 (memory enforced) and
 Table 7 (CPU workers over 2 shared cores) of ``bench/plan_quality.py``, planned as there.
