@@ -15,19 +15,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
-from plan_quality import CONFIGS, CORES_ROWS, GAP_ROWS, SHARED_CORES, _graph
+from plan_quality import CONFIGS, CORES_ROWS, GAP_ROWS, SHARED_CORES, _graph, timed_plan
 
-from spindle_dsl.cost import make_cost_model
-from spindle_dsl.errors import PlanError
 from spindle_dsl.planner import DEFAULT_TIME_LIMIT_S
 from spindle_dsl.planner.model.levers import ALL_PASSES, PassOptions
-from spindle_dsl.planner.search.make import make_plan
 
-Row = tuple[
-    str, str, str | None, int, int | None, bool
-]  # table, spec, mix, devices, cores, enforced
+# table, spec, mix, devices, cores (None: one per worker), memory enforced
+Row = tuple[str, str, str | None, int, int | None, bool]
 
 
 def rows() -> list[Row]:
@@ -49,18 +44,8 @@ def plan_once(row: Row, passes: PassOptions, time_limit: float) -> tuple[float, 
     """The default plan's iteration time (nan: none fits) and the planning time."""
     _, name, mix, n, cores, enforced = row
     graph = _graph(name, mix, n, cores=cores)
-    t0 = time.perf_counter()
-    try:
-        plan = make_plan(
-            graph,
-            make_cost_model(graph.cluster),
-            time_limit_s=time_limit,
-            check_memory=enforced,
-            passes=passes,
-        )
-    except PlanError:
-        return float("nan"), time.perf_counter() - t0
-    return plan.iteration_s, time.perf_counter() - t0
+    plan, wall, _ = timed_plan(graph, time_limit, passes=passes, check_memory=enforced)
+    return (plan.iteration_s if plan is not None else float("nan")), wall
 
 
 def main() -> None:

@@ -385,24 +385,30 @@ def table3(time_limit: float, solver: str | None, blind: dict, large: bool) -> N
         )
 
 
-@functools.cache
-def _enforced(name: str, mix: str | None, n: int, time_limit: float, solver, passes=ALL_PASSES):
-    """A plan as ``spindle plan`` makes it (memory enforced), its planning time, or the
-    reason no plan fits; once per run, so that the tables of one run show the same plans
-    (the search is time-limited: another call may end elsewhere)."""
-    graph = _graph(name, mix, n)
+def timed_plan(graph, time_limit: float, solver=None, passes=ALL_PASSES, check_memory=True):
+    """``make_plan`` of ``graph``, its planning time, and the reason no plan fits (the plan
+    None) or None."""
     t0 = time.perf_counter()
     try:
         plan = make_plan(
             graph,
             make_cost_model(graph.cluster),
             time_limit_s=time_limit,
+            check_memory=check_memory,
             solver=solver,
             passes=passes,
         )
     except PlanError as exc:
         return None, time.perf_counter() - t0, exc.errors[0].message if exc.errors else str(exc)
     return plan, time.perf_counter() - t0, None
+
+
+@functools.cache
+def _enforced(name: str, mix: str | None, n: int, time_limit: float, solver, passes=ALL_PASSES):
+    """A plan as ``spindle plan`` makes it (memory enforced), its planning time, or the
+    reason no plan fits; once per run, so that the tables of one run show the same plans
+    (the search is time-limited: another call may end elsewhere)."""
+    return timed_plan(_graph(name, mix, n), time_limit, solver, passes)
 
 
 def _enforced_rows(rows, time_limit: float, solver: str | None):

@@ -85,8 +85,9 @@ def draw_phases(bundle) -> str:  # PlanBundle -> markup
     return img(phases_svg(bundle), "phases")
 
 
-def full_plan(graph: MetaGraph, options: PlanOptions, profile: str | None) -> Plan:
-    """The planner's plan of ``graph`` under ``options`` (in the refine process)."""
+def plan_with(graph: MetaGraph, options: PlanOptions, profile: str | None) -> Plan:
+    """The planner's plan of ``graph`` under ``options``: a quick plan here, the full search's
+    in the refine process (a module-level function, so that process can load it)."""
     from spindle_dsl.cost import make_cost_model
     from spindle_dsl.planner import make_plan
 
@@ -101,9 +102,8 @@ def full_plan(graph: MetaGraph, options: PlanOptions, profile: str | None) -> Pl
 
 def real_pipeline(*, profile: str | None = None) -> Pipeline:
     """The library's own stages; ``profile`` is a `spindle profile` file to fit curves from."""
-    from spindle_dsl.cost import make_cost_model
     from spindle_dsl.language import compile_text
-    from spindle_dsl.planner import SCHEDULERS, make_plan
+    from spindle_dsl.planner import SCHEDULERS
     from spindle_dsl.planner.solver import isolate
 
     def compile_(text: str, path: str, mix: str | None, overrides: dict[str, Any]) -> Compiled:
@@ -113,19 +113,12 @@ def real_pipeline(*, profile: str | None = None) -> Pipeline:
         return Compiled(c.graph, warnings, mixes_of(c.spec), phases)
 
     def plan_(graph: MetaGraph, options: PlanOptions) -> Plan:
-        cost = make_cost_model(graph.cluster, profile=profile)
-        return make_plan(
-            graph,
-            cost,
-            scheduler=options.scheduler,
-            time_limit_s=options.time_limit_s,
-            check_memory=options.check_memory,
-        )
+        return plan_with(graph, options, profile)
 
     def refine(graph: MetaGraph, options: PlanOptions) -> Plan:
         timeout = 2 * options.time_limit_s + isolate.START_TIMEOUT_S
         try:
-            return isolate.call(full_plan, (graph, options, profile), timeout, REFINE_CHANNEL)
+            return isolate.call(plan_with, (graph, options, profile), timeout, REFINE_CHANNEL)
         finally:  # (its helpers may still be on rounds the plan did not wait for)
             isolate.abandon(REFINE_CHANNEL)
 

@@ -298,7 +298,6 @@ def _stages(
     def budget(seconds: float) -> float:
         return 0.0 if crash_count() > crashes else seconds
 
-    n_star = level_optima(problem)  # where the global MILP takes its candidate allocations
     starts = _starts(problem, passes)
     each = IMPROVE_SHARE * time_limit_s
 
@@ -320,7 +319,7 @@ def _stages(
     if passes.global_milp:
         share = GLOBAL_SHARE if objective is not None else 1.0
         left = budget(share * time_limit_s - (time.perf_counter() - t0))
-        glob = global_milp(problem, best, n_star, left, solver)
+        glob = global_milp(problem, best, level_optima(problem), left, solver)
         if glob is None:
             notes.append("global MILP skipped (model too large, or no time or solver left)")
         else:
