@@ -16,6 +16,7 @@ import pytest
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
+from spindle_dsl.planner.evaluate import relabel
 from spindle_dsl.planner.evaluate.build import context, to_plan
 from spindle_dsl.planner.evaluate.ledger import PartLedger
 from spindle_dsl.planner.evaluate.placement import Topology, place
@@ -157,19 +158,23 @@ def test_one_search_weighs_the_moves_and_the_losses_together(ctx):
     assert note.startswith(RENAME_NOTE) and "transfers" in note and "losses" in note
 
 
-def test_past_the_deadline_slow_pricings_end_the_renaming_search(ctx, monkeypatch):
-    """Once the planning call's deadline has passed, a search whose pricings count as slow
-    prices at most ``LATE_TRIALS`` proposals; quick pricings run whatever the clock says."""
-    from spindle_dsl.planner.evaluate import relabel
-
-    priced: list[int] = []
+@pytest.fixture
+def priced(monkeypatch) -> list[int]:
+    """One item per step pricing a renaming search makes from now on."""
+    counted: list[int] = []
     real = relabel.time_of
 
     def counting(*args):
-        priced.append(1)
+        counted.append(1)
         return real(*args)
 
     monkeypatch.setattr(relabel, "time_of", counting)
+    return counted
+
+
+def test_past_the_deadline_slow_pricings_end_the_renaming_search(ctx, priced, monkeypatch):
+    """Once the planning call's deadline has passed, a search whose pricings count as slow
+    prices at most ``LATE_TRIALS`` proposals; quick pricings run whatever the clock says."""
     before = _evaluated(ctx, CROSSED)
     unhurried = rename_devices(ctx, before, losses=False)
     assert len(priced) > 1 and unhurried.iteration_s < before.iteration_s
@@ -185,3 +190,18 @@ def test_past_the_deadline_slow_pricings_end_the_renaming_search(ctx, monkeypatc
     priced.clear()
     assert rename_devices(ctx, before, losses=False, deadline=0.0) is before and not priced
     assert rename_devices(ctx, before, losses=False).iteration_s == unhurried.iteration_s
+
+
+def test_a_renaming_search_past_its_late_trials_stops_at_the_deadline(ctx, priced, monkeypatch):
+    """A search that has priced ``LATE_TRIALS`` proposals or more by the deadline prices no
+    more once it passes: the late pricings are a least effort, not more time."""
+    before = _evaluated(ctx, CROSSED)
+    rename_devices(ctx, before, losses=False)
+    unhurried = len(priced)
+    assert unhurried > 3
+    monkeypatch.setattr(relabel, "SLOW_PRICING_S", 0.0)  # every pricing counts as slow
+    monkeypatch.setattr(relabel, "LATE_TRIALS", 2)
+    monkeypatch.setattr(relabel, "time", SimpleNamespace(perf_counter=lambda: len(priced)))
+    priced.clear()
+    rename_devices(ctx, before, losses=False, deadline=3)  # passed after the third pricing
+    assert len(priced) == 3

@@ -32,7 +32,7 @@ back. So the search descends through them in turn (a variable-neighbourhood desc
 inputs' renamings round after round, each round keeping its quickest proposal, until none
 gains; then one round of the losses' pairings; after any gain the inputs' again; it ends when
 neither gains, or after ``MAX_TRIALS`` pricings (once the planning call's deadline has passed,
-``LATE_TRIALS`` more where a pricing is slow: ``_Trials``). Every proposal is priced with the
+``LATE_TRIALS`` where a pricing is slow: ``_Trials``). Every proposal is priced with the
 same step model as any plan (timed first, its memory ledgered only when quicker) and kept
 only where it fits no worse. On ``bench/specs/ofasys_7task`` at 16 devices this descent ends
 on a quicker step than the pairings alone, the matchings run to the end before them, or each
@@ -100,9 +100,10 @@ from spindle_dsl.planner.evaluate.timing import Timing, loss_moves
 from spindle_dsl.planner.model.problem import Piece
 
 MAX_TRIALS = 48  # step pricings per plan, at most
-# ... and past the planning call's deadline, where a pricing takes ``SLOW_PRICING_S`` or more:
-# at 1,024 devices x 48 tasks a pricing costs 50-90 ms, and a 14-wave plan's 48 took 4.5 s
-# (the first 8 gave 1380.5 -> 1368.6 ms, all 48 1360.3 ms); at 64 devices one costs 5-10 ms
+# ... and once the planning call's deadline has passed, where a pricing takes
+# ``SLOW_PRICING_S`` or more, none past this many (what a renaming search makes whatever the
+# clock says): at 1,024 devices x 48 tasks a pricing costs 50-250 ms and the first pricings
+# gain the most; at 64 devices one costs 5-10 ms
 LATE_TRIALS = 8
 SLOW_PRICING_S = 0.05
 RENAME_NOTE = "devices renamed at wave boundaries"  # how a renamed plan's note begins
@@ -139,22 +140,21 @@ def proposals(ctx: PlanContext, ev: Evaluated, kind: Kind) -> Iterator[tuple[int
 
 @dataclass
 class _Trials:
-    """The pricings one renaming search may still make: ``MAX_TRIALS`` in all, and
-    ``LATE_TRIALS`` once ``deadline`` (``time.perf_counter``) has passed while its slowest
-    pricing took ``SLOW_PRICING_S`` or more; quicker pricings run whatever the clock says."""
+    """The pricings one renaming search may still make: ``MAX_TRIALS`` in all, and none past
+    ``LATE_TRIALS`` in all once ``deadline`` (``time.perf_counter``) has passed while its
+    slowest pricing took ``SLOW_PRICING_S`` or more; quicker pricings run whatever the clock
+    says."""
 
     deadline: float
     used: int = 0
-    late: int = 0
     slowest: float = 0.0
 
     def take(self) -> bool:
         """Whether one more proposal may be priced (and count it)."""
         late = self.slowest >= SLOW_PRICING_S and time.perf_counter() >= self.deadline
-        if self.used >= MAX_TRIALS or (late and self.late >= LATE_TRIALS):
+        if self.used >= (LATE_TRIALS if late else MAX_TRIALS):
             return False
         self.used += 1
-        self.late += late
         return True
 
     def priced(self, ctx: PlanContext, placement: Placement) -> Timing:
