@@ -16,11 +16,13 @@ from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_text
 from spindle_dsl.plan.validate import validate_plan
 from spindle_dsl.planner import make_plan
-from spindle_dsl.planner.model.levers import UNLIMITED, Budget
+from spindle_dsl.planner.evaluate.build import compute_floor, context
+from spindle_dsl.planner.model.levers import UNLIMITED, Budget, Levers
 from spindle_dsl.planner.search import leversearch
 from spindle_dsl.planner.search import make as make_module
 from spindle_dsl.planner.search.leversearch import Judge, LeverSearch
 from spindle_dsl.planner.search.make import AS_PLACED_NOTE
+from spindle_dsl.planner.search.rounds import plan_round
 from spindle_dsl.planner.starts.wavefront import paper_schedule
 
 from .test_memory_levers import with_memory
@@ -30,6 +32,10 @@ from .test_memory_levers import with_memory
 def tight(memory_spec):
     """Fits at k = 1 only with recompute: the search has steps past its first fit."""
     return with_memory(compile_text(memory_spec(768)).graph, 300)
+
+
+def _paper(_name, problem):
+    return paper_schedule(problem)
 
 
 def _spent(seconds: float = 1.0) -> Budget:
@@ -170,3 +176,35 @@ def test_the_search_stops_where_the_time_left_would_not_hold_the_round(tight, mo
     fit = cramped.search(judge)
     assert fit.best is not None and fit.best.fitting is not None
     assert len(cramped._contexts) < len(roomy._contexts)
+
+
+def test_a_round_leaves_out_a_baseline_no_quicker_than_its_known_plan(tight) -> None:
+    """A baseline whose compute alone under the round's levers is no quicker than a plan of
+    it already placed elsewhere is not placed: it could be neither the pick nor reported."""
+    cost = make_cost_model(tight.cluster)
+    levers = LeverSearch(tight, cost).search(Judge(("paper",), _paper)).best.levers
+
+    def round_with(known: dict[str, float]):
+        ctx = context(tight, cost, levers, enforce=True)
+        return plan_round(ctx, "default", 0.2, True, known=known)
+
+    everything, pick = round_with({})
+    assert {"sequential", "distmm", "optimus"} <= set(everything)
+    beaten, beaten_pick = round_with({"optimus": 0.0})  # any floor is no quicker than that
+    assert "optimus" not in beaten and {"sequential", "distmm"} <= set(beaten)
+    assert beaten_pick.iteration_s == pick.iteration_s
+    kept, _ = round_with({"optimus": float("inf")})
+    assert kept["optimus"].iteration_s == everything["optimus"].iteration_s
+
+
+def test_no_plan_of_a_round_is_quicker_than_its_compute_floor(tight) -> None:
+    """What leaving a baseline out rests on: every candidate of a round, placed, timed,
+    renamed and spread, takes at least its compute floor, at every k."""
+    cost = make_cost_model(tight.cluster)
+    for k in (1, 2, 4, 8):
+        for zero_stage in (1, 2):
+            ctx = context(tight, cost, Levers(k, zero_stage), enforce=False)
+            evaluated, _ = plan_round(ctx, "default", 0.2, False)
+            assert {"milp", "paper", "sequential", "distmm", "optimus"} <= set(evaluated)
+            for ev in evaluated.values():
+                assert ev.iteration_s >= compute_floor(ctx, ev.schedule) > 0

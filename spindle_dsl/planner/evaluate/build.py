@@ -460,6 +460,16 @@ def evaluate_cached(ctx: PlanContext, sched: Schedule) -> Evaluated:
     return ev if ev.schedule is sched else replace(ev, schedule=sched)
 
 
+def compute_floor(ctx: PlanContext, sched: Schedule) -> float:
+    """What ``sched`` takes at least once placed and timed under ``ctx``, without placing it:
+    k passes of its waves' compute (``Schedule.compute_s``), which the step model's iteration
+    is never below, and which device renamings and loss spreading leave as it is; 0 without a
+    step model."""
+    if ctx.step is None:
+        return 0.0
+    return ctx.levers.micro_batches * sched.compute_s(ctx.problem)
+
+
 def to_plan(
     ctx: PlanContext,
     chosen: Evaluated,

@@ -63,6 +63,7 @@ from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.planner.evaluate.build import (
     Evaluated,
     PlanContext,
+    compute_floor,
     context,
     evaluate_cached,
     slice_memory_of,
@@ -110,8 +111,8 @@ class Judge:
 
     What a trial reads of them is the quickest plan, the quickest that fits and the one
     closest to fitting (``Trial``): once a judged plan fits, a schedule whose compute alone
-    (k passes of its waves, ``Schedule.compute_s``, which the step model's iteration is never
-    below) is no quicker than it can change none of the three, so it is not placed. They are
+    (``compute_floor``) is no quicker than it can change none of the three, so it is not
+    placed. They are
     judged least compute first, so that the first to fit rules out the most: at 1,024 devices
     x 48 tasks a setting is judged by one or two placements instead of four, the ones that
     decide it. A baseline judged so is placed by its own tuning where that needs it
@@ -122,19 +123,13 @@ class Judge:
 
     def __call__(self, ctx: PlanContext, names: tuple[str, ...] | None = None) -> list[Evaluated]:
         out: list[Evaluated] = []
-        k = ctx.levers.micro_batches
         scheds = [self.make(name, ctx.problem) for name in names or self.names]
         # the least compute first, so that the first plan to fit rules out the most
-        floors = [k * s.compute_s(ctx.problem) for s in scheds]
-        for i in sorted(range(len(scheds)), key=floors.__getitem__):
+        floors = [compute_floor(ctx, s) for s in scheds]
+        for i in sorted(range(len(scheds)), key=lambda i: scheds[i].compute_s(ctx.problem)):
             sched = scheds[i]
             fits = [e.iteration_s for e in out if e.fits]
-            if (
-                fits
-                and ctx.step is not None  # (the bound is the step model's)
-                and sched.waves not in ctx.evaluated
-                and floors[i] >= min(fits) * (1 + 1e-9)
-            ):
+            if fits and sched.waves not in ctx.evaluated and floors[i] >= min(fits) * (1 + 1e-9):
                 continue
             out.append(evaluate_cached(ctx, sched))
         return out

@@ -41,6 +41,7 @@ from spindle_dsl.planner.bound.lp_bound import lp_bound as lp_relaxation_bound
 from spindle_dsl.planner.evaluate.build import (
     Evaluated,
     PlanContext,
+    compute_floor,
     context,
     evaluate_cached,
     to_plan,
@@ -145,9 +146,10 @@ class _Call:
         """The MILP's time in one round (``ROUND_SHARE``)."""
         return min(ROUND_LIMIT_S, ROUND_SHARE * self.budget.seconds)
 
-    def round(self, ctx: PlanContext, limit_s: float) -> Round:
+    def round(self, ctx: PlanContext, limit_s: float, search: LeverSearch | None = None) -> Round:
         """One round of ``scheduler`` under ``ctx``'s levers (``rounds.plan_round``), to end
-        with the call's budget."""
+        with the call's budget; ``search``: the lever search, whose placements tell which
+        baselines the round need not place (``_known``)."""
         return plan_round(
             ctx,
             self.scheduler,
@@ -156,7 +158,15 @@ class _Call:
             self.choice,
             self.passes,
             deadline=self.budget.end,
+            known=_known(search),
         )
+
+
+def _known(search: LeverSearch | None) -> dict[str, float]:
+    """Each baseline's quickest fitting plan among the settings ``search`` placed it at
+    (``plan_round``'s ``known``): what the plan reports for it is never slower."""
+    placed = {name: search.quickest_placed(name) for name in BASELINES} if search else {}
+    return {name: p[0].iteration_s for name, p in placed.items() if p is not None}
 
 
 @dataclass(frozen=True)
@@ -306,7 +316,7 @@ def _own_round(
     """The round at the search's best setting; where its pick overflows memory, the search's
     next setting (more recompute) and another round, until one fits or none is left."""
     trial = fit.best
-    evaluated, chosen = call.round(ctx, limit_s)
+    evaluated, chosen = call.round(ctx, limit_s, search)
     while search is not None and trial is not None and not chosen.fits:
         nxt = search.step(trial, chosen)  # the MILP's pick may still overflow
         if nxt is None:
@@ -316,7 +326,7 @@ def _own_round(
             break
         ctx = trial.ctx
         fit.reasons.append(f"the {chosen.schedule.name} plan overflowed")
-        evaluated, chosen = call.round(ctx, limit_s)
+        evaluated, chosen = call.round(ctx, limit_s, search)
     if not chosen.fits and call.check_memory:
         raise PlanError(overflow_message(ctx, chosen))
     return ctx, evaluated, chosen
@@ -539,7 +549,12 @@ def _at_plan_levers(
     for name, (ev, own_ctx) in tuned.items():
         if own_ctx.levers == ctx.levers:
             continue
-        plain = placed.get(name) or evaluate_cached(ctx, BASELINES[name](ctx.problem))
+        plain = placed.get(name)
+        if plain is None:
+            sched = BASELINES[name](ctx.problem)
+            if compute_floor(ctx, sched) >= ev.iteration_s:
+                continue  # (the floor below, before placing it)
+            plain = evaluate_cached(ctx, sched)
         # renaming devices and spreading losses leave the waves' compute and overheads as
         # they are: where those alone reach the tuned plan, neither can make it quicker; and
         # a plan that overflows is left out rather than spread in the hope that it then fits

@@ -20,9 +20,10 @@ The `milp` scheduler: the paper's plan, improved by layer re-splits and local se
 2. ``improve`` each start: re-split layers between its pieces (an LP/MILP through
    ``solver``), ``rebalance`` each wave's allocations min-max, re-split again. The paper's
    own plan joins as it is, and so do the ``distmm`` and ``sequential`` layouts (the least
-   memory-hungry, which polish can make concurrent where memory allows). The starts go best
-   compute first, each placed once improved; where steps are slow (1,024 devices and more)
-   those left when the call's budget would run out are not improved (``_improve_starts``).
+   memory-hungry, which polish can make concurrent where memory allows). The levels' waves
+   go first, then the others best compute first, each placed once improved; where steps are
+   slow (1,024 devices and more) those left when the call's budget would run out are not
+   made or not improved (``_improve_starts``).
 3. If the model stays small, one MILP over all waves with precedence (``wave_milp``),
    warm-started from the best candidate (never worse than it), adds one more.
 4. ``polish``: local search on the placed plan's real iteration time (transfers and
@@ -50,13 +51,19 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from spindle_dsl.cost.base import CostModel
 from spindle_dsl.metagraph import MetaGraph
 from spindle_dsl.planner.bound.floors import level_reference_s
-from spindle_dsl.planner.evaluate.build import Evaluated, PlanContext, context, evaluate_cached
+from spindle_dsl.planner.evaluate.build import (
+    Evaluated,
+    PlanContext,
+    compute_floor,
+    context,
+    evaluate_cached,
+)
 from spindle_dsl.planner.evaluate.relabel import spread_round
 from spindle_dsl.planner.improve.polish import Objective, improve, polish
 from spindle_dsl.planner.improve.resplit import resplit
@@ -122,9 +129,15 @@ def plan_round(
     solver: SolverChoice | None = None,
     passes: PassOptions = ALL_PASSES,
     deadline: float = math.inf,
+    known: Mapping[str, float] | None = None,
 ) -> Round:
     """Every candidate schedule evaluated, and the one ``scheduler`` picks. ``deadline``
-    (``time.perf_counter``): when the planning call's budget ends (``milp_schedule``)."""
+    (``time.perf_counter``): when the planning call's budget ends (``milp_schedule``).
+    ``known``: the quickest fitting iteration of each baseline at the settings already
+    searched, where the plan reports each baseline at its best setting (the lever search's);
+    a baseline whose compute here (``compute_floor``) is no quicker is left out of the
+    round: it could be neither the pick nor what the plan reports for it (at 1,024 H100s x
+    48 tasks, placing optimus takes a second)."""
 
     def cached(s: Schedule) -> Evaluated:
         return evaluate_cached(ctx, s)
@@ -136,14 +149,29 @@ def plan_round(
     # this round's (without the lever search; with it, their own tuned plans, spread there)
     reported = not (check_memory and ctx.per_part)
     always = {scheduler, *(BASELINES if reported else ())}
-    evaluated = spread_round(
-        ctx, {k: cached(s) for k, s in schedules.items()}, always, passes.match_cuts, deadline
-    )
+    beaten = () if reported else _beaten(ctx, schedules, known or {}, scheduler)
+    placed = {k: cached(s) for k, s in schedules.items() if k not in beaten}
+    evaluated = spread_round(ctx, placed, always, passes.match_cuts, deadline)
     if scheduler == "default":
         chosen = min(evaluated.values(), key=lambda e: round_key(e, ctx, check_memory))
     else:
         chosen = evaluated[scheduler]
     return evaluated, chosen
+
+
+def _beaten(
+    ctx: PlanContext, schedules: Mapping[str, Schedule], known: Mapping[str, float], keep: str
+) -> frozenset[str]:
+    """The baselines among ``schedules`` (but ``keep``) not yet placed whose compute floor
+    is no quicker than their ``known`` time (``plan_round``)."""
+    return frozenset(
+        name
+        for name, s in schedules.items()
+        if name in known
+        and name != keep
+        and s.waves not in ctx.evaluated
+        and compute_floor(ctx, s) >= known[name]
+    )
 
 
 @dataclass(frozen=True)
@@ -298,14 +326,14 @@ def _stages(
     def budget(seconds: float) -> float:
         return 0.0 if crash_count() > crashes else seconds
 
-    starts = _starts(problem, passes)
     each = IMPROVE_SHARE * time_limit_s
 
     def improve_one(s: Schedule) -> Schedule:
         return replace(improve(problem, s, budget(each), solver, passes), name="milp")
 
     pace = _Pace(deadline)
-    improved, placed, skipped = _improve_starts(problem, starts, improve_one, key, pace)
+    makers = _other_starts(passes)
+    improved, placed, skipped = _improve_starts(problem, makers, improve_one, key, pace)
     improved["paper"] = replace(paper_schedule(problem), name="milp")  # never worse than it
     improved["distmm"] = replace(distmm_schedule(problem), name="milp")
     improved["sequential"] = replace(sequential_schedule(problem), name="milp")
@@ -363,48 +391,55 @@ class _Pace:
 
 def _improve_starts(
     problem: Problem,
-    starts: dict[str, Schedule],
+    makers: dict[str, Callable[[Problem], Schedule | None]],
     improve_one: Callable[[Schedule], Schedule],
     key: Callable[[Schedule], tuple[float, ...]],
     pace: _Pace,
 ) -> tuple[dict[str, Schedule], dict[str, tuple[float, ...]], list[str]]:
-    """Each start improved and ranked (placed), the best by compute first, and the names of
-    those left out: one more starts only while the slowest so far would end, followed by
-    ``TAIL_STEPS`` of the slowest placement, before the deadline. At 1,024 devices a start
-    costs half a second; on the reference specs the deadline is never near."""
+    """Each start improved and ranked (placed), and the names of those left out: the levels'
+    waves first, then the others (``makers``), made only where one more would end, at the
+    pace of the slowest so far followed by ``TAIL_STEPS`` of the slowest placement, before the
+    deadline, best by compute first, while it would. At 1,024 devices a start costs half a
+    second to improve and up to as much to make; on the reference specs the deadline is
+    never near."""
     improved: dict[str, Schedule] = {}
     keys: dict[str, tuple[float, ...]] = {}
     slowest = 0.0
-    for name in sorted(starts, key=lambda k: starts[k].score(problem)):
+
+    def one(name: str, start: Schedule) -> None:
+        nonlocal slowest
         t = time.perf_counter()
-        if improved and not pace.allows(t, slowest, TAIL_STEPS):
-            break
-        improved[name] = improve_one(starts[name])
+        improved[name] = improve_one(start)
         placed_at = time.perf_counter()
         keys[name] = key(improved[name])
         pace.placing = max(pace.placing, time.perf_counter() - placed_at)
         slowest = max(slowest, time.perf_counter() - t)
-    left = [k for k in starts if k not in improved]
-    return {k: improved[k] for k in starts if k in improved}, keys, left
+
+    one("levels", replace(paper_schedule(problem), name="milp"))
+    made: dict[str, Schedule] | None = None
+    if pace.allows(time.perf_counter(), slowest, TAIL_STEPS):
+        made = {k: s for k, make in makers.items() if (s := make(problem)) is not None}
+    for name in sorted(made or {}, key=lambda k: made[k].score(problem)):
+        if not pace.allows(time.perf_counter(), slowest, TAIL_STEPS):
+            break
+        one(name, made[name])
+    left = [k for k in (makers if made is None else made) if k not in improved]
+    in_order = {k: improved[k] for k in ("levels", *makers) if k in improved}
+    return in_order, keys, left
 
 
-def _starts(problem: Problem, passes: PassOptions) -> dict[str, Schedule]:
-    """The schedules ``improve`` starts from (module docstring, step 1)."""
-    starts = {"levels": replace(paper_schedule(problem), name="milp")}
+def _other_starts(passes: PassOptions) -> dict[str, Callable[[Problem], Schedule | None]]:
+    """How to make the starts besides the levels' waves (module docstring, step 1): None
+    where one does not apply."""
     if not passes.cross_starts:
-        return starts
-    starts.update(
-        cpa=cpa_schedule(problem),
-        tasks=optimus_schedule(problem),
-        split=task_parallel_schedule(problem),
-    )
-    packed = packed_schedule(problem)
-    if packed is not None:
-        starts["packed"] = packed
-    chain = chain_head_schedule(problem)
-    if chain is not None:
-        starts["chain"] = chain
-    return starts
+        return {}
+    return {
+        "cpa": cpa_schedule,
+        "tasks": optimus_schedule,
+        "split": task_parallel_schedule,
+        "packed": packed_schedule,
+        "chain": chain_head_schedule,
+    }
 
 
 def _polish_best(
