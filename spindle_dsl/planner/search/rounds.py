@@ -162,8 +162,8 @@ def plan_round(
 def _beaten(
     ctx: PlanContext, schedules: Mapping[str, Schedule], known: Mapping[str, float], keep: str
 ) -> frozenset[str]:
-    """The baselines among ``schedules`` (but ``keep``) not yet placed whose compute floor
-    is no quicker than their ``known`` time (``plan_round``)."""
+    """The baselines among ``schedules``, other than ``keep``, not yet placed, whose compute
+    floor is no quicker than their ``known`` time (``plan_round``)."""
     return frozenset(
         name
         for name, s in schedules.items()
@@ -396,12 +396,12 @@ def _improve_starts(
     key: Callable[[Schedule], tuple[float, ...]],
     pace: _Pace,
 ) -> tuple[dict[str, Schedule], dict[str, tuple[float, ...]], list[str]]:
-    """Each start improved and ranked (placed), and the names of those left out: the levels'
-    waves first, then the others (``makers``), made only where one more would end, at the
-    pace of the slowest so far followed by ``TAIL_STEPS`` of the slowest placement, before the
-    deadline, best by compute first, while it would. At 1,024 devices a start costs half a
-    second to improve and up to as much to make; on the reference specs the deadline is
-    never near."""
+    """Each start improved and ranked (placed), and the names of those left out. The levels'
+    waves go first; the other starts (``makers``) are made only if one more improvement would
+    still end before the deadline (at the pace of the slowest so far, then ``TAIL_STEPS`` of
+    the slowest placement), and improved best compute first while that holds. At 1,024
+    devices a start costs half a second to improve and up to as much to make; on the
+    reference specs the deadline is never near."""
     improved: dict[str, Schedule] = {}
     keys: dict[str, tuple[float, ...]] = {}
     slowest = 0.0
