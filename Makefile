@@ -11,7 +11,7 @@ OUT    := out
 # torch >= 2.3 works, see pyproject.toml.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint fmt docs system-deps clean
+.PHONY: demo test lint fmt docs system-deps bytecode clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,6 +19,12 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# The package's bytecode, written ahead (only what changed since is compiled again): where
+# PYTHONDONTWRITEBYTECODE is set, every process the tool starts (the planner's helpers,
+# training workers, the tests' subprocesses) would otherwise compile each module it imports.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q spindle_dsl
 
 # Graphviz's dot renders SVG/PNG; without it the project still writes DOT source (see README).
 # Chromium (headless) lets a test open the HTML report as a browser would.
@@ -36,7 +42,7 @@ system-deps:
 
 # The main job on the bundled tiny example: check it, plan it (JSON, wave picture, Perfetto
 # trace, HTML report), then train it for real for 5 steps on 4 local worker processes.
-demo: $(STAMP) system-deps
+demo: $(STAMP) bytecode system-deps
 	mkdir -p $(OUT)
 	$(BIN)/spindle check examples/tiny_mm.spindle
 	$(BIN)/spindle profile examples/tiny_mm.spindle --devices 4 --nproc 4 --out $(OUT)/profile.json
@@ -50,7 +56,7 @@ demo: $(STAMP) system-deps
 	@echo "outputs in $(OUT)/: profile.json plan.json waves.svg plan-trace.json report.html" \
 	  "train-log.jsonl train-trace.json"
 
-test: $(STAMP) system-deps
+test: $(STAMP) bytecode system-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q
