@@ -15,7 +15,7 @@ import standins
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_file
 from spindle_dsl.planner import make_plan
-from spindle_dsl.planner.evaluate.build import context
+from spindle_dsl.planner.evaluate.build import context, evaluate_cached
 from spindle_dsl.planner.model.levers import Levers
 from spindle_dsl.planner.search import helpers as pool
 from spindle_dsl.planner.search import leversearch
@@ -25,6 +25,7 @@ from spindle_dsl.planner.search.leversearch import Judge, LeverSearch, TrialRequ
 from spindle_dsl.planner.search.rounds import RoundRequest, plan_round, remote_round
 from spindle_dsl.planner.solver import isolate
 from spindle_dsl.planner.solver.choice import choose_solver
+from spindle_dsl.planner.starts.baselines import sequential_schedule
 
 
 @pytest.fixture(scope="module")
@@ -229,20 +230,36 @@ def test_with_no_runner_up_a_helper_takes_the_lower_bound_beside_the_round(
 
 
 def test_a_setting_judged_in_the_helper_is_judged_the_same_here(graph) -> None:
-    """The lever search's second setting, judged in a helper (``remote_trial``): the same
-    plans placed there as here, the same memory and times, so the search seeded with them
-    decides as it would alone."""
+    """The lever search's second setting, judged in a helper (``remote_trial``): the helper
+    sends back its context, holding the plans it placed; adopted here, the trial reads the
+    same plans, memory and times as a context built here, places none again, and a plan not
+    yet placed places alike on both."""
     cost = make_cost_model(graph.cluster)
     judge = Judge(("paper", "optimus"), make_module._make)
     levers = Levers(4, 1)
-    here = LeverSearch(graph, cost).trial(levers, judge).judged
+    here = LeverSearch(graph, cost).trial(levers, judge)
     (channel,) = pool.start(1)
     request = TrialRequest(graph, cost, levers, judge)
     there, caught = isolate.call(remote_trial, (request,), 120, channel)
-    assert caught == () and len(there) == len(here) > 0
-    for a, b in zip(here, there, strict=True):
+    assert caught == () and len(there.evaluated) == len(here.judged) > 0
+
+    class Sent:  # the helper's answer, as ``Ahead.take`` hands it over
+        def take(self):
+            return there
+
+    search = LeverSearch(graph, cost)
+    search._ahead[levers] = Sent()
+    trial = search.trial(levers, judge)
+    ctx = trial.ctx
+    assert ctx.graph is graph and ctx.cost is cost and ctx.memo is search.pricing.slices
+    assert len(ctx.evaluated) == len(there.evaluated)  # none placed again
+    for a, b in zip(here.judged, trial.judged, strict=True):
         assert a.schedule.waves == b.schedule.waves
         assert a.iteration_s == b.iteration_s and a.placement.memory == b.placement.memory
+    mine = evaluate_cached(here.ctx, sequential_schedule(here.ctx.problem))
+    adopted = evaluate_cached(ctx, sequential_schedule(ctx.problem))
+    assert mine.iteration_s == adopted.iteration_s
+    assert mine.placement.memory == adopted.placement.memory
 
 
 def test_work_sent_ahead_is_taken_from_the_helper_or_given_back(graph) -> None:
