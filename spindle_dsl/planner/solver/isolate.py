@@ -175,10 +175,18 @@ class _Worker:
         return self.proc.poll() is None and not self.requests.closed
 
     def close(self) -> None:
+        self.hang_up()
+        self.reap()
+
+    def hang_up(self) -> None:
+        """Close the pipes: the child's loop ends (``_serve``)."""
         for c in (self.requests, self.results):
             if not c.closed:
                 c.close()
-        if self.proc.poll() is None:  # closing its input ends the child's loop
+
+    def reap(self) -> None:
+        """Wait for the child to end (killed after 2 s), once its pipes are closed."""
+        if self.proc.poll() is None:
             try:
                 self.proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
@@ -332,12 +340,17 @@ def call_or_warn(fn: Callable[..., T], args: tuple, time_limit_s: float, what: s
 
 
 def shutdown() -> None:
-    """Stop every channel's worker (also done at exit)."""
+    """Stop every channel's worker (also done at exit): all hung up first, so that they end
+    side by side, then each reaped."""
+    stopped = []
     for channel in list(_workers):
         with _lock(channel):
             worker = _workers.pop(channel, None)
             if worker is not None:
-                worker.close()
+                worker.hang_up()
+                stopped.append(worker)
+    for worker in stopped:
+        worker.reap()
 
 
 atexit.register(shutdown)
@@ -364,7 +377,11 @@ def _serve(req_fd: int, res_fd: int, prepare: str | None = None) -> None:
         try:
             payload = requests.recv_bytes()
         except (EOFError, OSError):
-            return
+            # the parent hung up: end now, without the interpreter's teardown, which a
+            # helper holding 1,024-device contexts takes 0.1-0.3 s over while the parent's
+            # exit waits for it (``shutdown``); nothing of the child's needs cleaning up
+            sys.stderr.flush()
+            os._exit(0)
         try:  # a function or argument this interpreter cannot import (a script's class)
             fn, args = pickle.loads(payload)
         except Exception as e:
