@@ -6,6 +6,8 @@ lever search has recompute to fit and baselines to tune."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -208,3 +210,33 @@ def test_no_plan_of_a_round_is_quicker_than_its_compute_floor(tight) -> None:
             assert {"milp", "paper", "sequential", "distmm", "optimus"} <= set(evaluated)
             for ev in evaluated.values():
                 assert ev.iteration_s >= compute_floor(ctx, ev.schedule) > 0
+
+
+def test_the_commands_budget_counts_from_the_process_start() -> None:
+    """``spindle`` run as a process counts its budget from the process's start (the
+    interpreter's start-up and imports included), never more than ``MAX_START_UP_S`` back;
+    where the system cannot say, from the call."""
+    import spindle_dsl.cli as cli
+
+    now = time.perf_counter()
+    started = cli.process_started(now)
+    assert now - cli.MAX_START_UP_S <= started <= now
+    script = (
+        "import time; t = time.perf_counter(); time.sleep(1.2); "
+        "from spindle_dsl.cli import process_started; print(t - process_started(t))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert 0.0 <= float(out.stdout) < 1.0  # the interpreter's own start-up, not the sleep
+
+
+def test_without_the_systems_word_the_budget_counts_from_the_call(monkeypatch) -> None:
+    import builtins
+
+    import spindle_dsl.cli as cli
+
+    def unreadable(*args, **kwargs):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(builtins, "open", unreadable)
+    assert cli.process_started(123.0) == 123.0
