@@ -193,8 +193,8 @@ def test_past_the_deadline_slow_pricings_end_the_renaming_search(ctx, priced, mo
 
 
 def test_a_renaming_search_past_its_late_trials_stops_at_the_deadline(ctx, priced, monkeypatch):
-    """A search that has priced ``LATE_TRIALS`` proposals or more by the deadline prices no
-    more once it passes: the late pricings are a least effort, not more time."""
+    """A search that has priced ``LATE_TRIALS`` proposals or more prices none that would
+    end past the deadline: the late pricings are a least effort, not more time."""
     before = _evaluated(ctx, CROSSED)
     rename_devices(ctx, before, losses=False)
     unhurried = len(priced)
@@ -203,5 +203,6 @@ def test_a_renaming_search_past_its_late_trials_stops_at_the_deadline(ctx, price
     monkeypatch.setattr(relabel, "LATE_TRIALS", 2)
     monkeypatch.setattr(relabel, "time", SimpleNamespace(perf_counter=lambda: len(priced)))
     priced.clear()
-    rename_devices(ctx, before, losses=False, deadline=3)  # passed after the third pricing
+    # each pricing takes one tick of this clock: the fourth would end past the deadline
+    rename_devices(ctx, before, losses=False, deadline=4)
     assert len(priced) == 3

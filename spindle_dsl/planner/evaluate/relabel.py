@@ -96,14 +96,14 @@ from spindle_dsl.planner.evaluate.build import (
     transfer_of,
 )
 from spindle_dsl.planner.evaluate.placement import NodePool, PlacedPiece, Placement
-from spindle_dsl.planner.evaluate.timing import Timing, loss_moves
+from spindle_dsl.planner.evaluate.timing import loss_moves
 from spindle_dsl.planner.model.problem import Piece
 
 MAX_TRIALS = 48  # step pricings per plan, at most
-# ... and once the planning call's deadline has passed, where a pricing takes
+# ... and where one more would end past the planning call's deadline and a proposal takes
 # ``SLOW_PRICING_S`` or more, none past this many (what a renaming search makes whatever the
-# clock says): at 1,024 devices x 48 tasks a pricing costs 50-250 ms and the first pricings
-# gain the most; at 64 devices one costs 5-10 ms
+# clock says): at 1,024 devices x 48 tasks a proposal costs 50-500 ms (its pricing, and its
+# memory ledger where it is quicker) and the first gain the most; at 64 devices 5-10 ms
 LATE_TRIALS = 8
 SLOW_PRICING_S = 0.05
 RENAME_NOTE = "devices renamed at wave boundaries"  # how a renamed plan's note begins
@@ -141,28 +141,28 @@ def proposals(ctx: PlanContext, ev: Evaluated, kind: Kind) -> Iterator[tuple[int
 @dataclass
 class _Trials:
     """The pricings one renaming search may still make: ``MAX_TRIALS`` in all, and none past
-    ``LATE_TRIALS`` in all once ``deadline`` (``time.perf_counter``) has passed while its
-    slowest pricing took ``SLOW_PRICING_S`` or more; quicker pricings run whatever the clock
-    says."""
+    ``LATE_TRIALS`` in all once one more would end past ``deadline`` (``time.perf_counter``)
+    where its slowest proposal took ``SLOW_PRICING_S`` or more; quicker ones run whatever the
+    clock says."""
 
     deadline: float
     used: int = 0
     slowest: float = 0.0
 
     def take(self) -> bool:
-        """Whether one more proposal may be priced (and count it)."""
-        late = self.slowest >= SLOW_PRICING_S and time.perf_counter() >= self.deadline
+        """Whether one more proposal may be priced (and count it): late where it would end
+        past the deadline at the pace of the slowest so far."""
+        late = (
+            self.slowest >= SLOW_PRICING_S and time.perf_counter() + self.slowest >= self.deadline
+        )
         if self.used >= (LATE_TRIALS if late else MAX_TRIALS):
             return False
         self.used += 1
         return True
 
-    def priced(self, ctx: PlanContext, placement: Placement) -> Timing:
-        """``time_of``, its time recorded."""
-        t0 = time.perf_counter()
-        timing = time_of(ctx, placement)
-        self.slowest = max(self.slowest, time.perf_counter() - t0)
-        return timing
+    def took(self, seconds: float) -> None:
+        """Record one proposal's time: its pricing and, where it is quicker, its ledger."""
+        self.slowest = max(self.slowest, seconds)
 
 
 def _best_of(ctx: PlanContext, start: Evaluated, kind: Kind, trials: _Trials) -> Evaluated:
@@ -173,16 +173,20 @@ def _best_of(ctx: PlanContext, start: Evaluated, kind: Kind, trials: _Trials) ->
     for cut, prefix, label in proposals(ctx, start, kind):
         if not trials.take():
             break
-        renamed = relabeled(start.placement.waves, label, cut, prefix)
-        # timed first (the step model reads the waves alone), the memory ledger only for a
-        # renaming that is quicker: at 256 devices the ledger costs more than the timing
-        timing = trials.priced(ctx, Placement(renamed, (), ()))
-        if timing.iteration_s >= best.iteration_s * (1 - 1e-9):
-            continue
-        pl = placed(ctx, renamed)
-        if overflow_bytes(pl.memory, cap) > overflow_bytes(start.placement.memory, cap):
-            continue  # a plan that fits keeps fitting
-        best = Evaluated(start.schedule, pl, timing)
+        began = time.perf_counter()
+        try:
+            renamed = relabeled(start.placement.waves, label, cut, prefix)
+            # timed first (the step model reads the waves alone), the memory ledger only for
+            # a renaming that is quicker: at 256 devices the ledger costs more than the timing
+            timing = time_of(ctx, Placement(renamed, (), ()))
+            if timing.iteration_s >= best.iteration_s * (1 - 1e-9):
+                continue
+            pl = placed(ctx, renamed)
+            if overflow_bytes(pl.memory, cap) > overflow_bytes(start.placement.memory, cap):
+                continue  # a plan that fits keeps fitting
+            best = Evaluated(start.schedule, pl, timing)
+        finally:
+            trials.took(time.perf_counter() - began)
     return best
 
 
