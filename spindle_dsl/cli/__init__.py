@@ -93,7 +93,7 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
 def process_started(latest: float) -> float:
     """When this process started, on ``time.perf_counter``'s clock, where the system says
     (Linux's ``/proc``), else ``latest``: a command's time budget (``--time-limit``) counts
-    the interpreter's start-up and imports too (0.3-0.5 s here), as its wall time does."""
+    the interpreter's start-up and imports too, as its wall time does."""
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime

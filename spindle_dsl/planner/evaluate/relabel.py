@@ -31,12 +31,12 @@ groups across nodes and puts pieces off their inputs; matching the inputs can pi
 back. So the search descends through them in turn (a variable-neighbourhood descent): the
 inputs' renamings round after round, each round keeping its quickest proposal, until none
 gains; then one round of the losses' pairings; after any gain the inputs' again; it ends when
-neither gains, or after ``MAX_TRIALS`` pricings (once the planning call's deadline has passed,
-``LATE_TRIALS`` where a pricing is slow: ``_Trials``). Every proposal is priced with the
-same step model as any plan (timed first, its memory ledgered only when quicker) and kept
-only where it fits no worse. On ``bench/specs/ofasys_7task`` at 16 devices this descent ends
-on a quicker step than the pairings alone, the matchings run to the end before them, or each
-round's quickest of both kinds.
+neither gains, or after ``MAX_TRIALS`` pricings (``LATE_TRIALS`` in all where one more would
+end past the planning call's deadline and a proposal is slow: ``_Trials``). Every proposal is
+priced with the same step model as any plan (timed first, its memory ledgered only when
+quicker) and kept only where it fits no worse. On ``bench/specs/ofasys_7task`` at 16 devices
+this descent ends on a quicker step than the pairings alone, the matchings run to the end
+before them, or each round's quickest of both kinds.
 
 Spread LM losses over every device that holds their head, so that no device's loss phase
 waits for a heavy sink's rows.

@@ -112,10 +112,9 @@ class Judge:
     What a trial reads of them is the quickest plan, the quickest that fits and the one
     closest to fitting (``Trial``): once a judged plan fits, a schedule whose compute alone
     (``compute_floor``) is no quicker than it can change none of the three, so it is not
-    placed. They are
-    judged least compute first, so that the first to fit rules out the most: at 1,024 devices
-    x 48 tasks a setting is judged by one or two placements instead of four, the ones that
-    decide it. A baseline judged so is placed by its own tuning where that needs it
+    placed. They are judged least compute first, so that the first to fit rules out the most:
+    at 1,024 devices x 48 tasks a setting is judged by one or two placements instead of four,
+    the ones that decide it. A baseline judged so is placed by its own tuning where that needs it
     (``evaluate_cached``)."""
 
     names: tuple[str, ...]

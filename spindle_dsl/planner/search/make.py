@@ -557,7 +557,7 @@ def _at_plan_levers(
         if plain is None:
             sched = BASELINES[name](ctx.problem)
             if compute_floor(ctx, sched) >= ev.iteration_s:
-                continue  # (the floor below, before placing it)
+                continue  # its compute alone reaches the tuned plan (as below): not placed
             plain = evaluate_cached(ctx, sched)
         # renaming devices and spreading losses leave the waves' compute and overheads as
         # they are: where those alone reach the tuned plan, neither can make it quicker; and
