@@ -5,6 +5,7 @@ only its own rounds, and ``make_plan`` using a helper only where asked or a core
 from __future__ import annotations
 
 import os
+import pickle
 import time
 import warnings
 from dataclasses import replace
@@ -16,6 +17,7 @@ from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_file
 from spindle_dsl.planner import make_plan
 from spindle_dsl.planner.evaluate.build import context, evaluate_cached
+from spindle_dsl.planner.model import levers as levers_module
 from spindle_dsl.planner.model.levers import Levers
 from spindle_dsl.planner.search import helpers as pool
 from spindle_dsl.planner.search import leversearch
@@ -352,3 +354,34 @@ def test_while_the_helper_judges_the_second_k_the_search_judges_the_third(graph,
     assert {k: t.time_s for k, t in helped.per_k.items()} == {
         k: t.time_s for k, t in alone.per_k.items()
     }
+
+
+def test_the_bound_in_a_helper_prices_only_what_the_search_left(spec_dir, monkeypatch) -> None:
+    """The bound request carries what the lever search priced (``priced_only``): the helper,
+    which gets it pickled with the graph and cost model, prices fewer settings and bounds
+    alike."""
+    graph = compile_file(spec_dir / "multitask_clip.spindle", cluster_overrides={"devices": 16})
+    graph = graph.graph
+    cost = make_cost_model(graph.cluster)
+    search = LeverSearch(graph, cost)
+    ctx = search.search(make_module._quick("default")).best.ctx
+    explored = tuple(search.explored)
+    alone = make_module.BoundRequest(
+        graph, cost, ctx.levers, search.stages, explored, choose_solver()
+    )
+    sent = replace(alone, pricing=search.pricing.priced_only())
+    priced: list[int] = []
+    real = levers_module._price
+
+    def counting(*args):
+        priced.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(levers_module, "_price", counting)
+    (bound_alone, _) = make_module.remote_bound(pickle.loads(pickle.dumps(alone)))
+    from_scratch = len(priced)
+    priced.clear()
+    (bound_sent, _) = make_module.remote_bound(pickle.loads(pickle.dumps(sent)))
+    assert len(priced) < from_scratch
+    assert bound_sent.seconds == bound_alone.seconds and bound_sent.ks == bound_alone.ks
+    assert bound_sent.lp_s == bound_alone.lp_s

@@ -157,6 +157,21 @@ class PricingCache:
         self.optima: dict = {}  # each level's continuous optimum (``build.context``)
         self.switches: dict = {}  # re-shard prices of a group one device larger (``build``)
 
+    def priced_only(self) -> PricingCache:
+        """A copy of what pricing settings shares (the views, curves, specs, re-shard prices,
+        the step model), without what placements memoise or what is keyed by object
+        identity: for another process to price more settings of the same graph (a helper's
+        lower bound), sent with the graph and cost model it was priced from. Its dicts are
+        copies, so this process may go on adding to its own while the copy is sent."""
+        out = PricingCache(self.graph)
+        out._views = dict(self._views)
+        out.curves = dict(self.curves)
+        out.settings = dict(self.settings)
+        out.specs = dict(self.specs)
+        out.switches = dict(self.switches)
+        out.source, out.step = self.source, self.step
+        return out
+
     def view(self, k: int, bare: bool = False) -> MetaGraph:
         """The micro-batch view at k (``bare``: without gradient bytes to all-reduce)."""
         key = (k, bare)
