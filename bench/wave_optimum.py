@@ -130,7 +130,6 @@ def row(case: str, milp_s: float, time_limit: float) -> dict:
         problem.devices,
         waves,
         every_allocation(problem, mine, lean),
-        True,
         (*start.waves, *((),) * (waves - len(start.waves))),
         lanes=problem.lanes,
     )

@@ -90,6 +90,9 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
     return parser
 
 
+MAX_START_UP_S = 5.0  # start-up beyond this is not ours to count (a clock off, a suspended VM)
+
+
 def process_started(latest: float) -> float:
     """When this process started, on ``time.perf_counter``'s clock, where the system says
     (Linux's ``/proc``), else ``latest``: a command's time budget (``--time-limit``) counts
@@ -103,9 +106,6 @@ def process_started(latest: float) -> float:
     except (OSError, ValueError, IndexError):
         return latest
     return latest - min(max(age - (time.perf_counter() - latest), 0.0), MAX_START_UP_S)
-
-
-MAX_START_UP_S = 5.0  # start-up beyond this is not ours to count (a clock off, a suspended VM)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -202,3 +202,17 @@ def random_graph(rng: random.Random, devices: int, n_tasks: int) -> MetaGraph:
             chains.append(chain)
         tasks[f"task{t}"] = chains
     return make_graph(tasks, devices=devices, per_node=min(8, devices))
+
+
+def count_calls(monkeypatch, owner: object, name: str) -> list[int]:
+    """``owner.name`` replaced (for the test) by itself counting: one item per call from now
+    on, in the list returned."""
+    calls: list[int] = []
+    real = getattr(owner, name)
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return calls

@@ -12,6 +12,7 @@ import random
 from types import SimpleNamespace
 
 import pytest
+from synth import count_calls
 
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_text
@@ -161,15 +162,7 @@ def test_one_search_weighs_the_moves_and_the_losses_together(ctx):
 @pytest.fixture
 def priced(monkeypatch) -> list[int]:
     """One item per step pricing a renaming search makes from now on."""
-    counted: list[int] = []
-    real = relabel.time_of
-
-    def counting(*args):
-        counted.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(relabel, "time_of", counting)
-    return counted
+    return count_calls(monkeypatch, relabel, "time_of")
 
 
 def test_past_the_deadline_slow_pricings_end_the_renaming_search(ctx, priced, monkeypatch):

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 import standins
+from synth import count_calls
 
 from spindle_dsl.cost import make_cost_model
 from spindle_dsl.language import compile_file
@@ -370,14 +371,7 @@ def test_the_bound_in_a_helper_prices_only_what_the_search_left(spec_dir, monkey
         graph, cost, ctx.levers, search.stages, explored, choose_solver()
     )
     sent = replace(alone, pricing=search.pricing.priced_only())
-    priced: list[int] = []
-    real = levers_module._price
-
-    def counting(*args):
-        priced.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(levers_module, "_price", counting)
+    priced = count_calls(monkeypatch, levers_module, "_price")
     (bound_alone, _) = make_module.remote_bound(pickle.loads(pickle.dumps(alone)))
     from_scratch = len(priced)
     priced.clear()

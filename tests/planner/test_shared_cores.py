@@ -63,7 +63,7 @@ def test_a_problem_checks_its_lanes():
 def test_the_wave_milp_gives_each_op_its_least_area_where_cores_are_few(lanes, seconds, n):
     """On 4 devices with a core each, both ops take 2 devices (0.6 s); over 2 cores those 4
     devices' 2.4 device-seconds take 1.2 s, so each op keeps one device (1.0 s)."""
-    spec = WaveModelSpec(_pair(), 4, 1, ((1, 2), (1, 2)), False, lanes=lanes)
+    spec = WaveModelSpec(_pair(), 4, 1, ((1, 2), (1, 2)), lanes=lanes)
     res = solve_local(spec, 5.0, "highs")
     assert res.objective_s == pytest.approx(seconds)
     assert {p.n for w in res.waves for p in w} == {n}

@@ -79,13 +79,13 @@ _STATUS = {
 
 @dataclass(frozen=True)
 class WaveModelSpec:
-    """Everything the model is built from. ``start`` (a warm start) must fit ``waves``."""
+    """Everything the model is built from; the ops' dependencies among themselves are kept
+    (``prec``). ``start`` (a warm start) must fit ``waves``."""
 
     ops: tuple[OpSpec, ...]  # in a topological order
     devices: int
     waves: int
     candidates: tuple[tuple[int, ...], ...]  # allocations per op, same order as ops
-    precedence: bool  # enforce deps among ``ops`` (False for one MetaLevel)
     start: tuple[tuple[Piece, ...], ...] | None = None
     lanes: int | None = None  # the cores the devices share, where fewer (``Problem.lanes``)
 
@@ -118,13 +118,12 @@ def windows(spec: WaveModelSpec) -> list[tuple[int, int]]:
     index = {o.id: i for i, o in enumerate(spec.ops)}
     depth = [0] * len(spec.ops)
     height = [0] * len(spec.ops)
-    if spec.precedence:
-        for i, o in enumerate(spec.ops):
-            depth[i] = 1 + max((depth[index[d]] for d in o.deps if d in index), default=-1)
-        for i in reversed(range(len(spec.ops))):
-            for d in spec.ops[i].deps:
-                if d in index:
-                    height[index[d]] = max(height[index[d]], height[i] + 1)
+    for i, o in enumerate(spec.ops):
+        depth[i] = 1 + max((depth[index[d]] for d in o.deps if d in index), default=-1)
+    for i in reversed(range(len(spec.ops))):
+        for d in spec.ops[i].deps:
+            if d in index:
+                height[index[d]] = max(height[index[d]], height[i] + 1)
     return [(depth[i], spec.waves - 1 - height[i]) for i in range(len(spec.ops))]
 
 
@@ -186,8 +185,7 @@ def build(spec: WaveModelSpec, solver: str = "highs") -> _Built:
         if work[w]:
             wave_phases_at = None if phases is None else (phases[0][w], phases[1][w])
             add_area(model, work[w], d[w], wave_phases_at, f"area_{w}")
-    if spec.precedence:
-        _add_precedence(model, spec, wins, x, y)
+    _add_precedence(model, spec, wins, x, y)
     model.objective = mip.xsum(d) + mip.xsum(
         (ENTRY_PRICE + spec.ops[i].switch_s / scale) * v for (i, _, _), v in x.items()
     )
@@ -389,7 +387,6 @@ def global_milp(
         problem.devices,
         len(start.waves),
         cands,
-        precedence=True,
         start=start.waves,
         lanes=problem.lanes,
     )

@@ -123,9 +123,11 @@ class Judge:
     def __call__(self, ctx: PlanContext, names: tuple[str, ...] | None = None) -> list[Evaluated]:
         out: list[Evaluated] = []
         scheds = [self.make(name, ctx.problem) for name in names or self.names]
-        # the least compute first, so that the first plan to fit rules out the most
         floors = [compute_floor(ctx, s) for s in scheds]
-        for i in sorted(range(len(scheds)), key=lambda i: scheds[i].compute_s(ctx.problem)):
+        # the least compute first, so that the first plan to fit rules out the most (the
+        # floors are k passes of it; without a step model they are 0, and compute orders)
+        rank = floors if ctx.step is not None else [s.compute_s(ctx.problem) for s in scheds]
+        for i in sorted(range(len(scheds)), key=rank.__getitem__):
             sched = scheds[i]
             fits = [e.iteration_s for e in out if e.fits]
             if fits and sched.waves not in ctx.evaluated and floors[i] >= min(fits) * (1 + 1e-9):
